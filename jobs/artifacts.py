@@ -1,0 +1,189 @@
+"""Artifacts under stable keys: written once, atomically, verified by sha256.
+
+A second worker that produces the same job never makes a second artifact: it
+finds the row for the key, checks the stored bytes against the recorded
+sha256, and restores the file only if it is missing or corrupt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+
+from django.core.files.base import ContentFile
+from django.core.files.storage import FileSystemStorage, Storage, storages
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from jobs import conf
+from jobs.exceptions import ArtifactCorrupt
+from jobs.models import Artifact, Job
+
+log = logging.getLogger("jobs.artifacts")
+
+
+class AtomicFileSystemStorage(FileSystemStorage):
+    """File storage with exclusive, atomic creation under an exact name.
+
+    Bytes go to a temporary file in the target folder, are fsynced, then
+    hard-linked into place: the link fails if the name exists (write-once) and
+    readers never see a partial file.
+    """
+
+    def _write_temp(self, name: str, data: bytes) -> tuple[str, str]:
+        path = self.path(name)
+        folder = os.path.dirname(path)
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        return path, tmp
+
+    def create_exclusive(self, name: str, data: bytes) -> bool:
+        """Store ``data`` under exactly ``name``; False if the name already exists."""
+        path, tmp = self._write_temp(name, data)
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+
+    def replace(self, name: str, data: bytes) -> None:
+        """Atomically put ``data`` under ``name`` (used only to restore a corrupt file)."""
+        path, tmp = self._write_temp(name, data)
+        os.replace(tmp, path)
+
+
+def get_storage() -> Storage:
+    return storages[conf.get("JOBS_ARTIFACT_STORAGE")]
+
+
+def artifact_key(job: Job) -> str:
+    """The stable key: the same job and revision always name the same artifact."""
+    return f"job-{job.pk}-rev-{job.output_revision}"
+
+
+def storage_name_for(job: Job, extension: str) -> str:
+    return f"jobs/{job.kind.replace('.', '-')}/{artifact_key(job)}.{extension.lstrip('.')}"
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read(storage: Storage, name: str) -> bytes | None:
+    try:
+        with storage.open(name, "rb") as fh:
+            return fh.read()
+    except (FileNotFoundError, OSError):
+        return None
+
+
+def _create(storage: Storage, name: str, data: bytes) -> bool:
+    if hasattr(storage, "create_exclusive"):
+        return storage.create_exclusive(name, data)
+    # Object stores (S3) put whole objects atomically; exists-then-save is the
+    # best a generic Storage offers. Keys are per job, so the race is with a
+    # fenced-out twin of this very job writing identical bytes.
+    if storage.exists(name):
+        return False
+    saved = storage.save(name, ContentFile(data))
+    if saved != name:  # pragma: no cover - a backend that renamed instead of overwriting
+        storage.delete(saved)
+        return False
+    return True
+
+
+def _replace(storage: Storage, name: str, data: bytes) -> None:
+    if hasattr(storage, "replace"):
+        storage.replace(name, data)
+        return
+    storage.delete(name)
+    storage.save(name, ContentFile(data))
+
+
+@dataclass
+class Stored:
+    artifact: Artifact
+    created: bool  # this call inserted the row
+    restored: bool  # the file was missing or corrupt and was written again
+
+
+def store(job: Job, data: bytes, *, content_type: str, extension: str) -> Stored:
+    """Store ``data`` as the job's artifact, or verify the one already stored."""
+    storage = get_storage()
+    key = artifact_key(job)
+    digest = sha256_hex(data)
+    existing = Artifact.objects.filter(key=key).first()
+    if existing is not None:
+        return Stored(existing, False, verify(existing, data=data, storage=storage))
+
+    name = storage_name_for(job, extension)
+    if not _create(storage, name, data):
+        # A file without a row: an earlier worker died between file and row.
+        if _read(storage, name) != data:
+            _replace(storage, name, data)
+    try:
+        with transaction.atomic():
+            artifact = Artifact.objects.create(
+                job=job,
+                key=key,
+                storage_name=name,
+                sha256=digest,
+                size=len(data),
+                content_type=content_type,
+            )
+    except IntegrityError:
+        existing = Artifact.objects.get(key=key)
+        return Stored(existing, False, verify(existing, data=data, storage=storage))
+    log.info("job=%s artifact=%s key=%s size=%s stored", job.pk, artifact.pk, key, len(data))
+    return Stored(artifact, True, False)
+
+
+def verify(
+    artifact: Artifact, *, data: bytes | None = None, storage: Storage | None = None
+) -> bool:
+    """Check stored bytes against the row; restore from ``data`` if missing or corrupt.
+
+    Returns True when the file had to be restored. Without ``data`` (an operator's
+    check) a bad file is reported, not repaired.
+    """
+    storage = storage or get_storage()
+    stored = _read(storage, artifact.storage_name)
+    if stored is not None and sha256_hex(stored) == artifact.sha256:
+        Artifact.objects.filter(pk=artifact.pk).update(verified_at=timezone.now())
+        return False
+    if data is None:
+        raise ArtifactCorrupt(f"artifact {artifact.pk} ({artifact.key}) is missing or corrupt")
+    _replace(storage, artifact.storage_name, data)
+    Artifact.objects.filter(pk=artifact.pk).update(
+        sha256=sha256_hex(data),
+        size=len(data),
+        rewrites=F("rewrites") + 1,
+        verified_at=timezone.now(),
+    )
+    log.warning("artifact=%s key=%s restored missing or corrupt file", artifact.pk, artifact.key)
+    return True
+
+
+def is_intact(artifact: Artifact) -> bool:
+    """Whether the stored bytes match the recorded sha256 (no repair)."""
+    stored = _read(get_storage(), artifact.storage_name)
+    return stored is not None and sha256_hex(stored) == artifact.sha256
+
+
+def open_artifact(artifact: Artifact):
+    """Open the stored file for streaming (callers check permission first)."""
+    return get_storage().open(artifact.storage_name, "rb")

@@ -1,0 +1,43 @@
+"""Engine settings, read at call time so tests and operators can change them."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+DEFAULTS = {
+    "JOBS_LEASE_SECONDS": 60.0,
+    "JOBS_MAX_ATTEMPTS": 5,
+    "JOBS_TENANT_CONCURRENCY": 4,
+    "JOBS_BACKOFF_FLOOR_SECONDS": 1.0,
+    "JOBS_BACKOFF_BASE_SECONDS": 2.0,
+    "JOBS_BACKOFF_CAP_SECONDS": 300.0,
+    # How long a freshly published effect waits for its own worker before the
+    # dispatcher re-drives it (covers a crash between publish and release).
+    "JOBS_EFFECT_GRACE_SECONDS": None,  # None: one lease
+    "JOBS_EFFECT_LEASE_SECONDS": 30.0,
+    "JOBS_EFFECT_MAX_ATTEMPTS": 8,
+    "JOBS_TENANT_DEFER_SECONDS": 1.0,
+    "JOBS_ARTIFACT_STORAGE": "artifacts",
+}
+
+
+def get(name: str):
+    """Return the setting ``name`` or its documented default."""
+    return getattr(settings, name, DEFAULTS[name])
+
+
+def lease_seconds() -> float:
+    return float(get("JOBS_LEASE_SECONDS"))
+
+
+def max_attempts() -> int:
+    return int(get("JOBS_MAX_ATTEMPTS"))
+
+
+def tenant_concurrency() -> int:
+    return int(get("JOBS_TENANT_CONCURRENCY"))
+
+
+def effect_grace_seconds() -> float:
+    grace = get("JOBS_EFFECT_GRACE_SECONDS")
+    return lease_seconds() if grace is None else float(grace)

@@ -1,0 +1,59 @@
+"""The dispatcher: due retries, expired leases, stuck effects — one message each.
+
+Run by a django-q2 schedule and, finer-grained, by ``manage.py jobs_dispatcher``.
+Several dispatchers may run at once: each message is guarded by a conditional
+UPDATE of ``enqueued_for`` in the transaction that enqueues it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from jobs.models import Effect, Job
+from jobs.services import enqueue_effect, enqueue_job, mark_enqueued
+
+log = logging.getLogger("jobs.dispatch")
+
+
+def _not_enqueued_for(field: str) -> Q:
+    return Q(enqueued_for__isnull=True) | ~Q(enqueued_for=F(field))
+
+
+def dispatch_once(*, limit: int = 500) -> dict[str, int]:
+    """Enqueue what is due now; returns how many messages of each sort were sent."""
+    now = timezone.now()
+    sent = {"due_jobs": 0, "expired_leases": 0, "effects": 0}
+    plans = [
+        ("due_jobs", Job, Job.objects.due(now), "next_attempt_at", enqueue_job),
+        ("expired_leases", Job, Job.objects.lease_expired(now), "lease_expires_at", enqueue_job),
+        (
+            "effects",
+            Effect,
+            Effect.objects.filter(
+                state__in=[Effect.State.PENDING, Effect.State.UNKNOWN], next_attempt_at__lte=now
+            ),
+            "next_attempt_at",
+            enqueue_effect,
+        ),
+        (
+            "effects",
+            Effect,
+            Effect.objects.filter(state=Effect.State.SENDING, lease_expires_at__lte=now),
+            "lease_expires_at",
+            enqueue_effect,
+        ),
+    ]
+    for label, model, qs, field, enqueue in plans:
+        rows = qs.filter(_not_enqueued_for(field)).order_by(field).values_list("pk", field, "state")
+        for pk, due_at, state in rows[:limit]:
+            with transaction.atomic():
+                if mark_enqueued(model, pk, field, due_at, [state]):
+                    enqueue(model(pk=pk))
+                    sent[label] += 1
+    if any(sent.values()):
+        log.info("dispatch %s", " ".join(f"{k}={v}" for k, v in sent.items()))
+    return sent

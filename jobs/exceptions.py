@@ -1,0 +1,69 @@
+"""Errors raised by the jobs app.
+
+Messages are written by this code, never copied from payloads, so they may be
+stored in error fields and logged.
+"""
+
+from __future__ import annotations
+
+
+class JobError(Exception):
+    """Base class for errors raised by the jobs app."""
+
+    error_class: str | None = None
+    code = "job_error"
+
+    def __init__(self, detail: str = "", *, code: str | None = None):
+        super().__init__(detail or (self.__doc__ or "").strip())
+        if code:
+            self.code = code
+
+    @property
+    def detail(self) -> str:
+        return str(self)
+
+
+class LeaseLost(JobError):
+    """Raised when another worker reclaimed the job while this one still ran."""
+
+    code = "lease_lost"
+
+
+class PayloadInvalid(JobError):
+    """Raised when a job's parameters are malformed; retrying cannot help."""
+
+    error_class = "validation"
+    code = "payload_invalid"
+
+
+class NotAuthorized(JobError):
+    """Raised when current policy no longer allows the job to read or release data."""
+
+    error_class = "authorization"
+    code = "not_authorized"
+
+
+class TemporaryFailure(JobError):
+    """Raised when a dependency is temporarily unavailable; retry later."""
+
+    error_class = "temporary"
+    code = "temporary"
+
+    def __init__(
+        self, detail: str = "", *, code: str | None = None, retry_after: float | None = None
+    ):
+        super().__init__(detail, code=code)
+        self.retry_after = retry_after
+
+
+class UnknownKind(JobError):
+    """Raised when a job names a kind that no app registered."""
+
+    error_class = "validation"
+    code = "unknown_kind"
+
+
+class ArtifactCorrupt(JobError):
+    """Raised when stored bytes no longer match the artifact row and nothing can restore them."""
+
+    code = "artifact_corrupt"

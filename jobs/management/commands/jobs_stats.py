@@ -1,0 +1,37 @@
+"""Print the engine's figures: deliveries and effects counted apart."""
+
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand
+
+from jobs.stats import collect
+
+
+class Command(BaseCommand):
+    help = "Jobs by state, deliveries, duplicate deliveries, retries by class, effects by state."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+    def handle(self, *args, **options):
+        stats = collect()
+        if options["json"]:
+            self.stdout.write(json.dumps(stats, indent=2, sort_keys=True))
+            return
+        w = self.stdout.write
+        w(f"jobs                  {stats['jobs']['total']}")
+        for state, n in sorted(stats["jobs"]["by_state"].items()):
+            w(f"  {state:<20}{n}")
+        w(f"deliveries            {stats['deliveries']}")
+        w(f"duplicate deliveries  {stats['duplicate_deliveries']}")
+        w(f"lease losses          {stats['lease_losses']}")
+        w(f"crashes               {stats['crashes']}")
+        w("retries by class")
+        for cls, n in sorted(stats["retries_by_class"].items()):
+            w(f"  {cls:<20}{n}")
+        w(f"effects               {stats['effects']['total']}")
+        for state, n in sorted(stats["effects"]["by_state"].items()):
+            w(f"  {state:<20}{n}")
+        w(f"duplicate effects     {stats['duplicate_effects']}")

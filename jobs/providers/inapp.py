@@ -1,0 +1,21 @@
+"""In-app notices: a database row committed with its ledger row."""
+
+from __future__ import annotations
+
+from jobs.models import Effect, Notice
+from jobs.providers import Provider
+
+
+class InAppProvider(Provider):
+    name = "inapp"
+    transactional = True
+    supports_idempotency = True  # the notice's one-to-one on the effect
+
+    def apply(self, effect: Effect) -> str:
+        notice = Notice.objects.create(
+            effect=effect,
+            recipient_id=int(effect.recipient),
+            title=str(effect.data.get("title", "A job finished"))[:200],
+            link=str(effect.data.get("link", ""))[:300],
+        )
+        return f"notice:{notice.pk}"

@@ -1,0 +1,200 @@
+"""The retry table: which failures are safe to retry, and how long to wait.
+
+Pure functions: no database, the random source passed in, so the policy is
+testable on its own and lives in exactly one place.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import random
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from jobs.exceptions import JobError
+
+
+class ErrorClass(StrEnum):
+    TRANSPORT = "transport"
+    TEMPORARY = "temporary"
+    PROVIDER_TIMEOUT = "provider_timeout"
+    VALIDATION = "validation"
+    AUTHORIZATION = "authorization"
+    UNKNOWN = "unknown"
+
+
+class Action(StrEnum):
+    RETRY = "retry"  # back off with jitter, up to max_attempts, then dead
+    RETRY_SAME_KEY = "retry_same_key"  # the call may have landed: same idempotency key
+    FAIL = "fail"  # permanent: failed at once, no retry
+    WITHHOLD = "withhold"  # not allowed any more: nothing released, operator sees why
+
+
+@dataclass(frozen=True)
+class Rule:
+    action: Action
+    safe_to_retry: bool
+    operator_review: bool
+    meaning: str
+
+
+POLICY: dict[ErrorClass, Rule] = {
+    ErrorClass.TRANSPORT: Rule(
+        Action.RETRY, True, False, "connection reset, DNS, TLS: nothing was processed"
+    ),
+    ErrorClass.TEMPORARY: Rule(
+        Action.RETRY, True, False, "HTTP 429/503, database unavailable, deadlock, serialization"
+    ),
+    ErrorClass.PROVIDER_TIMEOUT: Rule(
+        Action.RETRY_SAME_KEY,
+        True,
+        False,
+        "sent, no answer: retry with the same key; without key support, operator review",
+    ),
+    ErrorClass.VALIDATION: Rule(
+        Action.FAIL, False, True, "malformed payload or HTTP 400/409/422: permanent"
+    ),
+    ErrorClass.AUTHORIZATION: Rule(
+        Action.WITHHOLD, False, True, "access revoked or HTTP 401/403: nothing released"
+    ),
+    ErrorClass.UNKNOWN: Rule(
+        Action.RETRY, True, True, "anything else: retried up to max_attempts, then dead"
+    ),
+}
+
+# SQLSTATEs that mean "the same statement may succeed if tried again".
+_RETRYABLE_SQLSTATES = {
+    "40P01": "deadlock",
+    "40001": "serialization",
+    "55P03": "lock_not_available",
+}
+
+
+@dataclass(frozen=True)
+class Classified:
+    error_class: ErrorClass
+    code: str
+    detail: str = ""
+    retry_after: float | None = None
+
+    @property
+    def rule(self) -> Rule:
+        return POLICY[self.error_class]
+
+
+def classify_status(status: int, retry_after: float | None = None) -> Classified:
+    """Map an HTTP status from a provider to its retry class."""
+    code = f"http_{status}"
+    if status in (429, 503):
+        return Classified(ErrorClass.TEMPORARY, code, retry_after=retry_after)
+    if status in (401, 403):
+        return Classified(ErrorClass.AUTHORIZATION, code)
+    if status in (400, 409, 422):
+        return Classified(ErrorClass.VALIDATION, code)
+    if 500 <= status < 600:
+        return Classified(ErrorClass.TEMPORARY, code, retry_after=retry_after)
+    return Classified(ErrorClass.UNKNOWN, code)
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def classify(exc: BaseException) -> Classified:
+    """Map an exception to its retry class; the code names the cause, never the data."""
+    for err in _chain(exc):
+        if isinstance(err, JobError) and err.error_class:
+            return Classified(
+                ErrorClass(err.error_class),
+                err.code,
+                detail=err.detail[:300],
+                retry_after=getattr(err, "retry_after", None),
+            )
+        sqlstate = getattr(err, "sqlstate", None)
+        if sqlstate:
+            if sqlstate in _RETRYABLE_SQLSTATES:
+                return Classified(ErrorClass.TEMPORARY, f"pg_{sqlstate}")
+            if sqlstate.startswith(("08", "57P")):  # connection exception, operator shutdown
+                return Classified(ErrorClass.TEMPORARY, f"pg_{sqlstate}")
+        http = _classify_httpx(err)
+        if http is not None:
+            return http
+    for err in _chain(exc):
+        name = type(err).__name__
+        if name in ("OperationalError", "InterfaceError") and type(err).__module__.startswith(
+            ("django.db", "psycopg", "sqlite3")
+        ):
+            # Connection lost or database locked: the database is temporarily unavailable.
+            return Classified(ErrorClass.TEMPORARY, "db_unavailable")
+        if isinstance(err, TimeoutError):
+            return Classified(ErrorClass.PROVIDER_TIMEOUT, "timeout")
+        if isinstance(err, ConnectionError):
+            return Classified(ErrorClass.TRANSPORT, name.lower())
+    return Classified(ErrorClass.UNKNOWN, type(exc).__name__[:64])
+
+
+def _classify_httpx(err: BaseException) -> Classified | None:
+    try:
+        import httpx
+    except ImportError:  # pragma: no cover - httpx is a dependency
+        return None
+    if isinstance(err, httpx.HTTPStatusError):
+        response = err.response
+        return classify_status(
+            response.status_code, parse_retry_after(response.headers.get("Retry-After"))
+        )
+    if isinstance(err, (httpx.ConnectError, httpx.ConnectTimeout)):
+        return Classified(ErrorClass.TRANSPORT, type(err).__name__.lower())
+    if isinstance(err, httpx.TimeoutException):  # read/write timeout: the request was sent
+        return Classified(ErrorClass.PROVIDER_TIMEOUT, type(err).__name__.lower())
+    if isinstance(err, httpx.RemoteProtocolError):  # dropped mid-answer: it may have landed
+        return Classified(ErrorClass.PROVIDER_TIMEOUT, "remote_protocol_error")
+    if isinstance(err, httpx.TransportError):
+        return Classified(ErrorClass.TRANSPORT, type(err).__name__.lower())
+    return None
+
+
+def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    now = now or datetime.now(UTC)
+    return max(0.0, (when - now).total_seconds())
+
+
+def backoff_delay(
+    attempt: int,
+    *,
+    floor: float,
+    base: float,
+    cap: float,
+    retry_after: float | None = None,
+    rng: random.Random | None = None,
+) -> float:
+    """Delay before retry number ``attempt`` (1-based): floor + full jitter, capped.
+
+    The floor means never an immediate retry; full jitter spreads workers that
+    failed together; Retry-After from the other side is a lower bound.
+    """
+    rng = rng or random
+    window = min(cap, base * (2 ** max(0, attempt - 1)))
+    delay = min(cap, floor + rng.uniform(0, window))
+    if retry_after is not None:
+        delay = max(delay, retry_after)
+    return delay

@@ -1,0 +1,138 @@
+"""One delivery of one job: claim → produce → publish → release.
+
+Returns only after every outcome is committed, so django-q2 acknowledges the
+message only then. A worker that lost its lease publishes nothing; a second
+delivery of a finished job is recorded and otherwise ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from django.db import transaction
+
+from jobs import artifacts, conf, ledger, registry, transitions
+from jobs.exceptions import LeaseLost
+from jobs.models import Artifact, Attempt, Job
+from jobs.retry import Action, backoff_delay, classify
+
+log = logging.getLogger("jobs.runner")
+
+Outcome = Attempt.Outcome
+StageHook = Callable[[str, "JobContext"], None]
+
+
+class JobContext:
+    """What a handler gets: the job, its fence, and the artifact store."""
+
+    def __init__(self, job: Job, worker: str, attempt: Attempt, on_stage: StageHook | None):
+        self.job = job
+        self.worker = worker
+        self.attempt = attempt
+        self.artifact: Artifact | None = None
+        self._on_stage = on_stage
+
+    @property
+    def params(self) -> dict:
+        return self.job.params
+
+    def stage(self, name: str) -> None:
+        """Mark a stage; test hooks and drills pause or fail here."""
+        if self._on_stage is not None:
+            self._on_stage(name, self)
+
+    def check_owner(self) -> None:
+        """Raise LeaseLost unless this worker still holds the job; call before private reads."""
+        if not transitions.still_owner(self.job, self.worker):
+            raise LeaseLost(f"job {self.job.pk} is no longer held by this worker")
+
+    def heartbeat(self) -> None:
+        """Extend the lease between stages of healthy work; raise LeaseLost if it is gone."""
+        if not transitions.heartbeat(self.job, self.worker):
+            raise LeaseLost(f"job {self.job.pk} was reclaimed before the heartbeat")
+
+    def store_artifact(self, data: bytes, *, content_type: str, extension: str) -> Artifact:
+        """Store (or verify) the job's one artifact under its stable key."""
+        self.check_owner()
+        stored = artifacts.store(self.job, data, content_type=content_type, extension=extension)
+        self.artifact = stored.artifact
+        self.stage("artifact_stored")
+        return stored.artifact
+
+
+@dataclass
+class DeliveryResult:
+    job_id: int
+    outcome: str
+    worker: str
+    effects: dict[str, str] = field(default_factory=dict)
+
+
+def run_delivery(
+    job_id: int, *, worker: str | None = None, on_stage: StageHook | None = None
+) -> DeliveryResult:
+    """Handle one queue delivery of ``job_id`` by the worker protocol in DESIGN.md."""
+    worker = worker or transitions.worker_identity()
+    claim = transitions.claim(job_id, worker)
+    if not claim.won:
+        return DeliveryResult(job_id, claim.status, worker)
+    job, attempt = claim.job, claim.attempt
+    ctx = JobContext(job, worker, attempt, on_stage)
+    ctx.stage("claimed")
+    try:
+        kind = registry.get_kind(job.kind)
+        specs = kind.handler(ctx) or []
+        ctx.stage("before_publish")
+    except LeaseLost:
+        transitions.finish_attempt(attempt, Outcome.LEASE_LOST)
+        log.info("job=%s worker=%s lease lost during work", job.pk, worker)
+        return DeliveryResult(job_id, Outcome.LEASE_LOST, worker)
+    except Exception as exc:  # the retry table decides what this means
+        return _handle_failure(ctx, exc)
+
+    with transaction.atomic():
+        if not transitions.publish(job, worker):
+            published = False
+        else:
+            published = True
+            ledger.record(job, specs)
+            transitions.finish_attempt(attempt, Outcome.SUCCEEDED)
+    if not published:
+        transitions.finish_attempt(attempt, Outcome.LEASE_LOST)
+        log.info("job=%s worker=%s publish lost: another worker owns the job", job.pk, worker)
+        return DeliveryResult(job_id, Outcome.LEASE_LOST, worker)
+    ctx.stage("published")
+    effects = ledger.release_for_job(job, worker)
+    ctx.stage("released")
+    return DeliveryResult(job_id, Outcome.SUCCEEDED, worker, effects)
+
+
+def _handle_failure(ctx: JobContext, exc: Exception) -> DeliveryResult:
+    job, worker, attempt = ctx.job, ctx.worker, ctx.attempt
+    c = classify(exc)
+    rule = c.rule
+    fields = {"error_class": c.error_class.value, "error_code": c.code}
+    if rule.action in (Action.RETRY, Action.RETRY_SAME_KEY) and job.attempts < job.max_attempts:
+        delay = backoff_delay(
+            job.attempts,
+            floor=float(conf.get("JOBS_BACKOFF_FLOOR_SECONDS")),
+            base=float(conf.get("JOBS_BACKOFF_BASE_SECONDS")),
+            cap=float(conf.get("JOBS_BACKOFF_CAP_SECONDS")),
+            retry_after=c.retry_after,
+        )
+        won = transitions.schedule_retry(
+            job, worker, delay=delay, error_class=c.error_class, code=c.code, detail=c.detail
+        )
+        outcome, fields["retry_delay_seconds"] = Outcome.RETRY, delay
+    elif rule.action in (Action.RETRY, Action.RETRY_SAME_KEY):
+        won = transitions.bury(job, worker, error_class=c.error_class, code=c.code, detail=c.detail)
+        outcome = Outcome.DEAD
+    else:
+        won = transitions.fail(job, worker, error_class=c.error_class, code=c.code, detail=c.detail)
+        outcome = Outcome.FAILED
+    if not won:
+        outcome = Outcome.LEASE_LOST
+    transitions.finish_attempt(attempt, outcome, **fields)
+    return DeliveryResult(job.pk, outcome, worker)

@@ -1,0 +1,105 @@
+"""Asking for jobs and the operator actions on them.
+
+Enqueueing happens in the same transaction as the row it is for: with
+django-q2's ORM broker on the same database, the job and its queue message
+commit together or not at all.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+from django_q.tasks import async_task
+
+from jobs import conf, ledger, registry, transitions
+from jobs.models import Effect, Job
+
+
+def enqueue_job(job: Job) -> None:
+    """Put one message for ``job`` on the queue (call inside the marking transaction)."""
+    async_task("jobs.tasks.run_job", job.pk, task_name=f"job-{job.pk}")
+
+
+def enqueue_effect(effect: Effect) -> None:
+    async_task("jobs.tasks.release_effect", effect.pk, task_name=f"effect-{effect.pk}")
+
+
+def request_job(
+    kind: str,
+    *,
+    subject_type: str,
+    subject_id: str | int,
+    output_revision: int = 1,
+    tenant_key: str = "",
+    params: dict | None = None,
+) -> tuple[Job, bool]:
+    """Return the one job for (kind, subject, revision), creating and enqueueing it once."""
+    job_kind = registry.get_kind(kind)
+    now = timezone.now()
+    with transaction.atomic():
+        job, created = Job.objects.get_or_create(
+            kind=kind,
+            subject_type=subject_type,
+            subject_id=str(subject_id),
+            output_revision=output_revision,
+            defaults={
+                "tenant_key": tenant_key,
+                "params": params or {},
+                "max_attempts": job_kind.max_attempts or conf.max_attempts(),
+                "next_attempt_at": now,
+                "enqueued_for": now,
+                "created_at": now,
+                "updated_at": now,
+            },
+        )
+        if created:
+            enqueue_job(job)
+    return job, created
+
+
+def mark_enqueued(model, pk: int, due_field: str, due_at: datetime, states) -> bool:
+    """Claim the right to enqueue ``pk`` for ``due_at``: one message per due time."""
+    return (
+        model.objects.filter(pk=pk, state__in=states, **{due_field: due_at})
+        .exclude(enqueued_for=due_at)
+        .update(enqueued_for=due_at)
+        == 1
+    )
+
+
+def _after_operator_change(job: Job) -> None:
+    with transaction.atomic():
+        if mark_enqueued(Job, job.pk, "next_attempt_at", job.next_attempt_at, [job.state]):
+            enqueue_job(job)
+
+
+def cancel_job(job: Job) -> bool:
+    """Operator: stop a job that has not started or is waiting to retry."""
+    return transitions.cancel(job)
+
+
+def requeue_job(job: Job) -> bool:
+    """Operator: give a failed or dead job a fresh attempt budget and enqueue it."""
+    if not transitions.requeue(job):
+        return False
+    _after_operator_change(job)
+    return True
+
+
+def retry_job_now(job: Job) -> bool:
+    """Operator: run a waiting job now instead of at its backoff time."""
+    if not transitions.retry_now(job):
+        return False
+    _after_operator_change(job)
+    return True
+
+
+def recheck_and_release(effect: Effect) -> bool:
+    """Operator: recheck a withheld effect's recipient and release it if now allowed."""
+    if not ledger.recheck_withheld(effect):
+        return False
+    effect.refresh_from_db()
+    ledger.release(effect, transitions.worker_identity())
+    return True

@@ -1,0 +1,24 @@
+"""django-q2 entry points. Messages carry only ids: nothing private in the queue."""
+
+from __future__ import annotations
+
+from jobs import dispatch, ledger, runner, transitions
+from jobs.models import Effect
+
+
+def run_job(job_id: int) -> str:
+    """One delivery of a job; returns after every outcome is committed (then django-q2 acks)."""
+    return runner.run_delivery(job_id).outcome
+
+
+def release_effect(effect_pk: int) -> str:
+    """Re-drive one effect (crash after publish, unknown outcome, temporary failure)."""
+    effect = Effect.objects.select_related("job").filter(pk=effect_pk).first()
+    if effect is None:
+        return "missing"
+    return ledger.release(effect, transitions.worker_identity())
+
+
+def run_dispatcher() -> str:
+    """The scheduled sweep (the fine-grained loop is ``manage.py jobs_dispatcher``)."""
+    return " ".join(f"{k}={v}" for k, v in dispatch.dispatch_once().items())

@@ -1,0 +1,42 @@
+"""Job kinds this site registers with the engine.
+
+``demo.summary`` stands in until the permit report kind arrives: it writes a
+small deterministic text artifact about a user and notifies that user in-app.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+
+from jobs.exceptions import PayloadInvalid
+from jobs.registry import EffectSpec, register_kind
+from jobs.runner import JobContext
+
+
+def demo_summary(ctx: JobContext) -> list[EffectSpec]:
+    job = ctx.job
+    recipient = job.params.get("notify_user_id")
+    if not isinstance(recipient, int):
+        raise PayloadInvalid("params.notify_user_id must be an integer user id")
+    ctx.check_owner()  # before reading anything about the subject
+    user = get_user_model().objects.filter(pk=recipient).first()
+    if user is None:
+        raise PayloadInvalid("params.notify_user_id names no user")
+    ctx.heartbeat()
+    body = (
+        f"Summary for {job.subject_type} {job.subject_id}, revision {job.output_revision}\n"
+        f"Generated for job {job.pk} at {job.created_at.isoformat()}\n"
+    ).encode()
+    ctx.store_artifact(body, content_type="text/plain", extension="txt")
+    return [
+        EffectSpec(
+            name="completion-notice",
+            provider="inapp",
+            recipient=str(recipient),
+            data={"title": f"Summary ready: job {job.pk} revision {job.output_revision}"},
+        )
+    ]
+
+
+def register() -> None:
+    register_kind("demo.summary", demo_summary)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The demo: SQLite (WAL) in var/, one qcluster, the dispatcher loop and the web server.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+PORT="${PORT:-8000}"
+unset DATABASE_URL
+mkdir -p var/log
+
+$PY manage.py migrate --noinput -v0
+$PY manage.py seed_demo
+
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT INT TERM
+
+$PY manage.py qcluster >var/log/qcluster.log 2>&1 &
+pids+=($!)
+$PY manage.py jobs_dispatcher --interval 1 >var/log/dispatcher.log 2>&1 &
+pids+=($!)
+
+cat <<MSG
+
+  Permit report jobs demo
+  -----------------------
+  Web:      http://127.0.0.1:${PORT}/
+  Admin:    http://127.0.0.1:${PORT}/admin/   (operator / operator-demo)
+  Worker:   var/log/qcluster.log    Dispatcher: var/log/dispatcher.log
+  Figures:  .venv/bin/python manage.py jobs_stats
+  Stop:     Ctrl-C
+
+MSG
+$PY manage.py runserver "127.0.0.1:${PORT}" --noreload
