@@ -131,10 +131,9 @@ def store(job: Job, data: bytes, *, content_type: str, extension: str) -> Stored
         return Stored(existing, False, verify(existing, data=data, storage=storage))
 
     name = storage_name_for(job, extension)
-    if not _create(storage, name, data):
-        # A file without a row: an earlier worker died between file and row.
-        if _read(storage, name) != data:
-            _replace(storage, name, data)
+    # A file without a row means an earlier worker died between file and row.
+    if not _create(storage, name, data) and _read(storage, name) != data:
+        _replace(storage, name, data)
     try:
         with transaction.atomic():
             artifact = Artifact.objects.create(

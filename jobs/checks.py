@@ -28,7 +28,7 @@ def check_timing(app_configs=None, **kwargs):
     if q.get("orm") is None:
         errors.append(
             Warning(
-                "Q_CLUSTER does not use the ORM broker: enqueue is no longer atomic with the job row",
+                "Q_CLUSTER does not use the ORM broker: enqueue is not atomic with the job row",
                 hint="The dispatcher still re-drives due jobs, but a crash between commit and "
                 "enqueue delays a job until it is found.",
                 id="jobs.W001",

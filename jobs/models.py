@@ -102,7 +102,8 @@ class Job(models.Model):
         ordering = ["-id"]
 
     def __str__(self) -> str:
-        return f"job {self.pk} {self.kind} {self.subject_type}:{self.subject_id} r{self.output_revision}"
+        subject = f"{self.subject_type}:{self.subject_id}"
+        return f"job {self.pk} {self.kind} {subject} r{self.output_revision}"
 
     @property
     def is_terminal(self) -> bool:

@@ -1,0 +1,112 @@
+"""Races on PostgreSQL with real threads, each on its own connection."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from django.db import connection
+
+from jobs import transitions
+from jobs.models import Artifact, Attempt, Effect, Job, Notice
+from jobs.runner import run_delivery
+from jobs.services import request_job
+from tests.jobs.helpers import new_job
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+def in_threads(n: int, fn):
+    """Run fn(i) in n threads released together by a barrier; close their connections."""
+    barrier = threading.Barrier(n)
+
+    def run(i):
+        try:
+            barrier.wait()
+            return fn(i)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(run, range(n)))
+
+
+def test_claim__n_concurrent_claimers_exactly_one_wins(make_user):
+    user = make_user()
+    for round_ in range(5):
+        job = new_job(user, revision=round_ + 1, tenant=f"office-{round_}")
+        claims = in_threads(8, lambda i, pk=job.pk: transitions.claim(pk, f"w{i}").status)
+        assert claims.count("claimed") == 1, claims
+        assert claims.count("duplicate") == 7
+        job.refresh_from_db()
+        assert job.attempts == 1 and job.version == 1
+        assert Attempt.objects.filter(job=job, outcome="duplicate_delivery").count() == 7
+
+
+def test_request_job__concurrent_requests_get_the_same_job(make_user):
+    user = make_user()
+
+    def ask(i):
+        job, _ = request_job(
+            "test.steps", subject_type="auth.user", subject_id=user.pk, output_revision=3
+        )
+        return job.pk
+
+    ids = in_threads(6, ask)
+    assert len(set(ids)) == 1 and Job.objects.count() == 1
+
+
+def test_paused_worker__loses_lease_second_publishes_first_publishes_nothing(make_user):
+    user = make_user()
+    job = new_job(user)
+    stored, resume = threading.Event(), threading.Event()
+    result = {}
+
+    def pause_after_artifact(stage, ctx):
+        if stage == "artifact_stored":
+            stored.set()
+            assert resume.wait(30)
+
+    def first():
+        try:
+            result["first"] = run_delivery(job.pk, worker="first", on_stage=pause_after_artifact)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert stored.wait(30)
+    first_artifact = Artifact.objects.get(job=job)
+    time.sleep(float(transitions.conf.lease_seconds()) + 0.3)  # the first lease runs out
+
+    second = run_delivery(job.pk, worker="second")
+    assert second.outcome == "succeeded"
+    resume.set()
+    thread.join(30)
+    assert result["first"].outcome == "lease_lost"
+
+    assert list(Artifact.objects.filter(job=job).values_list("pk", flat=True)) == [
+        first_artifact.pk
+    ]
+    assert Effect.objects.filter(job=job).count() == 1
+    assert Notice.objects.filter(recipient=user).count() == 1
+    by_worker = dict(Attempt.objects.filter(job=job).values_list("worker", "outcome"))
+    assert by_worker == {"first": "lease_lost", "second": "succeeded"}
+    job.refresh_from_db()
+    assert job.state == Job.State.SUCCEEDED and job.lease_owner == "second"
+
+
+def test_tenant_bound__holds_under_concurrent_claimers(make_user, settings):
+    settings.JOBS_TENANT_CONCURRENCY = 2
+    user = make_user()
+    jobs = [new_job(user, subject=i, tenant="busy-office") for i in range(8)]
+    other = new_job(user, subject=99, tenant="quiet-office")
+
+    statuses = in_threads(8, lambda i: transitions.claim(jobs[i].pk, f"w{i}").status)
+    assert statuses.count("claimed") == 2, statuses
+    assert statuses.count("deferred") == 6
+    assert Job.objects.live_running().filter(tenant_key="busy-office").count() == 2
+    assert Job.objects.filter(tenant_key="busy-office", attempts=0).count() == 6
+    assert transitions.claim(other.pk, "w-other").status == "claimed", "bounds are per tenant"

@@ -1,0 +1,287 @@
+"""One outcome per job through the real runner, ledger and storage (any database)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django_q.models import OrmQ
+
+from jobs import artifacts, ledger, services
+from jobs.dispatch import dispatch_once
+from jobs.models import Artifact, Attempt, Effect, Job, Notice
+from jobs.runner import run_delivery
+from jobs.tasks import release_effect
+from tests.jobs.helpers import Crash, expire_lease, make_due, new_job
+
+pytestmark = pytest.mark.django_db
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def outcomes(job):
+    return list(Attempt.objects.filter(job=job).order_by("id").values_list("outcome", flat=True))
+
+
+def test_request_job__same_subject_and_revision_is_the_same_job(make_user):
+    user = make_user()
+    first = new_job(user)
+    again = new_job(user)
+    other_revision = new_job(user, revision=2)
+    assert first.pk == again.pk != other_revision.pk
+    assert OrmQ.objects.count() == 2, "one message per job, not per request"
+
+
+def test_request_job__queue_message_carries_only_the_job_id(make_user):
+    user = make_user()
+    job = new_job(user, note="private-marker-123")
+    (message,) = OrmQ.objects.all()
+    assert message.task["args"] == (job.pk,)
+    assert "private-marker-123" not in str(message.task)
+
+
+def test_run_delivery__one_artifact_one_effect_one_notice(make_user):
+    user = make_user()
+    job = new_job(user)
+    result = run_delivery(job.pk, worker="w1")
+    assert result.outcome == "succeeded"
+    job.refresh_from_db()
+    assert job.state == Job.State.SUCCEEDED and job.attempts == 1
+    artifact = Artifact.objects.get(job=job)
+    assert artifact.key == f"job-{job.pk}-rev-1" and artifacts.is_intact(artifact)
+    effect = Effect.objects.get(job=job)
+    assert effect.effect_id == f"{job.pk}:1:completion-notice:{user.pk}"
+    assert effect.idempotency_key == ledger.idempotency_key(effect.effect_id)
+    assert effect.state == Effect.State.APPLIED
+    assert Notice.objects.filter(recipient=user).count() == 1
+
+    assert run_delivery(job.pk, worker="w2").outcome == "duplicate"
+    assert outcomes(job) == ["succeeded", "duplicate_delivery"]
+    assert (Artifact.objects.count(), Effect.objects.count(), Notice.objects.count()) == (1, 1, 1)
+
+
+def test_run_delivery__malformed_payload_fails_once_with_a_readable_reason(make_user):
+    user = make_user()
+    job = new_job(user)
+    Job.objects.filter(pk=job.pk).update(params={"recipients": "not-a-list"})
+    assert run_delivery(job.pk, worker="w1").outcome == "failed"
+    job.refresh_from_db()
+    assert job.state == Job.State.FAILED and job.attempts == 1
+    assert (job.last_error_class, job.last_error_code) == ("validation", "payload_invalid")
+    assert "params.recipients must be a list" in job.last_error_detail
+    assert dispatch_once()["due_jobs"] == 0, "a permanent failure is never re-driven"
+    assert run_delivery(job.pk, worker="w2").outcome == "duplicate"
+    assert Job.objects.get(pk=job.pk).attempts == 1
+
+
+def test_run_delivery__transient_error_backs_off_then_dies_at_max_attempts(make_user):
+    user = make_user()
+    job = new_job(user, fail={"always": "temporary"})
+    for _ in range(job.max_attempts):
+        make_due(job)
+        run_delivery(job.pk, worker="w")
+    job.refresh_from_db()
+    assert job.state == Job.State.DEAD and job.attempts == job.max_attempts == 5
+    assert (job.last_error_class, job.last_error_code) == ("temporary", "test_unavailable")
+    delays = list(
+        Attempt.objects.filter(job=job, outcome="retry").values_list(
+            "retry_delay_seconds", flat=True
+        )
+    )
+    assert len(delays) == 4 and all(d >= 0.2 for d in delays), "floor: never immediate"
+    assert outcomes(job)[-1] == "dead"
+    make_due(job)
+    assert run_delivery(job.pk, worker="w").outcome == "duplicate", "nothing retries forever"
+    assert Job.objects.get(pk=job.pk).attempts == 5
+
+
+def test_run_delivery__retry_succeeds_and_verifies_instead_of_rewriting(make_user):
+    user = make_user()
+    job = new_job(user, fail={"1": "unknown"})
+    assert run_delivery(job.pk, worker="w1").outcome == "retry"
+    job.refresh_from_db()
+    assert job.state == Job.State.RETRY_WAIT and job.last_error_class == "unknown"
+    make_due(job)
+    assert run_delivery(job.pk, worker="w2").outcome == "succeeded"
+    assert Artifact.objects.filter(job=job).count() == 1
+
+
+def test_crash_after_artifact__reclaim_verifies_and_restores_corrupt_file(make_user):
+    user = make_user()
+    job = new_job(user)
+
+    def die_after_artifact(stage, ctx):
+        if stage == "artifact_stored":
+            raise Crash
+
+    with pytest.raises(Crash):
+        run_delivery(job.pk, worker="w1", on_stage=die_after_artifact)
+    artifact = Artifact.objects.get(job=job)
+    path = artifacts.get_storage().path(artifact.storage_name)
+    Path(path).write_bytes(b"torn write")
+    assert not artifacts.is_intact(artifact)
+
+    assert run_delivery(job.pk, worker="w2").outcome == "duplicate", "lease still live"
+    expire_lease(job)
+    assert run_delivery(job.pk, worker="w2").outcome == "succeeded"
+    assert outcomes(job) == ["crashed", "duplicate_delivery", "succeeded"]
+    artifact = Artifact.objects.get(job=job)
+    assert artifact.rewrites == 1 and artifacts.is_intact(artifact)
+    assert (Artifact.objects.count(), Effect.objects.count(), Notice.objects.count()) == (1, 1, 1)
+
+
+def test_crash_after_publish_before_ack__redelivery_and_redrive_notify_once(make_user, settings):
+    settings.JOBS_EFFECT_GRACE_SECONDS = 0
+    user = make_user()
+    job = new_job(user)
+
+    def die_after_publish(stage, ctx):
+        if stage == "published":
+            raise Crash
+
+    with pytest.raises(Crash):
+        run_delivery(job.pk, worker="w1", on_stage=die_after_publish)
+    assert Job.objects.get(pk=job.pk).state == Job.State.SUCCEEDED
+    effect = Effect.objects.get(job=job)
+    assert effect.state == Effect.State.PENDING and Notice.objects.count() == 0
+
+    assert run_delivery(job.pk, worker="w2").outcome == "duplicate"
+    OrmQ.objects.all().delete()
+    assert dispatch_once()["effects"] == 1
+    assert dispatch_once()["effects"] == 0, "one message per due time"
+    assert OrmQ.objects.get().task["func"] == "jobs.tasks.release_effect"
+    assert release_effect(effect.pk) == "applied"
+    assert release_effect(effect.pk) == "skipped"
+    assert Notice.objects.count() == 1
+
+
+def test_poison_message__crashes_count_toward_max_attempts(make_user):
+    user = make_user()
+    job = new_job(user, kind="test.short")
+
+    def die(stage, ctx):
+        raise Crash
+
+    for _ in range(3):
+        with pytest.raises(Crash):
+            run_delivery(job.pk, worker="w", on_stage=die)
+        expire_lease(job)
+    assert run_delivery(job.pk, worker="w").outcome == "buried"
+    job.refresh_from_db()
+    assert job.state == Job.State.DEAD and job.attempts == 3
+    assert job.last_error_code == "crashed"
+    assert outcomes(job) == ["crashed", "crashed", "crashed", "dead"]
+
+
+def test_revoked_recipient__effect_withheld_then_released_once_after_regrant(make_user):
+    user = make_user()
+    job = new_job(user)
+
+    def revoke(stage, ctx):
+        if stage == "published":
+            type(user).objects.filter(pk=user.pk).update(is_active=False)
+
+    run_delivery(job.pk, worker="w", on_stage=revoke)
+    effect = Effect.objects.get(job=job)
+    assert effect.state == Effect.State.WITHHELD and "inactive" in effect.reason
+    assert Notice.objects.count() == 0
+    type(user).objects.filter(pk=user.pk).update(is_active=True)
+    assert services.recheck_and_release(effect)
+    assert services.recheck_and_release(Effect.objects.get(pk=effect.pk)) is False
+    assert Effect.objects.get(pk=effect.pk).state == Effect.State.APPLIED
+    assert Notice.objects.count() == 1
+
+
+def test_dispatch__due_retry_is_enqueued_once_per_due_time(make_user):
+    user = make_user()
+    job = new_job(user, fail={"1": "temporary"})
+    run_delivery(job.pk, worker="w")
+    OrmQ.objects.all().delete()
+    assert dispatch_once()["due_jobs"] == 0, "not due yet"
+    make_due(job)
+    assert dispatch_once()["due_jobs"] == 1
+    assert dispatch_once()["due_jobs"] == 0
+    assert OrmQ.objects.count() == 1
+
+
+def test_dispatch__expired_lease_gets_one_message(make_user):
+    user = make_user()
+    job = new_job(user)
+    with pytest.raises(Crash):
+        run_delivery(job.pk, worker="w1", on_stage=lambda stage, ctx: (_ for _ in ()).throw(Crash))
+    OrmQ.objects.all().delete()
+    assert dispatch_once()["expired_leases"] == 0
+    expire_lease(job)
+    assert dispatch_once()["expired_leases"] == 1
+    assert dispatch_once()["expired_leases"] == 0
+    assert run_delivery(job.pk, worker="w2").outcome == "succeeded"
+
+
+def test_tenant_bound__delivery_over_the_bound_is_deferred_without_spending_an_attempt(
+    make_user, settings
+):
+    settings.JOBS_TENANT_CONCURRENCY = 1
+    user = make_user()
+    first = new_job(user, subject=1)
+    second = new_job(user, subject=2)
+    held = {}
+
+    def hold(stage, ctx):
+        if stage == "claimed" and "second" not in held:
+            held["second"] = run_delivery(second.pk, worker="w2")
+
+    assert run_delivery(first.pk, worker="w1", on_stage=hold).outcome == "succeeded"
+    assert held["second"].outcome == "deferred"
+    second.refresh_from_db()
+    assert second.state == Job.State.QUEUED and second.attempts == 0
+    assert second.enqueued_for is None, "the dispatcher re-enqueues it when due"
+    make_due(second)
+    assert run_delivery(second.pk, worker="w2").outcome == "succeeded"
+
+
+def test_operator_actions_go_through_transitions(make_user):
+    user = make_user()
+    job = new_job(user, fail={"always": "validation"})
+    assert services.cancel_job(Job.objects.get(pk=job.pk))
+    assert run_delivery(job.pk, worker="w").outcome == "duplicate"
+
+    other = new_job(user, revision=2, fail={"1": "validation"})
+    run_delivery(other.pk, worker="w")
+    other.refresh_from_db()
+    assert other.state == Job.State.FAILED
+    Job.objects.filter(pk=other.pk).update(params={"recipients": [user.pk]})  # data fixed
+    other.refresh_from_db()
+    assert services.requeue_job(other)
+    other.refresh_from_db()
+    assert other.state == Job.State.QUEUED and other.attempts == 0
+    assert run_delivery(other.pk, worker="w").outcome == "succeeded"
+
+
+def test_jobs_stats__json_counts_deliveries_and_effects_apart(make_user):
+    user = make_user()
+    job = new_job(user)
+    run_delivery(job.pk, worker="w1")
+    run_delivery(job.pk, worker="w2")
+    out = StringIO()
+    call_command("jobs_stats", "--json", stdout=out)
+    stats = json.loads(out.getvalue())
+    assert stats["jobs"]["by_state"] == {"succeeded": 1}
+    assert stats["deliveries"] == 2 and stats["duplicate_deliveries"] == 1
+    assert stats["effects"]["by_state"] == {"applied": 1}
+    assert stats["duplicate_effects"] == 0
+
+
+def test_settings__production_without_secret_key_names_the_setting():
+    env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "DJANGO_SETTINGS_MODULE")}
+    env.update(DEBUG="0", ALLOWED_HOSTS="example.org")
+    proc = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode != 0
+    assert "SECRET_KEY must be set" in proc.stderr

@@ -1,0 +1,98 @@
+"""The retry table on its own: pure functions, no database."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+
+import httpx
+import psycopg.errors
+import pytest
+from django.db import OperationalError
+
+from jobs.exceptions import NotAuthorized, PayloadInvalid, TemporaryFailure
+from jobs.retry import POLICY, Action, ErrorClass, backoff_delay, classify, parse_retry_after
+
+
+def _status_error(status: int, retry_after: str | None = None) -> httpx.HTTPStatusError:
+    headers = {"Retry-After": retry_after} if retry_after else {}
+    request = httpx.Request("POST", "http://127.0.0.1:9/notices")
+    response = httpx.Response(status, headers=headers, request=request)
+    return httpx.HTTPStatusError("status", request=request, response=response)
+
+
+def _wrapped(inner: BaseException) -> BaseException:
+    """Django wraps driver errors; the class must survive the wrapping."""
+    try:
+        try:
+            raise inner
+        except BaseException as exc:
+            raise OperationalError(str(exc)) from exc
+    except OperationalError as outer:
+        return outer
+
+
+@pytest.mark.parametrize(
+    ("exc", "error_class", "code"),
+    [
+        (_wrapped(psycopg.errors.DeadlockDetected()), ErrorClass.TEMPORARY, "pg_40P01"),
+        (_wrapped(psycopg.errors.SerializationFailure()), ErrorClass.TEMPORARY, "pg_40001"),
+        (OperationalError("server closed the connection"), ErrorClass.TEMPORARY, "db_unavailable"),
+        (ConnectionResetError(), ErrorClass.TRANSPORT, "connectionreseterror"),
+        (httpx.ConnectError("refused"), ErrorClass.TRANSPORT, "connecterror"),
+        (httpx.ReadTimeout("slow"), ErrorClass.PROVIDER_TIMEOUT, "readtimeout"),
+        (_status_error(503), ErrorClass.TEMPORARY, "http_503"),
+        (_status_error(429), ErrorClass.TEMPORARY, "http_429"),
+        (_status_error(422), ErrorClass.VALIDATION, "http_422"),
+        (_status_error(400), ErrorClass.VALIDATION, "http_400"),
+        (_status_error(409), ErrorClass.VALIDATION, "http_409"),
+        (_status_error(401), ErrorClass.AUTHORIZATION, "http_401"),
+        (_status_error(403), ErrorClass.AUTHORIZATION, "http_403"),
+        (PayloadInvalid("params.x must be an integer"), ErrorClass.VALIDATION, "payload_invalid"),
+        (NotAuthorized("revoked"), ErrorClass.AUTHORIZATION, "not_authorized"),
+        (TemporaryFailure("down"), ErrorClass.TEMPORARY, "temporary"),
+        (KeyError("applicant_phone"), ErrorClass.UNKNOWN, "KeyError"),
+    ],
+)
+def test_classify__maps_each_failure_to_its_class(exc, error_class, code):
+    c = classify(exc)
+    assert (c.error_class, c.code) == (error_class, code)
+
+
+def test_classify__never_copies_an_unknown_exception_message():
+    c = classify(ValueError("applicant phone +1 555 0100 is odd"))
+    assert "555" not in c.code and c.detail == ""
+
+
+def test_classify__honours_retry_after_seconds():
+    assert classify(_status_error(503, "7")).retry_after == 7.0
+
+
+def test_parse_retry_after__http_date():
+    now = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+    assert parse_retry_after("Sun, 29 Nov 2026 12:00:30 GMT", now=now) == 30.0
+    assert parse_retry_after("nonsense", now=now) is None
+
+
+def test_policy__permanent_classes_do_not_retry():
+    assert POLICY[ErrorClass.VALIDATION].action == Action.FAIL
+    assert POLICY[ErrorClass.AUTHORIZATION].action == Action.WITHHOLD
+    assert POLICY[ErrorClass.PROVIDER_TIMEOUT].action == Action.RETRY_SAME_KEY
+    assert all(POLICY[c].safe_to_retry for c in (ErrorClass.TRANSPORT, ErrorClass.TEMPORARY))
+
+
+def test_backoff_delay__has_floor_cap_and_growing_jittered_window():
+    rng = random.Random(7)
+    kwargs = {"floor": 1.0, "base": 2.0, "cap": 60.0, "rng": rng}
+    samples = {n: [backoff_delay(n, **kwargs) for _ in range(200)] for n in range(1, 9)}
+    for n, delays in samples.items():
+        window = min(60.0, 2.0 * 2 ** (n - 1))
+        assert min(delays) >= 1.0, "never an immediate retry"
+        assert max(delays) <= min(60.0, 1.0 + window)
+        assert len({round(d, 6) for d in delays}) > 100, "jittered, not a fixed schedule"
+    means = [sum(samples[n]) / 200 for n in range(1, 6)]
+    assert means == sorted(means), "the window grows with each attempt"
+
+
+def test_backoff_delay__retry_after_is_a_lower_bound():
+    assert backoff_delay(1, floor=0.1, base=0.1, cap=1, retry_after=30, rng=random.Random(1)) == 30
