@@ -12,6 +12,7 @@ $PY manage.py seed_demo
 
 pids=()
 cleanup() {
+  trap - EXIT INT TERM
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
 }
@@ -33,4 +34,7 @@ cat <<MSG
   Stop:     Ctrl-C
 
 MSG
-$PY manage.py runserver "127.0.0.1:${PORT}" --noreload
+$PY manage.py runserver "127.0.0.1:${PORT}" --noreload &
+pids+=($!)
+# Wait in the background so a signal to this script runs the cleanup at once.
+wait -n "${pids[@]}" || true

@@ -95,6 +95,8 @@ def test_run_delivery__transient_error_backs_off_then_dies_at_max_attempts(make_
         )
     )
     assert len(delays) == 4 and all(d >= 0.2 for d in delays), "floor: never immediate"
+    for n, delay in enumerate(delays, start=1):  # floor + jitter within a doubling window
+        assert delay <= 0.2 + min(2.0, 0.2 * 2 ** (n - 1))
     assert outcomes(job)[-1] == "dead"
     make_due(job)
     assert run_delivery(job.pk, worker="w").outcome == "duplicate", "nothing retries forever"
