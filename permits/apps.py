@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class PermitsConfig(AppConfig):
@@ -7,5 +8,8 @@ class PermitsConfig(AppConfig):
 
     def ready(self) -> None:
         from permits import jobkinds
+        from permits.signals import create_groups
 
         jobkinds.register()
+        # After every app's migrate, so all permissions exist.
+        post_migrate.connect(create_groups, dispatch_uid="permits.create_groups")

@@ -1,7 +1,8 @@
 """Job kinds this site registers with the engine.
 
-``demo.summary`` stands in until the permit report kind arrives: it writes a
-small deterministic text artifact about a user and notifies that user in-app.
+``permits.report`` is the permit review report (``permits.reports``).
+``demo.summary`` is a minimal kind (a small text artifact and one in-app
+notice) used by the burst and benchmarks to measure the engine itself.
 """
 
 from __future__ import annotations
@@ -39,4 +40,7 @@ def demo_summary(ctx: JobContext) -> list[EffectSpec]:
 
 
 def register() -> None:
+    from permits import reports
+
     register_kind("demo.summary", demo_summary)
+    reports.register()

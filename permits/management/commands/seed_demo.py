@@ -1,43 +1,126 @@
-"""Seed the demo (idempotent): an operator, reviewer47 and one demo job."""
+"""Seed the demo (idempotent): offices, reviewer47, an operator, a dozen requests, job 84."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand
-from django.db import transaction
+from django.core.management.color import no_style
+from django.db import connection, transaction
 
-from jobs.services import request_job
+from jobs.models import Job
+from jobs.services import enqueue_job
+from permits import reports
+from permits.models import PermitRequest, Tenant
+from permits.services import assign_reviewer
 
-DEMO_LOGINS = {"operator": "operator-demo", "reviewer47": "reviewer-demo"}
+DEMO_LOGINS = {
+    "reviewer47": "reviewer-demo",
+    "reviewer52": "reviewer-demo",
+    "operator": "operator-demo",
+}
+WT = PermitRequest.WorkType
+# id, office, work type, address, valuation, assigned to reviewer47?
+REQUESTS = [
+    (1, "springfield", WT.NEW_BUILDING, "12 Evergreen Terrace", "420000", True),
+    (2, "springfield", WT.ADDITION, "742 Elm Street", "85000", True),
+    (3, "springfield", WT.ALTERATION, "19 Maple Court", "32000", True),
+    (4, "springfield", WT.ELECTRICAL, "3 Harbor Road", "7800", True),
+    (5, "springfield", WT.PLUMBING, "88 Quarry Lane", "5400", True),
+    (6, "springfield", WT.DECK_FENCE, "51 Orchard Way", "9100", False),
+    (7, "springfield", WT.NEW_BUILDING, "1 Civic Plaza", "1250000", True),
+    (8, "springfield", WT.DEMOLITION, "640 Mill Street", "26000", True),
+    (9, "shelbyville", WT.MECHANICAL, "77 Lake Drive", "14500", False),
+    (10, "shelbyville", WT.ADDITION, "205 Pine Avenue", "99000", False),
+    (11, "shelbyville", WT.ALTERATION, "9 Station Square", "41000", False),
+    (12, "shelbyville", WT.NEW_BUILDING, "300 Ridge Road", "610000", False),
+]
+DEMO_JOB_ID, DEMO_PERMIT_ID, DEMO_REVISION = 84, 7, 29
+EPOCH = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 
 
 class Command(BaseCommand):
-    help = "Create the demo accounts and a demo job; running it twice changes nothing."
+    help = "Create the demo offices, accounts, requests and report job 84 (revision 29)."
 
     @transaction.atomic
     def handle(self, *args, **options):
-        User = get_user_model()
-        operator, created = User.objects.get_or_create(
-            username="operator", defaults={"is_staff": True, "is_superuser": True}
+        offices = {
+            "springfield": Tenant.objects.get_or_create(
+                key="springfield", defaults={"name": "Springfield Permit Office"}
+            )[0],
+            "shelbyville": Tenant.objects.get_or_create(
+                key="shelbyville", defaults={"name": "Shelbyville Building Department"}
+            )[0],
+        }
+        reviewer47 = self._user("reviewer47", pk=47, group="reviewers")
+        reviewer52 = self._user("reviewer52", pk=52, group="reviewers")
+        self._user("operator", pk=1, group="operators")
+
+        for pk, office, work_type, address, valuation, mine in REQUESTS:
+            permit, _ = PermitRequest.objects.get_or_create(
+                pk=pk,
+                defaults={
+                    "tenant": offices[office],
+                    "reference": f"{office[:3].upper()}-2026-{pk:04d}",
+                    "site_address": f"{address}, {offices[office].name.split()[0]}",
+                    "parcel": f"{office[:2].upper()}-{1000 + pk * 37}-{pk:02d}",
+                    "work_type": work_type,
+                    "description": f"{WT(work_type).label} at {address}: plans and specifications "
+                    "as submitted with the application.",
+                    "valuation": Decimal(valuation),
+                    "status": PermitRequest.Status.IN_REVIEW,
+                    "output_revision": DEMO_REVISION if pk == DEMO_PERMIT_ID else 1,
+                    "applicant_name": f"Demo Applicant {pk}",
+                    "applicant_phone": f"+1 555 01{pk:02d}",
+                    "applicant_email": f"applicant{pk}@example.org",
+                    "applicant_id_number": f"ID-{pk:03d}-{9000 + pk}",
+                    "submitted_at": EPOCH + timedelta(hours=pk),
+                },
+            )
+            assign_reviewer(permit, reviewer47 if mine else reviewer52)
+
+        permit = PermitRequest.objects.get(pk=DEMO_PERMIT_ID)
+        job, created = Job.objects.get_or_create(
+            pk=DEMO_JOB_ID,
+            defaults={
+                "kind": reports.KIND,
+                "subject_type": reports.SUBJECT_TYPE,
+                "subject_id": str(permit.pk),
+                "output_revision": DEMO_REVISION,
+                "tenant_key": permit.tenant.key,
+                "next_attempt_at": EPOCH,
+                "enqueued_for": EPOCH,
+                "created_at": EPOCH,
+            },
         )
         if created:
-            operator.set_password(DEMO_LOGINS["operator"])
-            operator.save()
-        reviewer, created = User.objects.get_or_create(
-            username="reviewer47", defaults={"is_staff": True}
-        )
-        if created:
-            reviewer.set_password(DEMO_LOGINS["reviewer47"])
-            reviewer.save()
-        job, _ = request_job(
-            "demo.summary",
-            subject_type="auth.user",
-            subject_id=reviewer.pk,
-            output_revision=1,
-            tenant_key="demo",
-            params={"notify_user_id": reviewer.pk},
-        )
+            enqueue_job(job)
+        self._reset_sequences()
         self.stdout.write(
-            f"demo job {job.pk} ({job.state}); logins: "
-            + ", ".join(f"{u} / {p}" for u, p in DEMO_LOGINS.items())
+            f"report job {job.pk} for {permit.reference} "
+            f"revision {job.output_revision}: {job.state}"
         )
+        self.stdout.write("logins: " + ", ".join(f"{u} / {p}" for u, p in DEMO_LOGINS.items()))
+
+    def _user(self, username: str, *, pk: int, group: str):
+        User = get_user_model()
+        user, created = User.objects.get_or_create(
+            pk=pk, defaults={"username": username, "is_staff": True}
+        )
+        if created:
+            user.set_password(DEMO_LOGINS[username])
+            user.save()
+        user.groups.add(Group.objects.get_or_create(name=group)[0])
+        return user
+
+    def _reset_sequences(self) -> None:
+        """Explicit ids do not move PostgreSQL sequences; move them past the seeded rows."""
+        sql = connection.ops.sequence_reset_sql(
+            no_style(), [get_user_model(), PermitRequest, Tenant, Job]
+        )
+        with connection.cursor() as cursor:
+            for statement in sql:
+                cursor.execute(statement)

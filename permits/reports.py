@@ -1,0 +1,233 @@
+"""The permit report job kind: recheck ownership and policy, render the PDF, notify reviewers.
+
+Rendering is deterministic (ReportLab's invariant mode; the generation time is
+the job's, not the clock's), so a second worker's bytes equal the first's and
+verifying the stored artifact means something.
+"""
+
+from __future__ import annotations
+
+import io
+from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
+from xml.sax.saxutils import escape
+
+from reportlab.lib import colors
+from reportlab.lib.pagesizes import A4
+from reportlab.lib.styles import getSampleStyleSheet
+from reportlab.lib.units import mm
+from reportlab.platypus import Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
+
+from jobs.exceptions import NotAuthorized, PayloadInvalid
+from jobs.models import Effect, Job
+from jobs.registry import EffectSpec, register_kind
+from jobs.runner import JobContext
+from permits.models import REVIEW_PERM, PermitRequest
+
+KIND = "permits.report"
+SUBJECT_TYPE = "permits.permitrequest"
+NOTICE = "completion-notice"
+
+WT = PermitRequest.WorkType
+BASE_FEES = {
+    WT.NEW_BUILDING: Decimal("500.00"),
+    WT.ADDITION: Decimal("300.00"),
+    WT.ALTERATION: Decimal("200.00"),
+    WT.DEMOLITION: Decimal("150.00"),
+    WT.ELECTRICAL: Decimal("90.00"),
+    WT.PLUMBING: Decimal("90.00"),
+    WT.MECHANICAL: Decimal("90.00"),
+    WT.DECK_FENCE: Decimal("60.00"),
+}
+PLAN_REVIEW_TYPES = {WT.NEW_BUILDING, WT.ADDITION, WT.ALTERATION}
+INSPECTIONS = {
+    WT.NEW_BUILDING: ["Footing", "Foundation", "Framing", "Insulation", "Final"],
+    WT.ADDITION: ["Footing", "Framing", "Insulation", "Final"],
+    WT.ALTERATION: ["Framing", "Final"],
+    WT.DEMOLITION: ["Utility disconnect", "Site clearance"],
+    WT.ELECTRICAL: ["Rough-in electrical", "Final electrical"],
+    WT.PLUMBING: ["Underground plumbing", "Rough-in plumbing", "Final plumbing"],
+    WT.MECHANICAL: ["Rough-in mechanical", "Final mechanical"],
+    WT.DECK_FENCE: ["Post holes", "Final"],
+}
+CHECKLIST = [
+    "Site plan shows setbacks and easements",
+    "Scope of work matches the declared work type",
+    "Valuation is consistent with the scope",
+    "Parcel number matches the site address",
+    "Required inspections scheduled with the applicant",
+]
+CENT = Decimal("0.01")
+
+
+def compute_fees(permit: PermitRequest) -> list[tuple[str, Decimal]]:
+    """Fee lines and total: base by work type, $5 per started $1,000, review, surcharge."""
+    base = BASE_FEES[permit.work_type]
+    thousands = (permit.valuation / 1000).to_integral_value(rounding=ROUND_CEILING)
+    valuation_fee = (thousands * Decimal("5.00")).quantize(CENT)
+    lines = [("Base fee", base), ("Valuation fee ($5.00 per $1,000)", valuation_fee)]
+    permit_fee = base + valuation_fee
+    if permit.work_type in PLAN_REVIEW_TYPES:
+        lines.append(
+            ("Plan review (65%)", (permit_fee * Decimal("0.65")).quantize(CENT, ROUND_HALF_UP))
+        )
+    subtotal = sum((amount for _, amount in lines), Decimal("0"))
+    lines.append(
+        ("Technology surcharge (4%)", (subtotal * Decimal("0.04")).quantize(CENT, ROUND_HALF_UP))
+    )
+    lines.append(("Total", sum((amount for _, amount in lines), Decimal("0"))))
+    return lines
+
+
+def render_report(permit: PermitRequest, job: Job) -> bytes:
+    """The PDF for ``permit`` at ``job.output_revision``; same input, same bytes."""
+    buf = io.BytesIO()
+    doc = SimpleDocTemplate(
+        buf,
+        pagesize=A4,
+        invariant=1,
+        title=f"Review report {permit.reference} revision {job.output_revision}",
+        author=permit.tenant.name,
+        leftMargin=18 * mm,
+        rightMargin=18 * mm,
+        topMargin=16 * mm,
+        bottomMargin=16 * mm,
+    )
+    styles = getSampleStyleSheet()
+    h1, h2, body = styles["Title"], styles["Heading2"], styles["BodyText"]
+
+    def table(rows, widths, *, header=False):
+        t = Table(rows, colWidths=widths, hAlign="LEFT")
+        style = [
+            ("FONTSIZE", (0, 0), (-1, -1), 9),
+            ("VALIGN", (0, 0), (-1, -1), "TOP"),
+            ("LINEBELOW", (0, 0), (-1, -1), 0.25, colors.lightgrey),
+        ]
+        if header:
+            style.append(("FONTNAME", (0, -1), (-1, -1), "Helvetica-Bold"))
+        t.setStyle(TableStyle(style))
+        return t
+
+    generated = job.created_at.strftime("%Y-%m-%d %H:%M UTC")
+    story = [
+        Paragraph(escape(permit.tenant.name), styles["Normal"]),
+        Paragraph(f"Permit review report {escape(permit.reference)}", h1),
+        Paragraph(
+            f"Output revision {job.output_revision} &middot; report job {job.pk} &middot; "
+            f"requested {generated}",
+            body,
+        ),
+        Spacer(1, 4 * mm),
+        Paragraph("Request summary", h2),
+        table(
+            [
+                ["Site address", Paragraph(escape(permit.site_address), body)],
+                ["Parcel", permit.parcel],
+                ["Work type", permit.get_work_type_display()],
+                ["Valuation", f"${permit.valuation:,.2f}"],
+                ["Submitted", permit.submitted_at.strftime("%Y-%m-%d")],
+            ],
+            [40 * mm, 130 * mm],
+        ),
+        Paragraph("Description of work", h2),
+        Paragraph(escape(permit.description), body),
+        Paragraph("Applicant (confidential)", h2),
+        table(
+            [
+                ["Name", permit.applicant_name],
+                ["Phone", permit.applicant_phone],
+                ["E-mail", permit.applicant_email],
+                ["ID number", permit.applicant_id_number],
+            ],
+            [40 * mm, 130 * mm],
+        ),
+        Paragraph("Required inspections", h2),
+        table(
+            [[str(i), name] for i, name in enumerate(INSPECTIONS[permit.work_type], 1)],
+            [10 * mm, 160 * mm],
+        ),
+        Paragraph("Fee computation", h2),
+        table(
+            [[label, f"${amount:,.2f}"] for label, amount in compute_fees(permit)],
+            [120 * mm, 50 * mm],
+            header=True,
+        ),
+        Paragraph("Reviewer checklist", h2),
+        table([["[  ]", item] for item in CHECKLIST], [10 * mm, 160 * mm]),
+    ]
+    doc.build(story)
+    return buf.getvalue()
+
+
+def _load_permit(job: Job) -> PermitRequest:
+    try:
+        permit_id = int(job.subject_id)
+    except ValueError:
+        raise PayloadInvalid("subject_id must be a permit request id") from None
+    permit = PermitRequest.objects.select_related("tenant").filter(pk=permit_id).first()
+    if permit is None:
+        raise PayloadInvalid("the permit request no longer exists")
+    return permit
+
+
+def read_policy(permit: PermitRequest, job: Job) -> str | None:
+    """Why the job may not read this request now, or None when it may."""
+    if permit.is_withdrawn:
+        return "the request was withdrawn"
+    if permit.tenant.key != job.tenant_key:
+        return "the request now belongs to another office"
+    if job.output_revision > permit.output_revision:
+        return "the revision was never requested"
+    return None
+
+
+def reviewers_of(permit: PermitRequest):
+    """Users assigned to review ``permit`` directly (not superusers, not via groups)."""
+    from guardian.shortcuts import get_users_with_perms
+
+    return (
+        get_users_with_perms(
+            permit, only_with_perms_in=["review_permitrequest"], with_group_users=False
+        )
+        .filter(is_active=True)
+        .order_by("pk")
+    )
+
+
+def build_report(ctx: JobContext) -> list[EffectSpec]:
+    """The handler: fence, policy, render, store, then ask for one notice per reviewer."""
+    job = ctx.job
+    ctx.check_owner()  # before the first read of the request's private fields
+    permit = _load_permit(job)
+    reason = read_policy(permit, job)
+    if reason:
+        raise NotAuthorized(reason)
+    ctx.heartbeat()
+    pdf = render_report(permit, job)
+    ctx.heartbeat()
+    ctx.store_artifact(pdf, content_type="application/pdf", extension="pdf")
+    title = f"Report ready: {permit.reference} revision {job.output_revision}"
+    return [
+        EffectSpec(
+            NOTICE, "inapp", str(user.pk), {"title": title, "link": f"/requests/{permit.pk}/"}
+        )
+        for user in reviewers_of(permit)
+    ]
+
+
+def authorize_release(effect: Effect) -> str | None:
+    """Release follows current authorization: recheck the recipient's object permission now."""
+    from django.contrib.auth import get_user_model
+
+    permit = PermitRequest.objects.select_related("tenant").filter(pk=effect.job.subject_id).first()
+    if permit is None:
+        return "the permit request no longer exists"
+    if permit.is_withdrawn:
+        return "the request was withdrawn"
+    user = get_user_model().objects.get(pk=effect.recipient)
+    if not user.has_perm(REVIEW_PERM, permit):
+        return "the recipient is no longer assigned to this request"
+    return None
+
+
+def register() -> None:
+    register_kind(KIND, build_report, authorize_release=authorize_release)

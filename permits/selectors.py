@@ -1,0 +1,71 @@
+"""Reads of the permit domain, always through the reader's object permissions."""
+
+from __future__ import annotations
+
+from django.http import Http404
+from guardian.shortcuts import get_objects_for_user
+
+from jobs.models import Artifact, Attempt, Job, Notice
+from permits import reports
+from permits.models import REVIEW_PERM, PermitRequest
+
+
+def requests_for(user):
+    """Requests ``user`` may review (object permission), newest first."""
+    return get_objects_for_user(
+        user,
+        REVIEW_PERM,
+        klass=PermitRequest.objects.select_related("tenant"),
+        accept_global_perms=False,
+    ).order_by("-submitted_at", "-id")
+
+
+def request_for(user, pk: int) -> PermitRequest:
+    """The request, or 404 when the user may not see it (no existence leak)."""
+    permit = PermitRequest.objects.select_related("tenant").filter(pk=pk).first()
+    if permit is None or not user.is_active or not user.has_perm(REVIEW_PERM, permit):
+        raise Http404("No such permit request")
+    return permit
+
+
+def report_job(permit: PermitRequest, revision: int | None = None) -> Job | None:
+    """The one report job for the request's current (or given) revision."""
+    return Job.objects.filter(
+        kind=reports.KIND,
+        subject_type=reports.SUBJECT_TYPE,
+        subject_id=str(permit.pk),
+        output_revision=permit.output_revision if revision is None else revision,
+    ).first()
+
+
+def report_jobs_by_permit(permits) -> dict[int, Job]:
+    """Current report jobs for many requests in one query."""
+    wanted = {(str(p.pk), p.output_revision): p.pk for p in permits}
+    jobs = Job.objects.filter(
+        kind=reports.KIND, subject_type=reports.SUBJECT_TYPE, subject_id__in=[k[0] for k in wanted]
+    )
+    return {
+        wanted[(j.subject_id, j.output_revision)]: j
+        for j in jobs
+        if (j.subject_id, j.output_revision) in wanted
+    }
+
+
+def artifact_of(job: Job | None) -> Artifact | None:
+    if job is None or job.state != Job.State.SUCCEEDED:
+        return None
+    return Artifact.objects.filter(job=job).first()
+
+
+def attempts_of(job: Job | None):
+    if job is None:
+        return Attempt.objects.none()
+    return Attempt.objects.filter(job=job).order_by("started_at", "id")
+
+
+def notices_for(user):
+    return (
+        Notice.objects.filter(recipient=user)
+        .select_related("effect")
+        .order_by("-created_at", "-id")
+    )
