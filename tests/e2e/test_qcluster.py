@@ -1,0 +1,512 @@
+"""Real ``manage.py qcluster`` processes: crashes, redelivery and acknowledgement order.
+
+Every test here starts django-q2 clusters (and the dispatcher loop) as separate
+processes against the test database pytest-django created, then kills parts of
+them with SIGKILL. The guarantees checked are the design's invariants 1-4 and 9:
+one artifact, one effect, one notice per job whatever dies; the queue message is
+acknowledged only after the outcome is committed; duplicate deliveries are
+counted, duplicate effects stay 0.
+
+Timing comes from tests.settings: lease 2 s, Q_CLUSTER timeout 5 s, retry 7 s,
+poll 0.1 s, one worker per cluster. Nothing here asserts a duration: waits are
+generous deadlines that fail with the processes' logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db.models import Exists, OuterRef
+from django.db.models.functions import Now
+from django_q.models import OrmQ
+
+from jobs.artifacts import is_intact
+from jobs.models import Artifact, Attempt, Effect, Job, Notice
+from jobs.services import request_job
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+ROOT = Path(__file__).resolve().parents[2]
+Outcome = Attempt.Outcome
+State = Job.State
+
+# A job of ~2.8 s (well under Q_CLUSTER timeout 5 s): the artifact is stored after
+# the first 0.4 s stage, then six heartbeated stages leave a wide window to kill.
+LONG_JOB = {"stages": 1, "after_stages": 6, "stage_sleep": 0.4}
+
+
+# --- processes ---------------------------------------------------------------------
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+    killed: bool = False  # killed on purpose: its exit is not a failure
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+@dataclass
+class Processes:
+    """The subprocesses of one test; each leads its own process group."""
+
+    env: dict[str, str]
+    log_dir: Path
+    procs: list[Proc] = field(default_factory=list)
+
+    def start(self, name: str, *args: str) -> Proc:
+        log_path = self.log_dir / f"{name}.log"
+        log = open(log_path, "wb")  # noqa: SIM115 - the child owns it; closed after Popen
+        try:
+            popen = subprocess.Popen(
+                [sys.executable, "manage.py", *args],
+                cwd=ROOT,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # pgid == pid: the whole cluster can be killed
+            )
+        finally:
+            log.close()
+        proc = Proc(name, popen, log_path)
+        self.procs.append(proc)
+        return proc
+
+    def owner_of(self, pid: int) -> Proc | None:
+        """Which of our processes' groups ``pid`` belongs to (None if not ours)."""
+        try:
+            pgid = os.getpgid(pid)
+        except ProcessLookupError:
+            return None
+        return next((p for p in self.procs if p.pid == pgid), None)
+
+    def kill_group(self, proc: Proc) -> None:
+        """SIGKILL a process and every child it forked (sentinel, pusher, monitor, workers)."""
+        proc.killed = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.popen.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _group_alive(proc.pid):
+            time.sleep(0.05)
+
+    def check_alive(self) -> None:
+        for proc in self.procs:
+            if not proc.killed and proc.popen.poll() is not None:
+                raise AssertionError(
+                    f"{proc.name} (pid {proc.pid}) exited unexpectedly with code "
+                    f"{proc.popen.returncode}\n{self.logs()}"
+                )
+
+    def logs(self, tail: int = 80) -> str:
+        parts = []
+        for proc in self.procs:
+            try:
+                lines = proc.log_path.read_text(errors="replace").splitlines()
+            except OSError as exc:
+                lines = [f"<log unreadable: {exc}>"]
+            parts.append(
+                f"----- {proc.name} (pid {proc.pid}) last {tail} lines -----\n"
+                + "\n".join(lines[-tail:])
+            )
+        return "\n".join(parts)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_group_alive(p.pid) for p in self.procs):
+            time.sleep(0.05)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any non-zombie process is left in the group."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after ')'
+        fields = text.rsplit(")", 1)[-1].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def _subprocess_env() -> dict[str, str]:
+    """The subprocesses use the test database and artifact root of this test process."""
+    db = settings.DATABASES["default"]
+    assert db["ENGINE"] == "django.db.backends.postgresql", db["ENGINE"]
+    user = db.get("USER") or "root"
+    if db.get("PASSWORD"):
+        user = f"{user}:{db['PASSWORD']}"
+    host = db.get("HOST") or "127.0.0.1"
+    port = db.get("PORT") or 5432
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        DATABASE_URL=f"postgres://{user}@{host}:{port}/{db['NAME']}",
+        ARTIFACT_ROOT=str(settings.STORAGES["artifacts"]["OPTIONS"]["location"]),
+        PYTHONUNBUFFERED="1",
+        Q_LOG_LEVEL="INFO",
+    )
+    return env
+
+
+@pytest.fixture
+def procs(request, transactional_db, tmp_path):
+    """Start processes through this; all are killed before the database is flushed."""
+    failed_before = request.session.testsfailed
+    processes = Processes(_subprocess_env(), tmp_path)
+    try:
+        yield processes
+    finally:
+        processes.stop_all()
+        if request.session.testsfailed > failed_before:
+            print(f"\n===== subprocess logs (in {tmp_path}) =====\n{processes.logs(tail=400)}")
+
+
+def wait_until(
+    procs: Processes,
+    what: str,
+    check: Callable[[], Any],
+    *,
+    timeout: float,
+    interval: float = 0.05,
+) -> Any:
+    """Poll ``check`` until it returns something truthy; fail with the logs at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        procs.check_alive()
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out after {timeout:.0f}s waiting for {what}; last check gave "
+                f"{result!r}\n{_job_table()}\n{procs.logs()}"
+            )
+        time.sleep(interval)
+
+
+def _job_table() -> str:
+    rows = [
+        f"job {j.pk} state={j.state} v={j.version} attempts={j.attempts} "
+        f"owner={j.lease_owner} lease={j.lease_expires_at}"
+        for j in Job.objects.all()
+    ]
+    rows += [
+        f"  attempt {a.pk} job={a.job_id} n={a.number} worker={a.worker} outcome={a.outcome!r}"
+        for a in Attempt.objects.order_by("id")
+    ]
+    rows += [f"  ormq {m.pk} name={m.name()} lock={m.lock}" for m in OrmQ.objects.all()]
+    return "\n".join(rows)
+
+
+# --- helpers -----------------------------------------------------------------------
+
+
+def _request(user, revision: int, **params) -> Job:
+    job, created = request_job(
+        "test.steps",
+        subject_type="auth.user",
+        subject_id=user.pk,
+        output_revision=revision,
+        tenant_key="e2e",
+        params={"recipients": [user.pk], **params},
+    )
+    assert created
+    return job
+
+
+def _messages_for(job: Job) -> list[OrmQ]:
+    """The django-q2 ORM-broker rows that would deliver ``job`` to ``run_job``."""
+    return [
+        m
+        for m in OrmQ.objects.order_by("id")
+        if m.func() == "jobs.tasks.run_job" and tuple(m.args() or ()) == (job.pk,)
+    ]
+
+
+def _worker_pid(worker: str) -> int:
+    host, pid, _nonce = worker.rsplit(":", 2)
+    assert host == socket.gethostname(), f"worker {worker} is not on this host"
+    return int(pid)
+
+
+def _open_attempt_of_stored_running_job(job: Job) -> Attempt | None:
+    """The open Attempt, once the job is running and its artifact row is committed."""
+    current = Job.objects.get(pk=job.pk)
+    if current.state != State.RUNNING or not Artifact.objects.filter(job=job).exists():
+        return None
+    attempt = Attempt.objects.filter(job=job, outcome="", worker=current.lease_owner).first()
+    return attempt
+
+
+def _assert_exactly_once(job: Job, user) -> None:
+    """One artifact (bytes match the row), one applied effect, one notice."""
+    artifacts = list(Artifact.objects.filter(job=job))
+    assert len(artifacts) == 1, f"expected one artifact, got {artifacts}"
+    assert is_intact(artifacts[0]), f"stored bytes of {artifacts[0].key} do not match sha256"
+    effects = list(Effect.objects.filter(job=job))
+    assert len(effects) == 1, f"expected one effect, got {effects}"
+    assert effects[0].state == Effect.State.APPLIED, effects[0].state
+    assert effects[0].recipient == str(user.pk)
+    notices = list(Notice.objects.filter(effect__job=job))
+    assert len(notices) == 1, f"expected one notice, got {notices}"
+    assert notices[0].recipient_id == user.pk
+    assert Notice.objects.count() == 1
+
+
+def _jobs_stats(procs: Processes) -> dict:
+    done = subprocess.run(
+        [sys.executable, "manage.py", "jobs_stats", "--json"],
+        cwd=ROOT,
+        env=procs.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, f"jobs_stats failed:\n{done.stdout}\n{done.stderr}"
+    return json.loads(done.stdout)
+
+
+# --- tests -------------------------------------------------------------------------
+
+
+def test_qcluster__sigkill_mid_job_finishes_exactly_once(procs, django_user_model):
+    """A worker SIGKILLed after storing the artifact: the job still ends exactly once.
+
+    The killed delivery is never acknowledged. The dispatcher reclaims the expired
+    lease (a new message), another worker verifies the stored artifact and
+    publishes; later django-q2 redelivers the original message after ``retry``
+    and that delivery is recorded as a duplicate and acknowledged.
+    """
+    user = django_user_model.objects.create_user(username="e2e-reviewer")
+    job = _request(user, 1, **LONG_JOB)
+    assert len(_messages_for(job)) == 1
+
+    clusters = [procs.start("qcluster-a", "qcluster"), procs.start("qcluster-b", "qcluster")]
+    procs.start("dispatcher", "jobs_dispatcher", "--interval", "0.5")
+
+    victim = wait_until(
+        procs,
+        f"job {job.pk} running with its artifact stored",
+        lambda: _open_attempt_of_stored_running_job(job),
+        timeout=45,
+        interval=0.02,
+    )
+    pid = _worker_pid(victim.worker)
+    owner = procs.owner_of(pid)
+    assert owner in clusters, f"pid {pid} of {victim.worker} is not a worker of our clusters"
+    assert pid != owner.pid, "the job must run in a django-q2 worker child, not the main process"
+    os.kill(pid, signal.SIGKILL)
+    print(f"killed worker pid {pid} of {owner.name} ({victim.worker}) mid-job")
+    assert Job.objects.get(pk=job.pk).state == State.RUNNING, "the job finished before the kill"
+
+    wait_until(
+        procs,
+        f"job {job.pk} to succeed after the worker was killed",
+        lambda: Job.objects.get(pk=job.pk).state == State.SUCCEEDED,
+        timeout=60,
+    )
+    # The killed delivery was never acknowledged: django-q2 hands the original
+    # message out again once its lock (``retry`` = 7 s) runs out, and the worker
+    # records it as a duplicate delivery before it is acknowledged.
+    wait_until(
+        procs,
+        "every queue message to be acknowledged (OrmQ empty)",
+        lambda: OrmQ.objects.count() == 0,
+        timeout=45,
+    )
+
+    job.refresh_from_db()
+    assert job.state == State.SUCCEEDED
+    assert job.attempts == 2, f"two claims expected (killed + reclaim), got {job.attempts}"
+    _assert_exactly_once(job, user)
+
+    victim.refresh_from_db()
+    assert victim.outcome in (Outcome.CRASHED, Outcome.LEASE_LOST), victim.outcome
+    attempts = list(Attempt.objects.filter(job=job).order_by("id"))
+    outcomes = Counter(a.outcome for a in attempts)
+    assert outcomes[Outcome.SUCCEEDED] == 1, outcomes
+    assert outcomes[Outcome.CRASHED] + outcomes[Outcome.LEASE_LOST] == 1, outcomes
+    assert outcomes[Outcome.DUPLICATE_DELIVERY] >= 1, (
+        f"the unacknowledged original message was never redelivered: {outcomes}"
+    )
+    allowed = {Outcome.SUCCEEDED, Outcome.CRASHED, Outcome.LEASE_LOST, Outcome.DUPLICATE_DELIVERY}
+    assert set(outcomes) <= allowed, outcomes
+    winner = next(a for a in attempts if a.outcome == Outcome.SUCCEEDED)
+    assert winner.worker != victim.worker
+
+    stats = _jobs_stats(procs)
+    print("JOBS_STATS_AFTER_CRASH: " + json.dumps(stats, sort_keys=True))
+    assert stats["duplicate_effects"] == 0, stats
+    assert stats["duplicate_deliveries"] == outcomes[Outcome.DUPLICATE_DELIVERY], stats
+    assert stats["crashes"] + stats["lease_losses"] == 1, stats
+    assert stats["effects"]["by_state"] == {"applied": 1}, stats
+    assert stats["jobs"]["by_state"] == {"succeeded": 1}, stats
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One consistent snapshot (a single SELECT) of a job and its queue message."""
+
+    state: str
+    finished: bool
+    message: bool  # the OrmQ row still exists: not acknowledged
+    locked: bool  # ... and is locked: dequeued by a cluster
+    artifact: bool
+    notice: bool
+
+    @property
+    def done(self) -> bool:
+        return self.state == State.SUCCEEDED and self.finished and self.artifact and self.notice
+
+
+def _snapshot(job: Job, message_id: int) -> Seen:
+    row = (
+        Job.objects.filter(pk=job.pk)
+        .annotate(
+            message=Exists(OrmQ.objects.filter(pk=message_id)),
+            locked=Exists(OrmQ.objects.filter(pk=message_id, lock__gt=Now())),
+            has_artifact=Exists(Artifact.objects.filter(job=OuterRef("pk"))),
+            has_notice=Exists(Notice.objects.filter(effect__job=OuterRef("pk"))),
+        )
+        .values_list("state", "finished_at", "message", "locked", "has_artifact", "has_notice")
+        .get()
+    )
+    state, finished_at, message, locked, artifact, notice = row
+    return Seen(state, finished_at is not None, message, locked, artifact, notice)
+
+
+def test_qcluster__message_acked_only_after_state_committed(procs, django_user_model):
+    """The queue message disappears only after the job's outcome is committed.
+
+    Part 1 watches a healthy run: every snapshot without the message shows the job
+    succeeded with its artifact and notice. Part 2 kills a whole cluster mid-job:
+    the message stays (no ack), and a new cluster's redelivery, with no dispatcher
+    running, reclaims the expired lease and finishes the job exactly once.
+    """
+    user = django_user_model.objects.create_user(username="e2e-ack")
+
+    # Part 1: acknowledgement follows the committed outcome.
+    job = _request(user, 1, **LONG_JOB)
+    [message] = _messages_for(job)
+    first = procs.start("qcluster-1", "qcluster")
+    seen: list[Seen] = []
+    deadline = time.monotonic() + 45
+    while True:
+        # One SELECT: the job row and the message row come from the same snapshot.
+        now = _snapshot(job, message.pk)
+        seen.append(now)
+        if not now.message and now.state in Job.TERMINAL:
+            break
+        procs.check_alive()
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    premature = [s for s in seen if not s.message and not s.done]
+    assert not premature, (
+        f"message acknowledged before the outcome was committed: {Counter(premature)}"
+    )
+    assert not seen[-1].message, (
+        f"job {job.pk}'s message was not acknowledged in 45s; last {seen[-1]}\n"
+        f"{_job_table()}\n{procs.logs()}"
+    )
+    running = [s for s in seen if s.state == State.RUNNING]
+    assert running, f"never observed job {job.pk} running: {Counter(seen)}"
+    assert all(s.message and s.locked for s in running), (
+        f"the message must stay, dequeued and unacknowledged, while the job runs: {Counter(seen)}"
+    )
+    assert Attempt.objects.get(job=job).outcome == Outcome.SUCCEEDED
+    _assert_exactly_once(job, user)
+
+    # Part 2: a cluster killed mid-job acknowledges nothing; redelivery finishes the job.
+    job2 = _request(user, 2, **LONG_JOB)
+    [message2] = _messages_for(job2)
+    victim = wait_until(
+        procs,
+        f"job {job2.pk} running with its artifact stored",
+        lambda: _open_attempt_of_stored_running_job(job2),
+        timeout=30,
+        interval=0.02,
+    )
+    assert procs.owner_of(_worker_pid(victim.worker)) is first
+    procs.kill_group(first)
+    print(f"killed the whole cluster {first.name} (pgid {first.pid}) while job {job2.pk} ran")
+
+    after_kill = _snapshot(job2, message2.pk)
+    assert after_kill.state == State.RUNNING, after_kill
+    assert after_kill.message and after_kill.locked, (
+        f"message acked by a dead cluster: {after_kill}"
+    )
+    # Nothing is alive to renew the lease or acknowledge: wait for the lease to run out
+    # and check the message is still there, unacknowledged.
+    wait_until(
+        procs,
+        f"job {job2.pk}'s lease to expire",
+        lambda: Job.objects.lease_expired().filter(pk=job2.pk).exists(),
+        timeout=15,
+    )
+    expired = _snapshot(job2, message2.pk)
+    assert expired.state == State.RUNNING and expired.message, expired
+    assert Attempt.objects.get(pk=victim.pk).outcome == ""
+
+    second = procs.start("qcluster-2", "qcluster")
+    wait_until(
+        procs,
+        f"job {job2.pk} to succeed on the redelivered message",
+        lambda: Job.objects.get(pk=job2.pk).state == State.SUCCEEDED,
+        timeout=45,
+    )
+    wait_until(
+        procs,
+        f"job {job2.pk}'s message to be acknowledged",
+        lambda: not OrmQ.objects.filter(pk=message2.pk).exists(),
+        timeout=30,
+    )
+    assert OrmQ.objects.count() == 0, _job_table()
+
+    job2.refresh_from_db()
+    assert job2.attempts == 2, job2.attempts
+    attempts = list(Attempt.objects.filter(job=job2).order_by("id"))
+    outcomes = Counter(a.outcome for a in attempts)
+    assert outcomes[Outcome.CRASHED] == 1, outcomes
+    assert outcomes[Outcome.SUCCEEDED] == 1, outcomes
+    assert set(outcomes) <= {Outcome.CRASHED, Outcome.SUCCEEDED, Outcome.DUPLICATE_DELIVERY}
+    assert Attempt.objects.get(pk=victim.pk).outcome == Outcome.CRASHED
+    winner = next(a for a in attempts if a.outcome == Outcome.SUCCEEDED)
+    assert procs.owner_of(_worker_pid(winner.worker)) is second, (
+        f"the redelivery should have run in {second.name}: {winner.worker}"
+    )
+    artifacts = list(Artifact.objects.filter(job=job2))
+    assert len(artifacts) == 1 and is_intact(artifacts[0]), artifacts
+    effects = list(Effect.objects.filter(job=job2))
+    assert [e.state for e in effects] == [Effect.State.APPLIED], effects
+    assert Notice.objects.filter(effect__job=job2).count() == 1
+    assert Notice.objects.count() == 2  # one per job, both jobs
