@@ -346,7 +346,9 @@ def test_qcluster__sigkill_mid_job_finishes_exactly_once(procs, django_user_mode
 
     job.refresh_from_db()
     assert job.state == State.SUCCEEDED
-    assert job.attempts == 2, f"two claims expected (killed + reclaim), got {job.attempts}"
+    # Normally two claims (killed + reclaim). On a slow database a reclaiming delivery
+    # can itself overrun Q_CLUSTER timeout and be killed: more claims, still one outcome.
+    assert job.attempts >= 2, f"the killed claim and a reclaim expected, got {job.attempts}"
     _assert_exactly_once(job, user)
 
     victim.refresh_from_db()
@@ -354,7 +356,7 @@ def test_qcluster__sigkill_mid_job_finishes_exactly_once(procs, django_user_mode
     attempts = list(Attempt.objects.filter(job=job).order_by("id"))
     outcomes = Counter(a.outcome for a in attempts)
     assert outcomes[Outcome.SUCCEEDED] == 1, outcomes
-    assert outcomes[Outcome.CRASHED] + outcomes[Outcome.LEASE_LOST] == 1, outcomes
+    assert outcomes[Outcome.CRASHED] + outcomes[Outcome.LEASE_LOST] == job.attempts - 1, outcomes
     assert outcomes[Outcome.DUPLICATE_DELIVERY] >= 1, (
         f"the unacknowledged original message was never redelivered: {outcomes}"
     )
@@ -367,7 +369,7 @@ def test_qcluster__sigkill_mid_job_finishes_exactly_once(procs, django_user_mode
     print("JOBS_STATS_AFTER_CRASH: " + json.dumps(stats, sort_keys=True))
     assert stats["duplicate_effects"] == 0, stats
     assert stats["duplicate_deliveries"] == outcomes[Outcome.DUPLICATE_DELIVERY], stats
-    assert stats["crashes"] + stats["lease_losses"] == 1, stats
+    assert stats["crashes"] + stats["lease_losses"] == job.attempts - 1, stats
     assert stats["effects"]["by_state"] == {"applied": 1}, stats
     assert stats["jobs"]["by_state"] == {"succeeded": 1}, stats
 
@@ -493,12 +495,13 @@ def test_qcluster__message_acked_only_after_state_committed(procs, django_user_m
     assert OrmQ.objects.count() == 0, _job_table()
 
     job2.refresh_from_db()
-    assert job2.attempts == 2, job2.attempts
+    assert job2.attempts >= 2, job2.attempts
     attempts = list(Attempt.objects.filter(job=job2).order_by("id"))
     outcomes = Counter(a.outcome for a in attempts)
-    assert outcomes[Outcome.CRASHED] == 1, outcomes
     assert outcomes[Outcome.SUCCEEDED] == 1, outcomes
-    assert set(outcomes) <= {Outcome.CRASHED, Outcome.SUCCEEDED, Outcome.DUPLICATE_DELIVERY}
+    assert outcomes[Outcome.CRASHED] + outcomes[Outcome.LEASE_LOST] == job2.attempts - 1, outcomes
+    allowed = {Outcome.SUCCEEDED, Outcome.CRASHED, Outcome.LEASE_LOST, Outcome.DUPLICATE_DELIVERY}
+    assert set(outcomes) <= allowed, outcomes
     assert Attempt.objects.get(pk=victim.pk).outcome == Outcome.CRASHED
     winner = next(a for a in attempts if a.outcome == Outcome.SUCCEEDED)
     assert procs.owner_of(_worker_pid(winner.worker)) is second, (
