@@ -2,12 +2,15 @@
 
 import os
 
+# Per test database, so suites running side by side do not wipe each other's files.
+_suite = os.environ.get("TEST_DATABASE_NAME", "default")
 os.environ.setdefault(
-    "ARTIFACT_ROOT", os.path.join(os.path.dirname(__file__), "..", "var", "test-artifacts")
+    "ARTIFACT_ROOT",
+    os.path.join(os.path.dirname(__file__), "..", "var", f"test-artifacts-{_suite}"),
 )
 
-from permits.settings import *  # noqa: F403
-from permits.settings import INSTALLED_APPS, Q_CLUSTER
+from permits.settings import *  # noqa: E402, F403
+from permits.settings import INSTALLED_APPS, Q_CLUSTER  # noqa: E402
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
 
@@ -22,3 +25,7 @@ JOBS_BACKOFF_CAP_SECONDS = 2.0
 JOBS_EFFECT_LEASE_SECONDS = 2.0
 JOBS_TENANT_DEFER_SECONDS = 0.2
 Q_CLUSTER = {**Q_CLUSTER, "workers": 1, "timeout": 5, "retry": 7, "poll": 0.1}
+
+# Several suites may share one server (developers, helpers, CI): let each pick its test database.
+if os.environ.get("TEST_DATABASE_NAME"):
+    DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ["TEST_DATABASE_NAME"]  # noqa: F405

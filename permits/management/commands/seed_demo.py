@@ -57,7 +57,7 @@ class Command(BaseCommand):
         }
         reviewer47 = self._user("reviewer47", pk=47, group="reviewers")
         reviewer52 = self._user("reviewer52", pk=52, group="reviewers")
-        self._user("operator", pk=1, group="operators")
+        self._user("operator", pk=None, group="operators")
 
         for pk, office, work_type, address, valuation, mine in REQUESTS:
             permit, _ = PermitRequest.objects.get_or_create(
@@ -105,12 +105,13 @@ class Command(BaseCommand):
         )
         self.stdout.write("logins: " + ", ".join(f"{u} / {p}" for u, p in DEMO_LOGINS.items()))
 
-    def _user(self, username: str, *, pk: int, group: str):
+    def _user(self, username: str, *, pk: int | None, group: str):
+        """The demo user by name; created with the id the demo names (47) when it is free."""
         User = get_user_model()
-        user, created = User.objects.get_or_create(
-            pk=pk, defaults={"username": username, "is_staff": True}
-        )
-        if created:
+        user = User.objects.filter(username=username).first()
+        if user is None:
+            free = pk is not None and not User.objects.filter(pk=pk).exists()
+            user = User(pk=pk if free else None, username=username, is_staff=True)
             user.set_password(DEMO_LOGINS[username])
             user.save()
         user.groups.add(Group.objects.get_or_create(name=group)[0])
