@@ -287,3 +287,14 @@ def test_settings__production_without_secret_key_names_the_setting():
     )
     assert proc.returncode != 0
     assert "SECRET_KEY must be set" in proc.stderr
+
+
+def test_dispatch_schedule__installed_by_migrate():
+    from django_q.models import Schedule
+
+    schedule = Schedule.objects.get(name="jobs.dispatch")
+    assert (schedule.func, schedule.schedule_type, schedule.repeats) == (
+        "jobs.tasks.run_dispatcher",
+        Schedule.MINUTES,
+        -1,
+    )
