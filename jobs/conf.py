@@ -17,6 +17,12 @@ DEFAULTS = {
     "JOBS_EFFECT_LEASE_SECONDS": 30.0,
     "JOBS_EFFECT_MAX_ATTEMPTS": 8,
     "JOBS_TENANT_DEFER_SECONDS": 1.0,
+    # How long a sender waits for one of a provider's in-flight slots before it
+    # defers the effect (no attempt spent). Keep connect + read timeouts + this
+    # below JOBS_EFFECT_LEASE_SECONDS (system check jobs.E010).
+    "JOBS_PROVIDER_SLOT_WAIT_SECONDS": 2.0,
+    # Extra delay (seconds, jittered up to twice this) before a deferred effect is due again.
+    "JOBS_PROVIDER_DEFER_SECONDS": 0.5,
     "JOBS_ARTIFACT_STORAGE": "artifacts",
 }
 

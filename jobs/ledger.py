@@ -6,15 +6,29 @@ the same effect and sends the same key. Rows are inserted in the publish
 transaction; a worker that lost its lease publishes nothing, so it records
 nothing either.
 
+Delivery is its own small state machine, every arrow a CAS on ``version``
+(and the sending lease's owner where it matters):
+
     pending ──claim_send──▶ sending ──▶ applied | withheld | failed | needs_review
-                              │  └────▶ unknown (sent, no answer: retry, same key)
-                              └───────▶ pending (temporary: retry later)
+    unknown (due) ─────────▶   │  └────▶ unknown (sent, no answer: retry, same key)
+    sending (lease expired) ─▶ │  └────▶ pending (transport/temporary: retry later)
+                               └───────▶ pending/unknown (no in-flight slot: deferred,
+                                         no attempt spent)
+    needs_review ──mark_sent (operator)──▶ applied
+    needs_review ──send_again (operator)─▶ pending
+    withheld ──recheck (operator)────────▶ pending
+
+An external send holds one of the provider's in-flight slots
+(``jobs.providers.bounds``) for exactly the duration of the call; the
+recipient's authorization is rechecked inside the slot, right before the call.
+Every call and every operator action leaves an ``EffectEvent``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import random
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
@@ -23,7 +37,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from jobs import conf, registry
-from jobs.models import Effect, Job
+from jobs.models import Effect, EffectEvent, Job
+from jobs.providers import bounds
 from jobs.registry import EffectSpec
 from jobs.retry import ErrorClass, backoff_delay, classify
 
@@ -142,38 +157,73 @@ class _LostSend(Exception):
     """Our sending lease was taken over while the transactional apply ran."""
 
 
+def _event(
+    effect: Effect, actor: str, action: str, outcome: str, *, error_class="", code="", note=""
+) -> None:
+    EffectEvent.objects.create(
+        effect=effect,
+        provider=effect.provider,
+        action=action,
+        attempt=effect.attempts,
+        actor=actor[:200],
+        outcome=outcome,
+        error_class=str(error_class),
+        error_code=str(code)[:64],
+        note=str(note)[:300],
+    )
+
+
 def release(effect: Effect, worker: str, *, own_publish: bool = False) -> str:
-    """Recheck authorization and deliver one effect; returns the state it ended in."""
+    """Recheck authorization and deliver one effect; returns the state it ended in.
+
+    Besides an effect state it may return ``skipped`` (not ours to send now),
+    ``deferred`` (every in-flight slot of the provider stayed busy) or
+    ``lease_lost`` (another sender took over after our lease ran out).
+    """
+    prior = effect.state
     if not claim_send(effect, worker, own_publish=own_publish):
         return "skipped"
+    provider = registry.get_provider(effect.provider)
+    if provider.transactional:
+        return _release_transactional(effect, worker, provider)
+
+    wait = float(conf.get("JOBS_PROVIDER_SLOT_WAIT_SECONDS"))
+    ref = failure = None
+    with bounds.in_flight(provider.name, provider.in_flight_limit(), wait=wait) as slot:
+        if slot is None:
+            return _defer(effect, worker, prior)
+        # Current policy, asked inside the slot: nothing stands between it and the call.
+        reason = withhold_reason(effect)
+        if not reason:
+            try:
+                ref = provider.send(effect)
+            except Exception as exc:  # the retry table decides, not this except
+                failure = exc
+    if reason:
+        return _withhold(effect, worker, reason)
+    if failure is not None:
+        return _record_failure(effect, worker, provider, failure)
+    if not _applied(effect, worker, ref):
+        # Another sender took over after our lease ran out; the provider
+        # deduplicates by key, and the ledger keeps the first outcome.
+        _event(effect, worker, EffectEvent.Action.SEND, "lease_lost", note=f"ref {ref}")
+        _log(effect, "lease_lost", worker)
+        return "lease_lost"
+    _event(effect, worker, EffectEvent.Action.SEND, State.APPLIED)
+    _log(effect, "applied", worker, ref=effect.provider_ref)
+    return State.APPLIED
+
+
+def _release_transactional(effect: Effect, worker: str, provider) -> str:
     reason = withhold_reason(effect)
     if reason:
-        _cas(
-            effect,
-            owner=worker,
-            state=State.WITHHELD,
-            reason=reason[:300],
-            lease_expires_at=None,
-            last_error_class=ErrorClass.AUTHORIZATION,
-            last_error_code="recipient_not_authorized",
-        )
-        _log(effect, "withheld", worker)
-        return State.WITHHELD
-
-    provider = registry.get_provider(effect.provider)
+        return _withhold(effect, worker, reason)
     try:
-        if provider.transactional:
-            with transaction.atomic():
-                ref = provider.apply(effect)
-                if not _applied(effect, worker, ref):
-                    raise _LostSend
-        else:
-            ref = provider.send(effect)
+        with transaction.atomic():
+            ref = provider.apply(effect)
             if not _applied(effect, worker, ref):
-                # Another sender took over after our lease ran out; the provider
-                # deduplicates by key, and the ledger keeps the first outcome.
-                _log(effect, "lease_lost", worker)
-                return "lease_lost"
+                raise _LostSend
+            _event(effect, worker, EffectEvent.Action.SEND, State.APPLIED)
     except _LostSend:
         _log(effect, "lease_lost", worker)
         return "lease_lost"
@@ -181,6 +231,48 @@ def release(effect: Effect, worker: str, *, own_publish: bool = False) -> str:
         return _record_failure(effect, worker, provider, exc)
     _log(effect, "applied", worker, ref=effect.provider_ref)
     return State.APPLIED
+
+
+def _withhold(effect: Effect, worker: str, reason: str) -> str:
+    if _cas(
+        effect,
+        owner=worker,
+        state=State.WITHHELD,
+        reason=reason[:300],
+        lease_expires_at=None,
+        last_error_class=ErrorClass.AUTHORIZATION,
+        last_error_code="recipient_not_authorized",
+    ):
+        _event(
+            effect,
+            worker,
+            EffectEvent.Action.WITHHOLD,
+            State.WITHHELD,
+            error_class=ErrorClass.AUTHORIZATION,
+            code="recipient_not_authorized",
+            note=reason,
+        )
+    _log(effect, "withheld", worker)
+    return State.WITHHELD
+
+
+def _defer(effect: Effect, worker: str, prior: str) -> str:
+    """No in-flight slot freed in time: hand the effect back, spending no attempt."""
+    now = timezone.now()
+    # A re-driven expired send may have landed: it goes back as unknown, not pending.
+    state = prior if prior in (State.PENDING, State.UNKNOWN) else State.UNKNOWN
+    delay = float(conf.get("JOBS_PROVIDER_DEFER_SECONDS")) * (1 + random.random())
+    _cas(
+        effect,
+        owner=worker,
+        state=state,
+        attempts=max(0, effect.attempts - 1),
+        lease_expires_at=None,
+        next_attempt_at=now + timedelta(seconds=delay),
+        now=now,
+    )
+    _log(effect, "deferred", worker, reason="provider_busy", delay=f"{delay:.2f}")
+    return "deferred"
 
 
 def _applied(effect: Effect, worker: str, ref: str) -> bool:
@@ -192,30 +284,41 @@ def _applied(effect: Effect, worker: str, ref: str) -> bool:
         provider_ref=str(ref)[:200],
         applied_at=now,
         lease_expires_at=None,
+        reason="",
         last_error_class="",
         last_error_code="",
         now=now,
     )
 
 
+def _failure_state(effect: Effect, provider, c, exc: BaseException) -> tuple[str, str]:
+    """The state a failed send leads to, and the reason an operator reads."""
+    out_of_budget = effect.attempts >= int(conf.get("JOBS_EFFECT_MAX_ATTEMPTS"))
+    if c.code == "provider_not_configured":
+        return State.NEEDS_REVIEW, c.detail or str(exc)
+    if c.error_class == ErrorClass.VALIDATION:
+        if c.code == "http_409":
+            return State.FAILED, "provider saw this idempotency key with a different body (409)"
+        return State.FAILED, f"provider rejected the notice as invalid ({c.code})"
+    if c.error_class == ErrorClass.AUTHORIZATION:
+        return State.NEEDS_REVIEW, f"provider refused our credentials ({c.code})"
+    if c.error_class == ErrorClass.PROVIDER_TIMEOUT and not provider.supports_idempotency:
+        return State.NEEDS_REVIEW, "sent without an answer; provider cannot deduplicate"
+    if out_of_budget:
+        return State.NEEDS_REVIEW, f"send attempts exhausted (last: {c.code})"
+    if c.error_class == ErrorClass.PROVIDER_TIMEOUT:
+        return State.UNKNOWN, "sent without an answer; will retry with the same key"
+    return State.PENDING, ""
+
+
 def _record_failure(effect: Effect, worker: str, provider, exc: BaseException) -> str:
     c = classify(exc)
     now = timezone.now()
-    out_of_budget = effect.attempts >= int(conf.get("JOBS_EFFECT_MAX_ATTEMPTS"))
-    if c.error_class == ErrorClass.VALIDATION:
-        state, reason = State.FAILED, "provider rejected the notice as invalid"
-    elif c.error_class == ErrorClass.AUTHORIZATION:
-        state, reason = State.NEEDS_REVIEW, "provider refused our credentials"
-    elif c.error_class == ErrorClass.PROVIDER_TIMEOUT and not provider.supports_idempotency:
-        state, reason = State.NEEDS_REVIEW, "sent without an answer; provider cannot deduplicate"
-    elif out_of_budget:
-        state, reason = State.NEEDS_REVIEW, "send attempts exhausted"
-    elif c.error_class == ErrorClass.PROVIDER_TIMEOUT:
-        state, reason = State.UNKNOWN, "sent without an answer; will retry with the same key"
-    else:
-        state, reason = State.PENDING, ""
-    changes = {"state": state, "reason": reason, "lease_expires_at": None}
+    state, reason = _failure_state(effect, provider, c, exc)
+    changes = {"state": state, "reason": reason[:300], "lease_expires_at": None}
     if state in (State.PENDING, State.UNKNOWN):
+        # Floor + full jitter: senders that failed together in an outage do not
+        # come back together; Retry-After from the provider is a lower bound.
         delay = backoff_delay(
             effect.attempts,
             floor=float(conf.get("JOBS_BACKOFF_FLOOR_SECONDS")),
@@ -224,7 +327,7 @@ def _record_failure(effect: Effect, worker: str, provider, exc: BaseException) -
             retry_after=c.retry_after,
         )
         changes["next_attempt_at"] = now + timedelta(seconds=delay)
-    _cas(
+    won = _cas(
         effect,
         owner=worker,
         last_error_class=c.error_class,
@@ -232,8 +335,16 @@ def _record_failure(effect: Effect, worker: str, provider, exc: BaseException) -
         now=now,
         **changes,
     )
-    _log(effect, state, worker, error_class=c.error_class, code=c.code)
-    return state
+    _event(
+        effect,
+        worker,
+        EffectEvent.Action.SEND,
+        state if won else "lease_lost",
+        error_class=c.error_class,
+        code=c.code,
+    )
+    _log(effect, state if won else "lease_lost", worker, error_class=c.error_class, code=c.code)
+    return state if won else "lease_lost"
 
 
 def release_for_job(job: Job, worker: str) -> dict[str, str]:
@@ -244,10 +355,57 @@ def release_for_job(job: Job, worker: str) -> dict[str, str]:
     return results
 
 
-def recheck_withheld(effect: Effect) -> bool:
+def recheck_withheld(effect: Effect, *, operator: str = "operator") -> bool:
     """Operator: put a withheld effect back to pending so release rechecks policy."""
     if effect.state != State.WITHHELD:
         return False
-    return _cas(
+    won = _cas(
         effect, state=State.PENDING, reason="", next_attempt_at=timezone.now(), enqueued_for=None
     )
+    if won:
+        _event(effect, f"operator:{operator}", EffectEvent.Action.RECHECK, State.PENDING)
+    return won
+
+
+def mark_sent(effect: Effect, *, operator: str, note: str = "") -> bool:
+    """Operator: a needs_review effect is known to have arrived (checked out of band)."""
+    if effect.state != State.NEEDS_REVIEW:
+        return False
+    now = timezone.now()
+    won = _cas(
+        effect,
+        state=State.APPLIED,
+        applied_at=now,
+        provider_ref=effect.provider_ref or "marked-sent",
+        reason=f"marked sent by operator {operator}"[:300],
+        lease_expires_at=None,
+        now=now,
+    )
+    if won:
+        _event(
+            effect, f"operator:{operator}", EffectEvent.Action.MARK_SENT, State.APPLIED, note=note
+        )
+        _log(effect, "marked_sent", f"operator:{operator}")
+    return won
+
+
+def send_again(effect: Effect, *, operator: str, note: str = "") -> bool:
+    """Operator: send a needs_review effect once more (same key; e-mail may arrive twice)."""
+    if effect.state != State.NEEDS_REVIEW:
+        return False
+    now = timezone.now()
+    won = _cas(
+        effect,
+        state=State.PENDING,
+        reason="",
+        next_attempt_at=now,
+        enqueued_for=None,
+        lease_expires_at=None,
+        now=now,
+    )
+    if won:
+        _event(
+            effect, f"operator:{operator}", EffectEvent.Action.SEND_AGAIN, State.PENDING, note=note
+        )
+        _log(effect, "send_again", f"operator:{operator}")
+    return won

@@ -31,6 +31,16 @@ class JobQuerySet(models.QuerySet):
         return self.filter(state=Job.State.RUNNING, lease_expires_at__gt=now)
 
 
+class EffectQuerySet(models.QuerySet):
+    def due_for_release(self, now=None):
+        """Effects a sender may take now: due pending/unknown ones and expired sending leases."""
+        now = now or timezone.now()
+        return self.filter(
+            Q(state__in=[Effect.State.PENDING, Effect.State.UNKNOWN], next_attempt_at__lte=now)
+            | Q(state=Effect.State.SENDING, lease_expires_at__lte=now)
+        )
+
+
 JOB_STATES = ["queued", "running", "retry_wait", "succeeded", "failed", "dead", "cancelled"]
 EFFECT_STATES = ["pending", "sending", "applied", "unknown", "withheld", "failed", "needs_review"]
 
@@ -202,6 +212,8 @@ class Effect(models.Model):
     updated_at = models.DateTimeField(default=timezone.now)
     applied_at = models.DateTimeField(null=True, blank=True)
 
+    objects = EffectQuerySet.as_manager()
+
     class Meta:
         constraints = [
             models.CheckConstraint(
@@ -213,6 +225,41 @@ class Effect(models.Model):
 
     def __str__(self) -> str:
         return self.effect_id
+
+
+class EffectEvent(models.Model):
+    """One send attempt or operator action on an effect: the effect's own history.
+
+    Effects are counted by identity; sends are counted here, so resends under the
+    same key (expected under faults) and duplicate effects (never) stay apart.
+    """
+
+    class Action(models.TextChoices):
+        SEND = "send"  # one call to the provider
+        WITHHOLD = "withhold"  # policy refused the release right before the call
+        MARK_SENT = "mark_sent"  # operator confirmed delivery out of band
+        SEND_AGAIN = "send_again"  # operator asked for another send
+        RECHECK = "recheck"  # operator put a withheld effect back for a policy recheck
+
+    effect = models.ForeignKey(Effect, on_delete=models.CASCADE, related_name="events")
+    provider = models.CharField(max_length=64)
+    action = models.CharField(max_length=16, choices=Action.choices)
+    attempt = models.PositiveIntegerField(default=0, help_text="Effect.attempts at the time")
+    actor = models.CharField(max_length=200, help_text="worker identity or operator:<username>")
+    outcome = models.CharField(max_length=16, blank=True, default="", help_text="state after")
+    error_class = models.CharField(max_length=32, blank=True, default="")
+    error_code = models.CharField(max_length=64, blank=True, default="")
+    note = models.CharField(max_length=300, blank=True, default="")
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["effect", "at", "id"]
+        indexes = [
+            models.Index(fields=["provider", "action", "outcome"], name="jobs_effectevent_prov_idx")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.effect_id}: {self.outcome}"
 
 
 class Notice(models.Model):

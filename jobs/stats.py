@@ -2,9 +2,73 @@
 
 from __future__ import annotations
 
-from django.db.models import Count
+from django.db.models import Count, Q
 
-from jobs.models import Attempt, Effect, Job
+from jobs.models import Attempt, Effect, EffectEvent, Job
+
+Action = EffectEvent.Action
+
+
+def _by_provider() -> dict[str, dict]:
+    """Per provider: effects (outcomes) and sends (calls) apart.
+
+    ``sends`` counts calls; ``resends`` the calls beyond the first for one effect,
+    always under the same key (expected under faults); ``duplicate_effects`` counts
+    effect identities with a second ledger row or a second applied outcome (must be 0).
+    """
+    out: dict[str, dict] = {}
+
+    def row(provider: str) -> dict:
+        return out.setdefault(
+            provider,
+            {
+                "effects": 0,
+                "by_state": {},
+                "sends": 0,
+                "resends": 0,
+                "withheld_before_send": 0,
+                "operator_actions": 0,
+                "duplicate_effects": 0,
+            },
+        )
+
+    for provider, state, n in (
+        Effect.objects.values_list("provider", "state").annotate(n=Count("id")).order_by()
+    ):
+        row(provider)["by_state"][state] = n
+        row(provider)["effects"] += n
+    events = EffectEvent.objects.values("provider").order_by()
+    for r in events.annotate(
+        sends=Count("id", filter=Q(action=Action.SEND)),
+        sent_effects=Count("effect", filter=Q(action=Action.SEND), distinct=True),
+        withheld=Count("id", filter=Q(action=Action.WITHHOLD)),
+        operator=Count(
+            "id", filter=Q(action__in=[Action.MARK_SENT, Action.SEND_AGAIN, Action.RECHECK])
+        ),
+    ):
+        p = row(r["provider"])
+        p["sends"] = r["sends"]
+        p["resends"] = r["sends"] - r["sent_effects"]
+        p["withheld_before_send"] = r["withheld"]
+        p["operator_actions"] = r["operator"]
+    twice_applied = (
+        EffectEvent.objects.filter(outcome=Effect.State.APPLIED)
+        .values("provider", "effect")
+        .annotate(n=Count("id"))
+        .filter(n__gt=1)
+        .order_by()
+    )
+    for r in twice_applied:
+        row(r["provider"])["duplicate_effects"] += 1
+    two_rows = (
+        Effect.objects.values("provider", "effect_id")
+        .annotate(n=Count("id"))
+        .filter(n__gt=1)
+        .order_by()
+    )
+    for r in two_rows:
+        row(r["provider"])["duplicate_effects"] += 1
+    return out
 
 
 def collect() -> dict:
@@ -21,11 +85,10 @@ def collect() -> dict:
         Effect.objects.values_list("provider", "state").annotate(n=Count("id")).order_by()
     ):
         by_provider.setdefault(provider, {})[state] = n
-    # An effect identity is unique in the ledger; count any key seen twice anyway, so
-    # the figure is measured rather than assumed.
-    duplicate_effects = (
-        Effect.objects.values("effect_id").annotate(n=Count("id")).filter(n__gt=1).count()
-    )
+    # An effect identity is unique in the ledger and applied at most once by CAS;
+    # count both anyway, so the figure is measured rather than assumed.
+    providers = _by_provider()
+    duplicate_effects = sum(p["duplicate_effects"] for p in providers.values())
     return {
         "jobs": {
             "total": Job.objects.count(),
@@ -44,5 +107,6 @@ def collect() -> dict:
             ),
             "by_provider": by_provider,
         },
+        "providers": providers,
         "duplicate_effects": duplicate_effects,
     }

@@ -35,3 +35,11 @@ class Command(BaseCommand):
         for state, n in sorted(stats["effects"]["by_state"].items()):
             w(f"  {state:<20}{n}")
         w(f"duplicate effects     {stats['duplicate_effects']}")
+        if stats["providers"]:
+            w("per provider          effects  sends  resends  duplicate effects  states")
+        for name, p in sorted(stats["providers"].items()):
+            states = " ".join(f"{k}={v}" for k, v in sorted(p["by_state"].items()))
+            w(
+                f"  {name:<20}{p['effects']:>7}{p['sends']:>7}{p['resends']:>9}"
+                f"{p['duplicate_effects']:>19}  {states}"
+            )

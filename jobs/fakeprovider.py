@@ -1,0 +1,494 @@
+"""A stand-in notice provider: the HTTP protocol of DESIGN.md on loopback, with faults.
+
+It is an independent witness. Every request and every applied send goes to its
+own SQLite file (``--record``), never to the Django database under test, and
+each write is committed (``synchronous=FULL``) before the answer leaves. Tests,
+``manage.py burst`` and operators read that file to learn what the provider
+really saw: calls in flight at once, calls per second, sends applied per effect.
+
+Protocol (``POST /notices``, ``Idempotency-Key``, ``Authorization: Bearer``):
+``201 {"id"}`` a new send is applied; ``200 {"id"}`` a known key with the same
+body (same id); ``409`` a known key with another body; ``400`` no key; ``422`` a
+body that is not exactly the six reference fields; ``401`` a wrong token.
+
+Fault switches (``Faults``): a fraction of new sends *accepted then stalled*
+(applied, then no answer until the client hangs up or ``stall_seconds`` pass);
+a fraction answered ``503`` with ``Retry-After``; a fraction answered with a
+chosen status (e.g. 422); a fixed latency per answer; down windows during
+which the port refuses connections (also ``set_down()``, and SIGUSR1/SIGUSR2
+in ``manage.py fake_provider``).
+
+In flight, as recorded: from the moment the request was read to the moment just
+before the answer was written. A client holds its call open at least that
+long, so the provider's figure never overstates the client's concurrency. A
+stalled send counts until the provider notices the client hung up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import random
+import select
+import socket
+import socketserver
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+BODY_TYPES = {
+    "effect_id": str,
+    "recipient": str,
+    "job": int,
+    "revision": int,
+    "report_key": str,
+    "kind": str,
+}
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS requests (
+    n INTEGER PRIMARY KEY,
+    method TEXT NOT NULL,
+    path TEXT NOT NULL,
+    received_at REAL NOT NULL,
+    answered_at REAL NOT NULL,
+    idempotency_key TEXT NOT NULL DEFAULT '',
+    effect_id TEXT NOT NULL DEFAULT '',
+    body_sha256 TEXT NOT NULL DEFAULT '',
+    status INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    send_id TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS sends (
+    n INTEGER PRIMARY KEY,
+    idempotency_key TEXT NOT NULL UNIQUE,
+    send_id TEXT NOT NULL UNIQUE,
+    effect_id TEXT NOT NULL,
+    recipient TEXT NOT NULL,
+    body_sha256 TEXT NOT NULL,
+    body TEXT NOT NULL,
+    applied_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    n INTEGER PRIMARY KEY,
+    at REAL NOT NULL,
+    what TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS requests_key ON requests (idempotency_key);
+CREATE INDEX IF NOT EXISTS sends_effect ON sends (effect_id);
+"""
+
+
+@dataclass
+class Faults:
+    """What the stand-in does wrong, and how often (fractions of eligible requests)."""
+
+    stall: float = 0.0  # new sends applied, then not answered (past the client's timeout)
+    stall_seconds: float = 30.0
+    unavailable: float = 0.0  # answered 503 with Retry-After
+    retry_after: float = 1.0
+    reject: float = 0.0  # answered reject_status (a validation or auth failure on demand)
+    reject_status: int = 422
+    delay: float = 0.0  # latency added to every answer, in seconds
+    down: list[tuple[float, float]] = field(default_factory=list)  # seconds after start
+    seed: int | None = None
+
+
+# --- the record -------------------------------------------------------------------
+
+
+def _connect(path: Path | str) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.executescript(SCHEMA)
+    return conn
+
+
+def body_sha256(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+class Record:
+    """Read the provider's own record (any process, any time, also while it runs)."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+
+    def _rows(self, sql: str, params=()) -> list[sqlite3.Row]:
+        conn = _connect(self.path)
+        try:
+            conn.row_factory = sqlite3.Row
+            return list(conn.execute(sql, params))
+        finally:
+            conn.close()
+
+    def requests(self, *, path: str = "/notices") -> list[dict]:
+        return [
+            dict(r) for r in self._rows("SELECT * FROM requests WHERE path = ? ORDER BY n", [path])
+        ]
+
+    def sends(self) -> list[dict]:
+        return [dict(r) for r in self._rows("SELECT * FROM sends ORDER BY n")]
+
+    def events(self) -> list[dict]:
+        return [dict(r) for r in self._rows("SELECT * FROM events ORDER BY n")]
+
+    def requests_for(self, idempotency_key: str) -> list[dict]:
+        return [r for r in self.requests() if r["idempotency_key"] == idempotency_key]
+
+    def sends_by_effect(self) -> dict[str, list[dict]]:
+        out: dict[str, list[dict]] = {}
+        for send in self.sends():
+            out.setdefault(send["effect_id"], []).append(send)
+        return out
+
+    def duplicate_effects(self) -> dict[str, int]:
+        """Effect ids applied more than once (under different keys): must stay empty."""
+        return {e: len(s) for e, s in self.sends_by_effect().items() if len(s) > 1}
+
+    def max_in_flight(self, *, since: float | None = None) -> int:
+        """The most notice calls the provider held open at one instant."""
+        edges = []
+        for r in self.requests():
+            if since is not None and r["answered_at"] < since:
+                continue
+            edges.append((r["received_at"], 1))
+            edges.append((r["answered_at"], -1))
+        # At equal times an answer ends before a new call starts (the answer was
+        # timed before it was written, so a later call cannot precede it).
+        edges.sort(key=lambda e: (e[0], e[1]))
+        peak = now = 0
+        for _, step in edges:
+            now += step
+            peak = max(peak, now)
+        return peak
+
+    def calls_per_second(self, *, origin: float) -> list[tuple[int, int]]:
+        """(second after ``origin``, notice calls received in it), gaps filled with 0."""
+        counts: dict[int, int] = {}
+        for r in self.requests():
+            second = int((r["received_at"] - origin) // 1)
+            counts[second] = counts.get(second, 0) + 1
+        if not counts:
+            return []
+        return [(s, counts.get(s, 0)) for s in range(min(counts), max(counts) + 1)]
+
+    def last_event_at(self, what: str) -> float | None:
+        at = [e["at"] for e in self.events() if e["what"].split(" ", 1)[0] == what]
+        return at[-1] if at else None
+
+
+class _Writer:
+    """The server's single connection to its record; one lock orders every decision."""
+
+    def __init__(self, path: Path | str):
+        self.conn = _connect(path)
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def event(self, what: str) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.conn.execute("INSERT INTO events (at, what) VALUES (?, ?)", [time.time(), what])
+
+    def apply(self, key: str, body: dict, sha: str) -> tuple[int, str, str]:
+        """(status, outcome, id): apply a new key, replay a known one, refuse a changed body."""
+        with self.lock:
+            if self.closed:
+                return 503, "stopping", ""
+            row = self.conn.execute(
+                "SELECT send_id, body_sha256 FROM sends WHERE idempotency_key = ?", [key]
+            ).fetchone()
+            if row is not None:
+                if row[1] == sha:
+                    return 200, "replay", row[0]
+                return 409, "conflict", ""
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                (n,) = self.conn.execute("SELECT COALESCE(MAX(n), 0) + 1 FROM sends").fetchone()
+                send_id = f"ntc_{n}"
+                self.conn.execute(
+                    "INSERT INTO sends (n, idempotency_key, send_id, effect_id, recipient,"
+                    " body_sha256, body, applied_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        n,
+                        key,
+                        send_id,
+                        body["effect_id"],
+                        body["recipient"],
+                        sha,
+                        json.dumps(body, sort_keys=True),
+                        time.time(),
+                    ],
+                )
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+            return 201, "applied", send_id
+
+    def request(self, **row) -> None:
+        cols = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        with self.lock:
+            if self.closed:  # a straggler answered after stop(): the record is final
+                return
+            self.conn.execute(f"INSERT INTO requests ({cols}) VALUES ({marks})", list(row.values()))
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.conn.close()
+
+
+# --- the server -------------------------------------------------------------------
+
+
+def validate(body) -> str | None:
+    """Why the body is not exactly the protocol's six reference fields, or None."""
+    if not isinstance(body, dict):
+        return "body must be a JSON object"
+    extra = sorted(set(body) - set(BODY_TYPES))
+    if extra:
+        return f"unexpected fields: {', '.join(extra)}"
+    for name, kind in BODY_TYPES.items():
+        value = body.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool) or value == "":
+            return f"{name} must be a non-empty {kind.__name__}"
+    return None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeProviderServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):  # the record is the log
+        pass
+
+    def _answer(self, status: int, payload: dict, headers: dict | None = None) -> None:
+        data = json.dumps(payload).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Connection", "close")  # one call, one connection
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+            self.wfile.flush()
+        except OSError:  # the client already hung up
+            pass
+        self.close_connection = True
+
+    def do_GET(self):
+        received = time.time()
+        status = 200 if self.path == "/health" else 404
+        self.server.writer.request(
+            method="GET",
+            path=self.path[:200],
+            received_at=received,
+            answered_at=time.time(),
+            status=status,
+            outcome="health" if status == 200 else "not_found",
+        )
+        self._answer(status, {"ok": status == 200})
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        received = time.time()
+        server = self.server
+        key = self.headers.get("Idempotency-Key", "")[:200]
+        status, outcome, send_id, effect_id, sha = 404, "not_found", "", "", ""
+        stall = False
+        headers: dict[str, str] = {}
+        if self.path == "/notices":
+            try:
+                body = json.loads(raw or b"null")
+            except ValueError:
+                body = None
+            if isinstance(body, dict):
+                effect_id = str(body.get("effect_id", ""))[:200]
+            problem = validate(body)
+            if server.token and self.headers.get("Authorization") != f"Bearer {server.token}":
+                status, outcome = 401, "unauthorized"
+            elif not key:
+                status, outcome = 400, "missing_key"
+            elif problem:
+                status, outcome = 422, "invalid"
+            elif server.roll("unavailable"):
+                status, outcome = 503, "unavailable"
+                headers["Retry-After"] = f"{server.faults.retry_after:g}"
+            elif server.roll("reject"):
+                status, outcome = server.faults.reject_status, "rejected"
+            else:
+                sha = body_sha256(body)
+                status, outcome, send_id = server.writer.apply(key, body, sha)
+                stall = outcome == "applied" and server.roll("stall")
+        if server.faults.delay:
+            time.sleep(server.faults.delay)
+        if stall:
+            self._stall()
+            outcome = "applied_stalled"
+        server.writer.request(
+            method="POST",
+            path=self.path[:200],
+            received_at=received,
+            answered_at=time.time(),
+            idempotency_key=key,
+            effect_id=effect_id,
+            body_sha256=sha,
+            status=status,
+            outcome=outcome,
+            send_id=send_id,
+        )
+        payload = {"id": send_id} if status in (200, 201) else {"error": outcome}
+        self._answer(status, payload, headers)
+
+    def _stall(self) -> None:
+        """Hold the answer until the client hangs up, the stall ends or the server stops."""
+        deadline = time.monotonic() + self.server.faults.stall_seconds
+        conn = self.connection
+        while not self.server.stopping.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            readable, _, _ = select.select([conn], [], [], min(left, 0.2))
+            if readable:
+                try:
+                    if not conn.recv(1, socket.MSG_PEEK):
+                        return  # orderly hang-up
+                except OSError:
+                    return  # reset
+                return  # unexpected bytes: stop stalling rather than spin
+
+
+class FakeProviderServer(ThreadingHTTPServer):
+    """The stand-in; ``serve_forever`` also opens and closes the port for down windows."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        *,
+        record_path: Path | str,
+        faults: Faults | None = None,
+        token: str = "",
+        start_down: bool = False,
+    ):
+        self.faults = faults or Faults()
+        self.token = token
+        self.writer = _Writer(record_path)
+        self.record = Record(record_path)
+        self.stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._rng = random.Random(self.faults.seed)
+        self._rng_lock = threading.Lock()
+        self._forced: bool | None = True if start_down else None
+        super().__init__(address, _Handler)
+        self.started = time.monotonic()
+        self.listening = True
+        self.writer.event(f"start port={self.port}")
+        if self.is_down():
+            self._close_listener()
+
+    # socketserver's HTTPServer.server_bind looks up the FQDN: slow, and loopback only here.
+    def server_bind(self):
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = host, port
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.server_address[0]}:{self.port}"
+
+    def roll(self, fault: str) -> bool:
+        fraction = float(getattr(self.faults, fault))
+        if fraction <= 0:
+            return False
+        with self._rng_lock:
+            return self._rng.random() < fraction
+
+    def set_down(self, down: bool | None) -> None:
+        """Force the port closed (True) or open (False); None follows the down windows."""
+        self._forced = down
+
+    def is_down(self) -> bool:
+        if self._forced is not None:
+            return self._forced
+        elapsed = time.monotonic() - self.started
+        return any(start <= elapsed < end for start, end in self.faults.down)
+
+    def _close_listener(self) -> None:
+        self.socket.close()
+        self.listening = False
+        self.writer.event("down")
+
+    def _open_listener(self) -> None:
+        self.socket = socket.socket(self.address_family, self.socket_type)
+        self.server_bind()
+        self.server_activate()
+        self.listening = True
+        self.writer.event("up")
+
+    def serve_forever(self, poll_interval: float = 0.02) -> None:
+        try:
+            while not self.stopping.is_set():
+                down = self.is_down()
+                if down and self.listening:
+                    self._close_listener()
+                elif not down and not self.listening:
+                    self._open_listener()
+                if not self.listening:
+                    time.sleep(poll_interval)
+                    continue
+                readable, _, _ = select.select([self.socket], [], [], poll_interval)
+                if readable:
+                    self._handle_request_noblock()
+        finally:
+            self._stopped.set()
+
+    def stop(self) -> None:
+        """Stop serving, wait for the loop, close the port and the record."""
+        self.stopping.set()
+        self._stopped.wait(5)
+        if self.listening:
+            with contextlib.suppress(OSError):
+                self.socket.close()
+            self.listening = False
+        self.writer.event("stop")
+        self.writer.close()
+
+
+def start_in_thread(
+    record_path: Path | str,
+    *,
+    faults: Faults | None = None,
+    token: str = "",
+    port: int = 0,
+    start_down: bool = False,
+) -> FakeProviderServer:
+    """Start the stand-in on loopback in a daemon thread; call ``.stop()`` when done."""
+    server = FakeProviderServer(
+        ("127.0.0.1", port),
+        record_path=record_path,
+        faults=faults,
+        token=token,
+        start_down=start_down,
+    )
+    threading.Thread(target=server.serve_forever, name="fake-provider", daemon=True).start()
+    return server

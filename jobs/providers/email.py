@@ -1,0 +1,111 @@
+"""E-mail notices through Django's mail backend (``EMAIL_BACKEND``).
+
+SMTP has no idempotency key: once the message was handed to the server, a
+timeout or a dropped connection leaves us not knowing whether it will be
+delivered, and a resend may deliver it twice. Such an effect goes to
+``needs_review`` (``supports_idempotency = False``); an operator marks it sent
+or sends it again from the admin, and both actions are recorded.
+
+What can be classified safely: a server we could not connect to (transport:
+nothing was handed over), refused credentials (authorization: needs review) and
+refused recipients or sender (validation: failed).
+
+The address is looked up at send time from the recipient reference; the
+message says only that a report is ready and where to find it. The
+``Message-ID`` is derived from the idempotency key, so a mail client that
+deduplicates by it shows an operator's resend once.
+
+Settings: Django's ``EMAIL_*`` (``EMAIL_TIMEOUT`` bounds each SMTP step),
+``DEFAULT_FROM_EMAIL``, ``NOTICE_EMAIL_MAX_IN_FLIGHT`` (default 2),
+``NOTICE_EMAIL_SUBJECT`` (default "A report is ready").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import smtplib
+from typing import TYPE_CHECKING
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.mail import EmailMessage, get_connection
+from django.core.mail.message import DNS_NAME
+
+from jobs import artifacts
+from jobs.providers import (
+    Provider,
+    ProviderRefusedCredentials,
+    ProviderRejected,
+    ProviderTimeout,
+    ProviderUnreachable,
+)
+
+if TYPE_CHECKING:
+    from jobs.models import Effect
+
+
+class EmailProvider(Provider):
+    """Notices by e-mail; no idempotency, so an unanswered hand-over needs review."""
+
+    name = "email"
+    supports_idempotency = False
+
+    def in_flight_limit(self) -> int | None:
+        limit = getattr(settings, "NOTICE_EMAIL_MAX_IN_FLIGHT", 2)
+        return int(limit) if limit else None
+
+    def message(self, effect: Effect, address: str) -> EmailMessage:
+        job = effect.job
+        report_key = str(effect.data.get("report_key") or artifacts.artifact_key(job))
+        link = str(effect.data.get("link") or "")
+        lines = [
+            "A report you are assigned to is ready.",
+            "",
+            f"Report: {report_key} (job {job.pk}, revision {job.output_revision})",
+        ]
+        if link:
+            lines.append(f"Open it: {link}")
+        return EmailMessage(
+            subject=str(getattr(settings, "NOTICE_EMAIL_SUBJECT", "A report is ready")),
+            body="\n".join(lines) + "\n",
+            to=[address],
+            headers={"Message-ID": f"<{effect.idempotency_key}@{DNS_NAME}>"},
+        )
+
+    def send(self, effect: Effect) -> str:
+        user = get_user_model().objects.filter(pk=effect.recipient).first()
+        address = getattr(user, "email", "") if user is not None else ""
+        if not address:
+            raise ProviderRejected("the recipient has no e-mail address", code="no_address")
+        msg = self.message(effect, address)
+        connection = get_connection(fail_silently=False)
+        try:
+            connection.open()
+        except smtplib.SMTPAuthenticationError as exc:
+            raise ProviderRefusedCredentials(
+                "the mail server refused our credentials", code=f"smtp_{exc.smtp_code}"
+            ) from exc
+        except (OSError, smtplib.SMTPException) as exc:
+            # Connect, TLS or greeting failed: the message was not handed over.
+            raise ProviderUnreachable(
+                "could not open a mail connection", code=type(exc).__name__.lower()
+            ) from exc
+        try:
+            sent = connection.send_messages([msg])
+        except (smtplib.SMTPRecipientsRefused, smtplib.SMTPSenderRefused) as exc:
+            raise ProviderRejected(
+                "the mail server refused the sender or recipient", code=type(exc).__name__.lower()
+            ) from exc
+        except (OSError, smtplib.SMTPException) as exc:
+            # The message may be with the server already: never resend on our own.
+            raise ProviderTimeout(
+                "no answer from the mail server after the message was handed over",
+                code=type(exc).__name__.lower(),
+            ) from exc
+        finally:
+            # Closing a broken connection tells us nothing new.
+            with contextlib.suppress(Exception):
+                connection.close()
+        if not sent:
+            raise ProviderRejected("the mail backend sent nothing", code="not_sent")
+        return msg.extra_headers["Message-ID"]

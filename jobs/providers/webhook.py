@@ -1,0 +1,167 @@
+"""The HTTP notice provider: ``POST {NOTICE_PROVIDER_URL}/notices`` with an idempotency key.
+
+The body names references only (``effect_id``, ``recipient``, ``job``,
+``revision``, ``report_key``, ``kind``) and is a pure function of the effect,
+so a resend under the same ``Idempotency-Key`` carries the same body and the
+provider answers ``200`` with the id it gave the first time.
+
+Answers map to the retry classes (``jobs.retry``): 201/200 applied; 400/409/422
+validation (failed); 401/403 authorization (needs review); 429/503 and other 5xx
+temporary (``Retry-After`` honoured); a connect error is transport; a read
+timeout after the request went out is a provider timeout: the effect becomes
+``unknown`` and is retried later with the same key.
+
+Settings (read at call time; ``NOTICE_PROVIDER`` is the default prefix):
+``NOTICE_PROVIDER_URL`` (required when used), ``NOTICE_PROVIDER_TOKEN``,
+``NOTICE_PROVIDER_CONNECT_TIMEOUT`` (s), ``NOTICE_PROVIDER_READ_TIMEOUT`` (s),
+``NOTICE_PROVIDER_MAX_IN_FLIGHT``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING
+
+import httpx
+from django.conf import settings
+from django.core.checks import Error, register
+
+from jobs import artifacts, conf
+from jobs.providers import (
+    Provider,
+    ProviderNotConfigured,
+    ProviderProtocolError,
+    ProviderTimeout,
+    ProviderUnreachable,
+)
+
+if TYPE_CHECKING:
+    from jobs.models import Effect
+
+DEFAULTS = {
+    "TOKEN": "",
+    "CONNECT_TIMEOUT": 3.0,
+    "READ_TIMEOUT": 10.0,
+    "MAX_IN_FLIGHT": 4,
+}
+BODY_FIELDS = ("effect_id", "recipient", "job", "revision", "report_key", "kind")
+
+
+def notice_body(effect: Effect) -> dict:
+    """The protocol body: references only, the same for every send of one effect."""
+    job = effect.job
+    return {
+        "effect_id": effect.effect_id,
+        "recipient": effect.recipient,
+        "job": job.pk,
+        "revision": job.output_revision,
+        "report_key": str(effect.data.get("report_key") or artifacts.artifact_key(job)),
+        "kind": str(effect.data.get("kind") or effect.name),
+    }
+
+
+class WebhookProvider(Provider):
+    """Notices over HTTP; the provider deduplicates by ``Idempotency-Key``."""
+
+    supports_idempotency = True
+
+    def __init__(self, name: str = "webhook", *, settings_prefix: str = "NOTICE_PROVIDER"):
+        self.name = name
+        self.prefix = settings_prefix
+        self._local = threading.local()
+
+    def setting(self, suffix: str):
+        name = f"{self.prefix}_{suffix}"
+        if suffix == "URL":
+            value = getattr(settings, name, None)
+            if not value:
+                raise ProviderNotConfigured(
+                    f"{name} is not set: the {self.name!r} provider has nowhere to send notices"
+                )
+            return str(value).rstrip("/")
+        return getattr(settings, name, DEFAULTS[suffix])
+
+    def in_flight_limit(self) -> int | None:
+        limit = self.setting("MAX_IN_FLIGHT")
+        return int(limit) if limit else None
+
+    def timeout(self) -> httpx.Timeout:
+        connect = float(self.setting("CONNECT_TIMEOUT"))
+        read = float(self.setting("READ_TIMEOUT"))
+        # write: the body is small; pool: never wait for a pooled connection longer
+        # than a connect would take.
+        return httpx.Timeout(connect=connect, read=read, write=read, pool=connect)
+
+    def _client(self) -> httpx.Client:
+        # One client per process and thread (a fork must not share a parent's
+        # sockets); rebuilt when the timeouts change (tests, operators).
+        timeout = self.timeout()
+        key = (os.getpid(), repr(timeout))
+        cached = getattr(self._local, "client", None)
+        if cached is None or cached[0] != key:
+            if cached is not None:
+                cached[1].close()
+            cached = (key, httpx.Client(timeout=timeout, follow_redirects=False))
+            self._local.client = cached
+        return cached[1]
+
+    def send(self, effect: Effect) -> str:
+        url = self.setting("URL") + "/notices"
+        headers = {"Idempotency-Key": effect.idempotency_key}
+        token = self.setting("TOKEN")
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        try:
+            response = self._client().post(url, json=notice_body(effect), headers=headers)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise ProviderUnreachable(
+                f"could not connect to the {self.name!r} provider", code=type(exc).__name__.lower()
+            ) from exc
+        except (
+            httpx.ReadTimeout,
+            httpx.WriteTimeout,
+            httpx.ReadError,
+            httpx.RemoteProtocolError,
+        ) as exc:
+            # The request went out (or may have): it may have been applied. Same key next time.
+            raise ProviderTimeout(
+                f"the {self.name!r} provider did not answer in time",
+                code=type(exc).__name__.lower(),
+            ) from exc
+        # 4xx/5xx: the retry table maps the status (and Retry-After) to a class.
+        response.raise_for_status()
+        if response.status_code not in (200, 201):
+            raise ProviderProtocolError(
+                f"unexpected status {response.status_code}", code=f"http_{response.status_code}"
+            )
+        try:
+            ref = response.json()["id"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProviderProtocolError("the answer carried no notice id") from exc
+        return str(ref)
+
+
+@register()
+def check_webhook_timing(app_configs=None, **kwargs):
+    """A send must end (connect + read + slot wait) before its sending lease expires."""
+    provider = WebhookProvider()
+    if not getattr(settings, "NOTICE_PROVIDER_URL", None):
+        return []
+    budget = (
+        float(provider.setting("CONNECT_TIMEOUT"))
+        + float(provider.setting("READ_TIMEOUT"))
+        + float(conf.get("JOBS_PROVIDER_SLOT_WAIT_SECONDS"))
+    )
+    lease = float(conf.get("JOBS_EFFECT_LEASE_SECONDS"))
+    if budget >= lease:
+        return [
+            Error(
+                f"NOTICE_PROVIDER_CONNECT_TIMEOUT + NOTICE_PROVIDER_READ_TIMEOUT + "
+                f"JOBS_PROVIDER_SLOT_WAIT_SECONDS ({budget:g}) must be below "
+                f"JOBS_EFFECT_LEASE_SECONDS ({lease:g})",
+                hint="Otherwise a slow send outlives its lease and a second sender starts.",
+                id="jobs.E010",
+            )
+        ]
+    return []
