@@ -65,16 +65,10 @@ def _cas(job: Job, *, owner: str | None = None, **changes) -> bool:
 
 
 def _log(job: Job, arrow: str, worker: str = "", **extra) -> None:
-    # Ids, classes and codes only: never params or payload.
-    log.info(
-        "job=%s kind=%s arrow=%s attempt=%s worker=%s %s",
-        job.pk,
-        job.kind,
-        arrow,
-        job.attempts,
-        worker,
-        " ".join(f"{k}={v}" for k, v in extra.items()),
-    )
+    """One line per transition: ids, classes and codes only, never params or payload."""
+    fields = {"job": job.pk, "kind": job.kind, "arrow": arrow, "attempt": job.attempts}
+    fields.update(worker=worker, **extra)
+    log.info(" ".join(f"{k}={v}" for k, v in fields.items()), extra=fields)
 
 
 @dataclass

@@ -1,0 +1,75 @@
+"""Prometheus figures, read from the engine's own tables at scrape time.
+
+The tables are the record (attempt rows, ledger rows), so every worker process
+on every machine is counted without a shared metrics registry.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from jobs import stats
+
+
+class EngineCollector:
+    def collect(self):
+        figures = stats.collect()
+
+        jobs = GaugeMetricFamily("jobs_jobs", "Jobs by state", labels=["state"])
+        for state, n in sorted(figures["jobs"]["by_state"].items()):
+            jobs.add_metric([state], n)
+        yield jobs
+
+        deliveries = CounterMetricFamily(
+            "jobs_deliveries",
+            "Queue deliveries that reached a worker, by outcome",
+            labels=["outcome"],
+        )
+        for outcome, n in sorted(figures["deliveries_by_outcome"].items()):
+            deliveries.add_metric([outcome], n)
+        yield deliveries
+
+        yield CounterMetricFamily(
+            "jobs_duplicate_deliveries",
+            "Deliveries of a job that was finished, leased or not due (harmless)",
+            value=figures["duplicate_deliveries"],
+        )
+        yield CounterMetricFamily(
+            "jobs_lease_losses", "Workers that lost their lease", value=figures["lease_losses"]
+        )
+
+        retries = CounterMetricFamily(
+            "jobs_retries", "Retries by error class", labels=["error_class"]
+        )
+        for error_class, n in sorted(figures["retries_by_class"].items()):
+            retries.add_metric([error_class], n)
+        yield retries
+
+        effects = GaugeMetricFamily(
+            "jobs_effects", "Ledger rows by provider and state", labels=["provider", "state"]
+        )
+        for provider, by_state in sorted(figures["effects"]["by_provider"].items()):
+            for state, n in sorted(by_state.items()):
+                effects.add_metric([provider, state], n)
+        yield effects
+
+        yield GaugeMetricFamily(
+            "jobs_duplicate_effects",
+            "Effect identities recorded more than once (must stay 0)",
+            value=figures["duplicate_effects"],
+        )
+
+        in_flight = GaugeMetricFamily(
+            "jobs_provider_in_flight", "Provider calls in flight now", labels=["provider"]
+        )
+        for provider, n in sorted(figures.get("provider_in_flight", {}).items()):
+            in_flight.add_metric([provider], n)
+        yield in_flight
+
+
+def render() -> bytes:
+    """The Prometheus text exposition of the engine's figures."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EngineCollector())
+    return generate_latest(registry)
