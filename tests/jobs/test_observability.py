@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from jobs.logformat import JsonFormatter
-from jobs.models import Attempt, Effect, Job
+from jobs.models import Attempt, Job
 from jobs.runner import run_delivery
 from jobs.transitions import claim
 from tests.jobs.helpers import new_job
