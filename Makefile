@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PORT ?= 8000
 
-.PHONY: install demo test lint format clean
+.PHONY: install demo test lint format clean bench
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -23,6 +23,10 @@ demo: $(STAMP)
 ## make test: the whole suite; DATABASE_URL=postgres://... selects PostgreSQL.
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+## make bench: benchmarks against PostgreSQL (DATABASE_URL); prints figures, asserts nothing.
+bench: $(STAMP)
+	$(PY) -m bench $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
