@@ -69,3 +69,53 @@ def notices_for(user):
         .select_related("effect")
         .order_by("-created_at", "-id")
     )
+
+
+# --- reads for the reviewer pages -------------------------------------------------
+
+
+def is_assigned(user, permit: PermitRequest) -> bool:
+    """Whether ``user`` holds the review permission on ``permit`` itself (not as superuser)."""
+    from guardian.shortcuts import get_group_perms, get_user_perms
+
+    if not user.is_active:
+        return False
+    codename = REVIEW_PERM.split(".", 1)[1]
+    return (
+        get_user_perms(user, permit).filter(codename=codename).exists()
+        or get_group_perms(user, permit).filter(codename=codename).exists()
+    )
+
+
+def report_jobs_of(permit: PermitRequest):
+    """Every report job of the request, newest revision first."""
+    return Job.objects.filter(
+        kind=reports.KIND, subject_type=reports.SUBJECT_TYPE, subject_id=str(permit.pk)
+    ).order_by("-output_revision")
+
+
+def decisions_of(permit: PermitRequest):
+    return permit.decisions.select_related("reviewer").order_by("-decided_at", "-id")
+
+
+def unread_notice_count(user) -> int:
+    return Notice.objects.filter(recipient=user, read_at__isnull=True).count()
+
+
+def notice_for(user, pk: int) -> Notice:
+    """The user's own notice, or 404 (another user's notice does not exist for them)."""
+    notice = Notice.objects.filter(pk=pk, recipient=user).first()
+    if notice is None:
+        raise Http404("No such notice")
+    return notice
+
+
+def effects_settling(job: Job | None) -> bool:
+    """Whether the job's notices are still on their way (published, not yet sent)."""
+    from jobs.models import Effect
+
+    if job is None:
+        return False
+    return Effect.objects.filter(
+        job=job, state__in=[Effect.State.PENDING, Effect.State.SENDING]
+    ).exists()

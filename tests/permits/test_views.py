@@ -1,0 +1,482 @@
+"""Reviewer pages: access by object permission (404 otherwise), downloads, forms, notices."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+from decimal import Decimal
+from itertools import count
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.test import Client
+from django.urls import reverse
+
+from jobs.models import Artifact, Job, Notice
+from jobs.runner import run_delivery
+from permits import selectors
+from permits.models import PermitRequest, ReviewDecision, Tenant
+from permits.services import assign_reviewer, report_request, revoke_reviewer
+
+pytestmark = pytest.mark.django_db
+
+PRIVATE = {
+    "applicant_name": "Ottilie Vantongeren",
+    "applicant_phone": "+1 555 0142",
+    "applicant_email": "ottilie.v@example.net",
+    "applicant_id_number": "ZK-5521-0087",
+}
+_n = count(1)
+QUEUE_QUERIES = 6
+
+
+def office(key: str = "alpha") -> Tenant:
+    return Tenant.objects.get_or_create(key=key, defaults={"name": f"{key.title()} Office"})[0]
+
+
+def permit(tenant: Tenant | None = None, *, reviewer=None, **fields) -> PermitRequest:
+    n = next(_n)
+    made = PermitRequest.objects.create(
+        tenant=tenant or office(),
+        reference=f"VW-{n:05d}",
+        site_address=f"{n} View Street",
+        parcel=f"P-{n}",
+        work_type=PermitRequest.WorkType.ALTERATION,
+        description="Interior alteration",
+        valuation=Decimal("32000"),
+        **{**PRIVATE, **fields},
+    )
+    if reviewer is not None:
+        assign_reviewer(made, reviewer)
+    return made
+
+
+def finished_report(p: PermitRequest) -> Job:
+    """Build the current revision's report synchronously, as a worker would."""
+    job, _ = report_request(p)
+    assert run_delivery(job.pk).outcome == "succeeded"
+    job.refresh_from_db()
+    return job
+
+
+def client_for(user, **kwargs) -> Client:
+    client = Client(**kwargs)
+    client.force_login(user)
+    return client
+
+
+def body(response) -> bytes:
+    """The streamed bytes; reading to the end closes the file (the test client's wrapper)."""
+    return b"".join(response.streaming_content)
+
+
+@pytest.fixture
+def reviewer(make_user):
+    return make_user(username="rev-a")
+
+
+@pytest.fixture
+def other_reviewer(make_user):
+    return make_user(username="rev-b")
+
+
+# --- queue -------------------------------------------------------------------------
+
+
+def test_queue__lists_only_assigned_requests():
+    call_command("seed_demo", stdout=io.StringIO())
+    reviewer47 = get_user_model().objects.get(username="reviewer47")
+    response = client_for(reviewer47).get("/")
+    assert response.status_code == 200
+    shown = set(re.findall(r"SPR-2026-\d{4}|SHE-2026-\d{4}", response.content.decode()))
+    assert shown == {f"SPR-2026-{pk:04d}" for pk in (1, 2, 3, 4, 5, 7, 8)}
+
+
+def test_queue__newest_first_and_paginated(reviewer):
+    made = [permit(reviewer=reviewer) for _ in range(12)]
+    for i, p in enumerate(made):  # submitted one hour apart: the last is the newest
+        PermitRequest.objects.filter(pk=p.pk).update(
+            submitted_at=p.submitted_at.replace(year=2026, month=1, day=1, hour=i)
+        )
+    client = client_for(reviewer)
+    first = client.get("/").content.decode()
+    second = client.get("/?page=2").content.decode()
+    refs_first = re.findall(r"VW-\d{5}", first)
+    refs_second = re.findall(r"VW-\d{5}", second)
+    assert refs_first == [p.reference for p in reversed(made[2:])]
+    assert refs_second == [p.reference for p in reversed(made[:2])]
+    assert "Page 1 of 2" in first
+
+
+def test_queue__shows_each_report_state_in_words(reviewer):
+    ready = permit(reviewer=reviewer)
+    queued = permit(reviewer=reviewer)
+    permit(reviewer=reviewer)
+    finished_report(ready)
+    report_request(queued)
+    page = client_for(reviewer).get("/").content.decode()
+    assert page.count("badge--ready") == 1
+    assert page.count("badge--queued") == 1
+    assert page.count("badge--none") == 1
+
+
+def test_queue__query_count_does_not_grow_with_rows(reviewer, django_assert_max_num_queries):
+    # session, user, count, page of requests, their report jobs (one query), unread notices
+    client = client_for(reviewer)
+    finished_report(permit(reviewer=reviewer))
+    client.get("/")  # warm the content-type cache
+    with django_assert_max_num_queries(QUEUE_QUERIES):
+        assert client.get("/").status_code == 200
+    for _ in range(11):
+        report_request(permit(reviewer=reviewer))
+    with django_assert_max_num_queries(QUEUE_QUERIES):
+        response = client.get("/")
+    assert response.status_code == 200
+    assert response.content.decode().count('class="ref"') == 10
+
+
+def test_queue__unread_notice_count_in_header(reviewer):
+    finished_report(permit(reviewer=reviewer))
+    page = client_for(reviewer).get("/").content.decode()
+    assert re.search(r'id="unread-count"[^>]*>1<', page)
+
+
+# --- access: 404 for what a user may not see ----------------------------------------
+
+
+def test_pages__other_tenants_request_answers_404(reviewer, other_reviewer):
+    mine = permit(office("alpha"), reviewer=reviewer)
+    theirs = permit(office("beta"), reviewer=other_reviewer)
+    finished_report(theirs)
+    client = client_for(reviewer)
+    assert client.get(f"/requests/{mine.pk}/").status_code == 200
+    for url in (
+        f"/requests/{theirs.pk}/",
+        f"/requests/{theirs.pk}/status/",
+        f"/requests/{theirs.pk}/report/",
+        f"/requests/{theirs.pk}/report/?revision=1",
+    ):
+        assert client.get(url).status_code == 404, url
+    for url in (
+        f"/requests/{theirs.pk}/revisions/",
+        f"/requests/{theirs.pk}/report/generate/",
+        f"/requests/{theirs.pk}/decisions/",
+    ):
+        assert client.post(url, {"seen_revision": 1}).status_code == 404, url
+    theirs.refresh_from_db()
+    assert theirs.output_revision == 1
+    assert not ReviewDecision.objects.exists()
+
+
+def test_pages__missing_request_looks_like_a_forbidden_one(reviewer, other_reviewer):
+    theirs = permit(reviewer=other_reviewer)
+    client = client_for(reviewer)
+    forbidden = client.get(f"/requests/{theirs.pk}/")
+    missing = client.get("/requests/999999/")
+    assert forbidden.status_code == missing.status_code == 404
+    token = re.compile(rb'name="csrfmiddlewaretoken" value="[^"]+"')
+    assert token.sub(b"", forbidden.content) == token.sub(b"", missing.content)
+
+
+def test_pages__anonymous_is_sent_to_login(reviewer):
+    p = permit(reviewer=reviewer)
+    client = Client()
+    for url in (
+        "/",
+        f"/requests/{p.pk}/",
+        f"/requests/{p.pk}/status/",
+        f"/requests/{p.pk}/report/",
+        "/notices/",
+    ):
+        response = client.get(url)
+        assert response.status_code == 302, url
+        assert response["Location"].startswith(reverse("login") + "?next="), url
+    response = client.post(f"/requests/{p.pk}/revisions/", {"seen_revision": 1})
+    assert response.status_code == 302
+    p.refresh_from_db()
+    assert p.output_revision == 1
+
+
+def test_login__logs_in_then_logs_out_by_post(reviewer):
+    reviewer.set_password("s3cret-pass")
+    reviewer.save()
+    client = Client(enforce_csrf_checks=True)
+    page = client.get(reverse("login"))
+    token = page.cookies["csrftoken"].value
+    response = client.post(
+        reverse("login"),
+        {"username": "rev-a", "password": "s3cret-pass", "csrfmiddlewaretoken": token},
+    )
+    assert response.status_code == 302 and response["Location"] == "/"
+    assert client.get("/").status_code == 200
+    assert client.get(reverse("logout")).status_code == 405  # logging out takes a POST
+    token = client.cookies["csrftoken"].value
+    assert client.post(reverse("logout"), {"csrfmiddlewaretoken": token}).status_code == 302
+    assert client.get("/").status_code == 302
+
+
+# --- request detail ------------------------------------------------------------------
+
+
+def test_detail__shows_private_fields_to_the_assigned_reviewer(reviewer):
+    p = permit(reviewer=reviewer)
+    page = client_for(reviewer).get(f"/requests/{p.pk}/").content.decode()
+    for value in PRIVATE.values():
+        assert value in page
+    assert p.site_address in page and "Not requested" in page
+
+
+def test_detail__superuser_sees_the_page_but_not_private_fields(make_user):
+    operator = make_user(username="root-op", is_superuser=True, is_staff=True)
+    p = permit()
+    page = client_for(operator).get(f"/requests/{p.pk}/").content.decode()
+    assert p.reference in page
+    for value in PRIVATE.values():
+        assert value not in page
+    assert "assigned to this request only" in page
+
+
+def test_detail__attempts_timeline_in_plain_words(reviewer):
+    p = permit(reviewer=reviewer)
+    job = finished_report(p)
+    run_delivery(job.pk, worker="web-test:99:abc")  # the queue delivers a second time
+    page = client_for(reviewer).get(f"/requests/{p.pk}/").content.decode()
+    assert re.search(r"Attempt 1 by worker [^<]+ — succeeded", page)
+    assert "A repeated queue delivery was ignored" in page
+    assert "Download report" in page
+    assert 'data-finished="true"' in page
+
+
+def test_status__fragment_polls_until_finished(reviewer):
+    p = permit(reviewer=reviewer)
+    job, _ = report_request(p)
+    client = client_for(reviewer)
+    detail = client.get(f"/requests/{p.pk}/").content.decode()
+    assert 'data-finished="false"' in detail and "poll.js" in detail
+    pending = client.get(f"/requests/{p.pk}/status/")
+    assert pending.status_code == 200
+    assert 'data-finished="false"' in pending.content.decode()
+    assert "Queued" in pending.content.decode()
+    assert pending["X-Unread-Notices"] == "0"
+    assert "no-cache" in pending["Cache-Control"]
+    run_delivery(job.pk)
+    done = client.get(f"/requests/{p.pk}/status/")
+    text = done.content.decode()
+    assert text.lstrip().startswith('<section id="report-panel"')
+    assert 'data-finished="true"' in text and "Ready" in text and "Download report" in text
+    assert done["X-Unread-Notices"] == "1"
+
+
+# --- download ------------------------------------------------------------------------
+
+
+def test_download__rechecks_permission_on_every_request(reviewer):
+    p = permit(reviewer=reviewer)
+    job = finished_report(p)
+    artifact = Artifact.objects.get(job=job)
+    client = client_for(reviewer)
+
+    response = client.get(f"/requests/{p.pk}/report/")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/pdf"
+    assert response["Content-Disposition"] == f'attachment; filename="{p.reference}-r1.pdf"'
+    data = body(response)
+    assert data.startswith(b"%PDF")
+    assert hashlib.sha256(data).hexdigest() == artifact.sha256
+
+    revoke_reviewer(p, reviewer)
+    assert client.get(f"/requests/{p.pk}/report/").status_code == 404
+    assert client.get(f"/requests/{p.pk}/").status_code == 404
+
+    assign_reviewer(p, reviewer)
+    assert client.get(f"/requests/{p.pk}/report/").status_code == 200
+
+
+def test_download__404_until_the_report_succeeded(reviewer):
+    p = permit(reviewer=reviewer)
+    client = client_for(reviewer)
+    assert client.get(f"/requests/{p.pk}/report/").status_code == 404
+    report_request(p)
+    assert client.get(f"/requests/{p.pk}/report/").status_code == 404
+    assert client.get(f"/requests/{p.pk}/report/?revision=x").status_code == 404
+
+
+def test_download__earlier_revision_by_query(reviewer):
+    p = permit(reviewer=reviewer)
+    first = finished_report(p)
+    client = client_for(reviewer)
+    client.post(f"/requests/{p.pk}/revisions/", {"seen_revision": 1})
+    p.refresh_from_db()
+    assert p.output_revision == 2
+    assert client.get(f"/requests/{p.pk}/report/").status_code == 404  # r2 not built yet
+    response = client.get(f"/requests/{p.pk}/report/?revision=1")
+    assert response.status_code == 200
+    assert f'filename="{p.reference}-r1.pdf"' in response["Content-Disposition"]
+    assert hashlib.sha256(body(response)).hexdigest() == Artifact.objects.get(job=first).sha256
+
+
+def test_download__missing_file_answers_404(reviewer):
+    p = permit(reviewer=reviewer)
+    job = finished_report(p)
+    artifact = Artifact.objects.get(job=job)
+    from jobs.artifacts import get_storage
+
+    get_storage().delete(artifact.storage_name)
+    assert client_for(reviewer).get(f"/requests/{p.pk}/report/").status_code == 404
+
+
+# --- new revision and decisions --------------------------------------------------------
+
+
+def test_new_revision__double_submit_bumps_once(reviewer):
+    p = permit(reviewer=reviewer)
+    client = client_for(reviewer)
+    first = client.post(f"/requests/{p.pk}/revisions/", {"seen_revision": 1}, follow=True)
+    second = client.post(f"/requests/{p.pk}/revisions/", {"seen_revision": 1}, follow=True)
+    p.refresh_from_db()
+    assert p.output_revision == 2
+    jobs = list(selectors.report_jobs_of(p))
+    assert [j.output_revision for j in jobs] == [2]
+    assert "Revision 2 requested" in first.content.decode()
+    assert "Revision 2 was already requested" in second.content.decode()
+
+
+def test_new_revision__stale_form_is_refused_readably(reviewer):
+    p = permit(reviewer=reviewer)
+    response = client_for(reviewer).post(
+        f"/requests/{p.pk}/revisions/", {"seen_revision": "abc"}, follow=True
+    )
+    assert "out of date" in response.content.decode()
+    p.refresh_from_db()
+    assert p.output_revision == 1
+
+
+def test_generate__builds_the_current_revision_once(reviewer):
+    p = permit(reviewer=reviewer)
+    client = client_for(reviewer)
+    client.post(f"/requests/{p.pk}/report/generate/")
+    client.post(f"/requests/{p.pk}/report/generate/")
+    assert [j.output_revision for j in selectors.report_jobs_of(p)] == [1]
+
+
+def test_decision__invalid_choice_shows_readable_error(reviewer):
+    p = permit(reviewer=reviewer)
+    response = client_for(reviewer).post(
+        f"/requests/{p.pk}/decisions/", {"decision": "maybe", "comment": "", "revision": 1}
+    )
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "“maybe” is not a decision. Choose approve, request changes or reject." in page
+    assert not ReviewDecision.objects.exists()
+
+
+def test_decision__reject_without_comment_asks_for_a_reason(reviewer):
+    p = permit(reviewer=reviewer)
+    response = client_for(reviewer).post(
+        f"/requests/{p.pk}/decisions/", {"decision": "reject", "comment": " ", "revision": 1}
+    )
+    assert "Say why you reject: the applicant needs a reason." in response.content.decode()
+    assert not ReviewDecision.objects.exists()
+
+
+def test_decision__on_a_stale_revision_is_refused(reviewer):
+    p = permit(reviewer=reviewer, output_revision=3)
+    response = client_for(reviewer).post(
+        f"/requests/{p.pk}/decisions/", {"decision": "approve", "revision": 2}
+    )
+    assert "moved to revision 3 after you opened revision 2" in response.content.decode()
+    assert not ReviewDecision.objects.exists()
+
+
+def test_decision__records_and_moves_the_status(reviewer):
+    p = permit(reviewer=reviewer)
+    response = client_for(reviewer).post(
+        f"/requests/{p.pk}/decisions/",
+        {"decision": "request_changes", "comment": "Show the setbacks.", "revision": 1},
+        follow=True,
+    )
+    made = ReviewDecision.objects.get()
+    assert (made.decision, made.reviewer, made.revision) == ("request_changes", reviewer, 1)
+    p.refresh_from_db()
+    assert p.status == PermitRequest.Status.CHANGES_REQUESTED
+    assert "Recorded: request changes." in response.content.decode()
+
+
+def test_csrf__posts_without_token_are_rejected(reviewer):
+    p = permit(reviewer=reviewer)
+    finished_report(p)
+    notice = Notice.objects.get()
+    client = client_for(reviewer, enforce_csrf_checks=True)
+    for url, data in (
+        (f"/requests/{p.pk}/revisions/", {"seen_revision": 1}),
+        (f"/requests/{p.pk}/report/generate/", {}),
+        (f"/requests/{p.pk}/decisions/", {"decision": "approve", "revision": 1}),
+        (f"/notices/{notice.pk}/read/", {}),
+        ("/notices/read-all/", {}),
+        (reverse("logout"), {}),
+    ):
+        assert client.post(url, data).status_code == 403, url
+    p.refresh_from_db()
+    assert p.output_revision == 1
+    assert not ReviewDecision.objects.exists()
+    notice.refresh_from_db()
+    assert notice.read_at is None
+
+
+# --- notices -------------------------------------------------------------------------
+
+
+def test_notices__inbox_lists_my_notices_with_unread_count(reviewer, other_reviewer):
+    mine = permit(reviewer=reviewer)
+    finished_report(mine)
+    finished_report(permit(reviewer=other_reviewer))
+    page = client_for(reviewer).get("/notices/").content.decode()
+    assert page.count('class="inbox__item') == 1
+    assert f"Report ready: {mine.reference} revision 1" in page
+    assert "1 unread" in page
+
+
+def test_notices__another_users_notice_answers_404(reviewer, other_reviewer):
+    finished_report(permit(reviewer=other_reviewer))
+    theirs = Notice.objects.get(recipient=other_reviewer)
+    client = client_for(reviewer)
+    assert client.get(f"/notices/{theirs.pk}/").status_code == 404
+    assert client.post(f"/notices/{theirs.pk}/read/").status_code == 404
+    client.post("/notices/read-all/")
+    theirs.refresh_from_db()
+    assert theirs.read_at is None
+
+
+def test_notices__open_marks_read_and_goes_to_the_request(reviewer):
+    p = permit(reviewer=reviewer)
+    finished_report(p)
+    notice = Notice.objects.get()
+    client = client_for(reviewer)
+    assert client.get(f"/notices/{notice.pk}/")["Location"] == f"/requests/{p.pk}/"
+    notice.refresh_from_db()
+    assert notice.read_at is None  # following the link by GET changes nothing
+    response = client.post(f"/notices/{notice.pk}/read/", {"open": "1"})
+    assert response["Location"] == f"/requests/{p.pk}/"
+    notice.refresh_from_db()
+    assert notice.read_at is not None
+    assert "0 unread" in client.get("/notices/").content.decode()
+
+
+def test_notices__link_of_a_revoked_request_answers_404(reviewer):
+    p = permit(reviewer=reviewer)
+    finished_report(p)
+    notice = Notice.objects.get()
+    revoke_reviewer(p, reviewer)
+    client = client_for(reviewer)
+    assert client.get(f"/notices/{notice.pk}/", follow=True).status_code == 404
+
+
+def test_notices__mark_all_read(reviewer):
+    finished_report(permit(reviewer=reviewer))
+    finished_report(permit(reviewer=reviewer))
+    client = client_for(reviewer)
+    response = client.post("/notices/read-all/", follow=True)
+    assert "Marked 2 notices read." in response.content.decode()
+    assert not Notice.objects.filter(read_at__isnull=True).exists()
