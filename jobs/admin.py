@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 
-from jobs import artifacts, services
+from jobs import artifacts, ledger, services, stats, transitions
 from jobs.exceptions import ArtifactCorrupt
-from jobs.models import Artifact, Attempt, Effect, Job, Notice
+from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, Notice
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -143,18 +143,87 @@ class AttemptAdmin(EngineAdmin):
     readonly_fields = [f.name for f in Attempt._meta.fields]
 
 
+class EffectEventInline(ReadOnlyInline):
+    model = EffectEvent
+    show_change_link = False
+    fields = readonly_fields = (
+        "at",
+        "action",
+        "attempt",
+        "actor",
+        "outcome",
+        "error_class",
+        "error_code",
+        "note",
+    )
+
+
+def _operator(request) -> str:
+    return request.user.get_username() or f"user-{request.user.pk}"
+
+
 @admin.register(Effect)
 class EffectAdmin(EngineAdmin):
-    list_display = ("effect_id", "provider", "state", "attempts", "reason", "applied_at")
+    """The ledger: effects (one row per outcome) above, their sends and actions inline.
+
+    The changelist opens with a per-provider table that keeps effects and sends
+    apart: resends under the same key are expected under faults, duplicate
+    effects must stay 0.
+    """
+
+    list_display = (
+        "effect_id",
+        "provider",
+        "state",
+        "attempts",
+        "last_error_class",
+        "last_error_code",
+        "reason",
+        "provider_ref",
+        "applied_at",
+    )
     list_filter = ("state", "provider", "last_error_class")
-    search_fields = ("effect_id", "idempotency_key")
+    search_fields = ("effect_id", "idempotency_key", "provider_ref")
     readonly_fields = [f.name for f in Effect._meta.fields]
-    actions = ["recheck_and_release"]
+    inlines = [EffectEventInline]
+    actions = ["recheck_and_release", "mark_sent", "send_again"]
+
+    def changelist_view(self, request, extra_context=None):
+        providers = stats.collect_providers()
+        extra_context = {**(extra_context or {}), "provider_summary": sorted(providers.items())}
+        return super().changelist_view(request, extra_context=extra_context)
 
     @admin.action(description="Re-check authorization and release (withheld effects)")
     def recheck_and_release(self, request, queryset):
         done = sum(services.recheck_and_release(e) for e in queryset.select_related("job"))
         _report(self, request, done, queryset.count(), "Rechecked")
+
+    @admin.action(description="Mark sent: delivery confirmed out of band (needs review)")
+    def mark_sent(self, request, queryset):
+        operator = _operator(request)
+        done = sum(
+            ledger.mark_sent(e, operator=operator, note="admin action")
+            for e in queryset.select_related("job")
+        )
+        _report(self, request, done, queryset.count(), "Marked sent")
+
+    @admin.action(description="Send again now (needs review; e-mail may arrive twice)")
+    def send_again(self, request, queryset):
+        operator = _operator(request)
+        done = 0
+        for effect in queryset.select_related("job"):
+            if ledger.send_again(effect, operator=operator, note="admin action"):
+                done += 1
+                ledger.release(effect, transitions.worker_identity())
+        _report(self, request, done, queryset.count(), "Sent again")
+
+
+@admin.register(EffectEvent)
+class EffectEventAdmin(EngineAdmin):
+    list_display = ("at", "effect", "provider", "action", "attempt", "actor", "outcome")
+    list_filter = ("provider", "action", "outcome", "error_class")
+    search_fields = ("effect__effect_id", "actor")
+    readonly_fields = [f.name for f in EffectEvent._meta.fields]
 
 
 @admin.register(Artifact)

@@ -9,7 +9,7 @@ from jobs.models import Attempt, Effect, EffectEvent, Job
 Action = EffectEvent.Action
 
 
-def _by_provider() -> dict[str, dict]:
+def collect_providers() -> dict[str, dict]:
     """Per provider: effects (outcomes) and sends (calls) apart.
 
     ``sends`` counts calls; ``resends`` the calls beyond the first for one effect,
@@ -87,7 +87,7 @@ def collect() -> dict:
         by_provider.setdefault(provider, {})[state] = n
     # An effect identity is unique in the ledger and applied at most once by CAS;
     # count both anyway, so the figure is measured rather than assumed.
-    providers = _by_provider()
+    providers = collect_providers()
     duplicate_effects = sum(p["duplicate_effects"] for p in providers.values())
     return {
         "jobs": {

@@ -23,6 +23,7 @@ import logging
 import os
 import random
 import tempfile
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -61,19 +62,42 @@ def slot_key(provider: str, index: int) -> int:
     return (zlib.crc32(f"jobs.provider-slot:{provider}".encode()) << 16) | index
 
 
+# Advisory locks are re-entrant within one database session: remember which keys
+# each session holds, so a second take in the same session is not a second slot.
+_session_keys: set[tuple[int, int]] = set()
+_session_lock = threading.Lock()
+
+
 def _try_pg(provider: str, index: int) -> Slot | None:
     key = slot_key(provider, index)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
-        (won,) = cursor.fetchone()
+    connection.ensure_connection()
+    held = (id(connection.connection), key)
+    with _session_lock:
+        if held in _session_keys:
+            return None
+        _session_keys.add(held)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
+            (won,) = cursor.fetchone()
+    except BaseException:
+        with _session_lock:
+            _session_keys.discard(held)
+        raise
     if not won:
+        with _session_lock:
+            _session_keys.discard(held)
         return None
 
     def release() -> None:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
-            (held,) = cursor.fetchone()
-        if not held:  # the session was replaced while we held it: the bound was not enforced
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+                (still_held,) = cursor.fetchone()
+        finally:
+            with _session_lock:
+                _session_keys.discard(held)
+        if not still_held:  # the session was replaced while we held it
             log.warning("provider=%s slot=%s was lost before release", provider, index)
 
     return Slot(provider, index, release)

@@ -1,0 +1,49 @@
+"""``jobs_stats``: effects and sends per provider, counted apart."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from jobs.models import Effect
+from jobs.runner import run_delivery
+from jobs.tasks import release_effect
+from tests.providers.conftest import notify_job
+
+pytestmark = pytest.mark.django_db
+
+
+def test_jobs_stats__per_provider_resends_and_duplicate_effects_apart(make_user, webhook):
+    user = make_user()
+    webhook.faults.stall = 1.0
+    stalled = notify_job(user, subject=1)
+    run_delivery(stalled.pk, worker="w1")  # applied at the provider, no answer: unknown
+    webhook.faults.stall = 0.0
+    effect = Effect.objects.get(job=stalled)
+    Effect.objects.filter(pk=effect.pk).update(
+        next_attempt_at=timezone.now() - timedelta(seconds=1)
+    )
+    assert release_effect(effect.pk) == "applied"  # the same key again
+    run_delivery(notify_job(user, subject=2, provider="inapp").pk, worker="w1")
+    run_delivery(stalled.pk, worker="w2")  # a duplicate delivery of the finished job
+
+    out = StringIO()
+    call_command("jobs_stats", "--json", stdout=out)
+    stats = json.loads(out.getvalue())
+    assert stats["duplicate_deliveries"] == 1
+    assert stats["duplicate_effects"] == 0
+    webhook_row = stats["providers"]["webhook"]
+    assert webhook_row["effects"] == 1 and webhook_row["by_state"] == {"applied": 1}
+    assert (webhook_row["sends"], webhook_row["resends"]) == (2, 1)
+    assert webhook_row["duplicate_effects"] == 0
+    assert stats["providers"]["inapp"]["sends"] == 1
+    assert len(webhook.record.sends()) == 1, "two sends, one effect at the provider"
+
+    text = StringIO()
+    call_command("jobs_stats", stdout=text)
+    assert "per provider" in text.getvalue() and "webhook" in text.getvalue()
