@@ -27,9 +27,9 @@ def _token_ok(request: HttpRequest) -> bool:
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    """Prometheus text; staff sessions or ``Authorization: Bearer $METRICS_TOKEN``."""
+    """Prometheus text; operators' sessions or ``Authorization: Bearer $METRICS_TOKEN``."""
     user = request.user
-    if not (_token_ok(request) or (user.is_authenticated and user.is_active and user.is_staff)):
+    if not (_token_ok(request) or (user.is_active and user.has_perm("jobs.view_job"))):
         raise PermissionDenied
     return HttpResponse(metrics.render(), content_type=CONTENT_TYPE_LATEST)
 

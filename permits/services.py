@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from django.db import transaction
 from django.db.models import F
+from django.utils import timezone
 from guardian.shortcuts import assign_perm, remove_perm
 
-from jobs.models import Job
+from jobs.models import Job, Notice
 from jobs.services import request_job
 from permits import reports
 from permits.models import PermitRequest, ReviewDecision
@@ -61,3 +62,11 @@ def assign_reviewer(permit: PermitRequest, user) -> None:
 
 def revoke_reviewer(permit: PermitRequest, user) -> None:
     remove_perm("review_permitrequest", user, permit)
+
+
+def mark_notices_read(user, *, pk: int | None = None) -> int:
+    """Mark the user's unread notices (or the one ``pk``) read; another user's are untouched."""
+    unread = Notice.objects.filter(recipient=user, read_at__isnull=True)
+    if pk is not None:
+        unread = unread.filter(pk=pk)
+    return unread.update(read_at=timezone.now())

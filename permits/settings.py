@@ -188,7 +188,7 @@ if not DEBUG:
     SECURE_HSTS_PRELOAD = True
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
-# Prometheus scrapes /metrics with "Authorization: Bearer $METRICS_TOKEN"; staff sessions too.
+# Prometheus scrapes /metrics with "Authorization: Bearer $METRICS_TOKEN"; operators too.
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 
 # --- Jobs engine ------------------------------------------------------------------

@@ -17,7 +17,6 @@ from django.core.paginator import Paginator
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
@@ -359,7 +358,7 @@ def notice_open(request: HttpRequest, pk: int) -> HttpResponse:
 def notice_read(request: HttpRequest, pk: int) -> HttpResponse:
     """Mark one of my notices read; with ``open`` also go to its request."""
     notice = selectors.notice_for(request.user, pk)
-    Notice.objects.filter(pk=notice.pk, read_at__isnull=True).update(read_at=timezone.now())
+    services.mark_notices_read(request.user, pk=notice.pk)
     if "open" in request.POST:
         return redirect(_notice_target(request, notice))
     return redirect(reverse("notice_list") + _page_query(request))
@@ -368,9 +367,7 @@ def notice_read(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def notice_read_all(request: HttpRequest) -> HttpResponse:
-    done = Notice.objects.filter(recipient=request.user, read_at__isnull=True).update(
-        read_at=timezone.now()
-    )
+    done = services.mark_notices_read(request.user)
     messages.success(request, f"Marked {done} notice{'s' if done != 1 else ''} read.")
     return redirect("notice_list")
 

@@ -30,7 +30,7 @@ def finished(make_user):
 
 def test_metrics__refuses_anonymous_and_serves_staff(client, finished, make_user):
     assert client.get("/metrics").status_code == 403
-    client.force_login(make_user(is_staff=True))
+    client.force_login(make_user(is_staff=True, is_superuser=True))
     response = client.get("/metrics")
     assert response.status_code == 200
     text = response.content.decode()
