@@ -158,7 +158,7 @@ class BurstConfig:
     read_timeout: float = 2.0
     slot_wait: float = 1.0
     effect_lease: float = 10.0
-    provider_delay: float = 0.05  # latency of every provider answer
+    provider_delay: float = 0.25  # latency of every answer: demand exceeds the bound
     down_seconds: float = 2.0  # minimum outage, counted after every job has finished
     backoff_floor: float = 0.2
     backoff_base: float = 0.5
