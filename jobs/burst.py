@@ -346,6 +346,7 @@ def run(config: BurstConfig, *, out=None) -> BurstReport:
     procs = _Procs(_child_env(), work_dir)
     deadline = time.monotonic() + config.timeout
     try:
+        procs.env["FAKE_PROVIDER_TOKEN"] = token  # not on the command line
         provider = procs.start(
             "provider",
             "fake_provider",
@@ -353,8 +354,6 @@ def run(config: BurstConfig, *, out=None) -> BurstReport:
             "0",
             "--record",
             str(record_path),
-            "--token",
-            token,
             "--delay",
             str(config.provider_delay),
             "--start-down",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import tempfile
@@ -45,7 +46,11 @@ class Command(BaseCommand):
             default=None,
             help="SQLite file for the provider's own record (default: a new temp file)",
         )
-        parser.add_argument("--token", default="", help="bearer token to require (none: any)")
+        parser.add_argument(
+            "--token",
+            default=os.environ.get("FAKE_PROVIDER_TOKEN", ""),
+            help="bearer token to require (default: $FAKE_PROVIDER_TOKEN; empty: any)",
+        )
         parser.add_argument(
             "--stall",
             type=_fraction,
