@@ -186,6 +186,10 @@ def release(effect: Effect, worker: str, *, own_publish: bool = False) -> str:
     provider = registry.get_provider(effect.provider)
     if provider.transactional:
         return _release_transactional(effect, worker, provider)
+    if prior == State.SENDING and not provider.supports_idempotency:
+        # The last sender's lease ran out mid-call: the message may be out, and a
+        # provider without keys cannot tell a resend from a new one. An operator decides.
+        return _sender_lost(effect, worker)
 
     wait = float(conf.get("JOBS_PROVIDER_SLOT_WAIT_SECONDS"))
     ref = failure = None
@@ -254,6 +258,21 @@ def _withhold(effect: Effect, worker: str, reason: str) -> str:
         )
     _log(effect, "withheld", worker)
     return State.WITHHELD
+
+
+def _sender_lost(effect: Effect, worker: str) -> str:
+    _cas(
+        effect,
+        owner=worker,
+        state=State.NEEDS_REVIEW,
+        attempts=max(0, effect.attempts - 1),  # this claim sent nothing
+        lease_expires_at=None,
+        reason="a sender stopped mid-send; it may have arrived and the provider cannot deduplicate",
+        last_error_class=ErrorClass.PROVIDER_TIMEOUT,
+        last_error_code="sender_lost",
+    )
+    _log(effect, State.NEEDS_REVIEW, worker, code="sender_lost")
+    return State.NEEDS_REVIEW
 
 
 def _defer(effect: Effect, worker: str, prior: str) -> str:

@@ -15,7 +15,11 @@ message says only that a report is ready and where to find it. The
 ``Message-ID`` is derived from the idempotency key, so a mail client that
 deduplicates by it shows an operator's resend once.
 
-Settings: Django's ``EMAIL_*`` (``EMAIL_TIMEOUT`` bounds each SMTP step),
+A sender that died mid-send leaves the effect ``sending``; when its lease
+expires the ledger moves it to ``needs_review`` instead of sending again.
+
+Settings: Django's ``EMAIL_*`` (``EMAIL_TIMEOUT`` bounds each SMTP step; when it
+is unset, ``NOTICE_EMAIL_TIMEOUT``, default 10 s, is used),
 ``DEFAULT_FROM_EMAIL``, ``NOTICE_EMAIL_MAX_IN_FLIGHT`` (default 2),
 ``NOTICE_EMAIL_SUBJECT`` (default "A report is ready").
 """
@@ -78,7 +82,11 @@ class EmailProvider(Provider):
         if not address:
             raise ProviderRejected("the recipient has no e-mail address", code="no_address")
         msg = self.message(effect, address)
-        connection = get_connection(fail_silently=False)
+        # Never an unbounded SMTP wait: a send must end before its sending lease.
+        timeout = getattr(settings, "EMAIL_TIMEOUT", None) or float(
+            getattr(settings, "NOTICE_EMAIL_TIMEOUT", 10.0)
+        )
+        connection = get_connection(fail_silently=False, timeout=timeout)
         try:
             connection.open()
         except smtplib.SMTPAuthenticationError as exc:

@@ -197,3 +197,29 @@ def test_email_admin__operator_marks_sent_or_sends_again_and_each_is_recorded(
 def run_job(job):
     run_delivery(job.pk, worker="w1")
     return job
+
+
+def test_email__sender_lost_mid_send_goes_to_review_instead_of_a_blind_resend(make_user):
+    from jobs import ledger
+    from tests.jobs.helpers import Crash
+
+    user = make_user(email="reviewer@example.org")
+    job = notify_job(user, provider="email")
+
+    def die_after_publish(stage, ctx):
+        if stage == "published":
+            raise Crash
+
+    with pytest.raises(Crash):
+        run_delivery(job.pk, worker="w1", on_stage=die_after_publish)
+    effect = effect_of(job)
+    assert ledger.claim_send(effect, "w1", own_publish=True)  # then dies inside the SMTP call
+    Effect.objects.filter(pk=effect.pk).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    assert dispatch_once()["effects"] == 1
+    assert release_effect(effect.pk) == "needs_review"
+    effect.refresh_from_db()
+    assert effect.last_error_code == "sender_lost" and "may have arrived" in effect.reason
+    assert mail.outbox == [], "nothing sent on a guess"
+    assert dispatch_once()["effects"] == 0
