@@ -12,6 +12,7 @@ Delivery is its own small state machine, every arrow a CAS on ``version``
     pending ──claim_send──▶ sending ──▶ applied | withheld | failed | needs_review
     unknown (due) ─────────▶   │  └────▶ unknown (sent, no answer: retry, same key)
     sending (lease expired) ─▶ │  └────▶ pending (transport/temporary: retry later)
+      (provider without keys: ──────▶ needs_review, "sender_lost": never a blind resend)
                                └───────▶ pending/unknown (no in-flight slot: deferred,
                                          no attempt spent)
     needs_review ──mark_sent (operator)──▶ applied
