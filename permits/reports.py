@@ -11,6 +11,7 @@ import io
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 from xml.sax.saxutils import escape
 
+from django.conf import settings
 from reportlab.lib import colors
 from reportlab.lib.pagesizes import A4
 from reportlab.lib.styles import getSampleStyleSheet
@@ -25,7 +26,8 @@ from permits.models import REVIEW_PERM, PermitRequest
 
 KIND = "permits.report"
 SUBJECT_TYPE = "permits.permitrequest"
-NOTICE = "completion-notice"
+NOTICE = "completion-notice"  # in the reviewer's inbox
+EXTERNAL_NOTICE = "completion-webhook"  # through NOTICE_PROVIDER_URL, when configured
 
 WT = PermitRequest.WorkType
 BASE_FEES = {
@@ -206,12 +208,15 @@ def build_report(ctx: JobContext) -> list[EffectSpec]:
     ctx.heartbeat()
     ctx.store_artifact(pdf, content_type="application/pdf", extension="pdf")
     title = f"Report ready: {permit.reference} revision {job.output_revision}"
-    return [
-        EffectSpec(
-            NOTICE, "inapp", str(user.pk), {"title": title, "link": f"/requests/{permit.pk}/"}
-        )
-        for user in reviewers_of(permit)
-    ]
+    link = f"/requests/{permit.pk}/"
+    specs = []
+    for user in reviewers_of(permit):
+        specs.append(EffectSpec(NOTICE, "inapp", str(user.pk), {"title": title, "link": link}))
+        if getattr(
+            settings, "NOTICE_PROVIDER_URL", ""
+        ):  # the reviewer's device, through the HTTP provider
+            specs.append(EffectSpec(EXTERNAL_NOTICE, "webhook", str(user.pk)))
+    return specs
 
 
 def authorize_release(effect: Effect) -> str | None:

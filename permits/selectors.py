@@ -119,3 +119,12 @@ def effects_settling(job: Job | None) -> bool:
     return Effect.objects.filter(
         job=job, state__in=[Effect.State.PENDING, Effect.State.SENDING]
     ).exists()
+
+
+def effects_for_recipient(job: Job | None, user):
+    """The ledger rows of ``job`` addressed to ``user`` (their notices, one per channel)."""
+    from jobs.models import Effect
+
+    if job is None or job.state != Job.State.SUCCEEDED:
+        return Effect.objects.none()
+    return Effect.objects.filter(job=job, recipient=str(user.pk)).order_by("provider", "id")

@@ -191,6 +191,18 @@ if not DEBUG:
 # Prometheus scrapes /metrics with "Authorization: Bearer $METRICS_TOKEN"; operators too.
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 
+# --- Notice providers (docs/providers.md) -------------------------------------------
+# The webhook provider is used only when NOTICE_PROVIDER_URL is set; `make demo` points it
+# at the loopback stand-in (manage.py fake_provider).
+NOTICE_PROVIDER_URL = os.environ.get("NOTICE_PROVIDER_URL", "")
+NOTICE_PROVIDER_TOKEN = os.environ.get("NOTICE_PROVIDER_TOKEN", "")
+if NOTICE_PROVIDER_URL and not NOTICE_PROVIDER_TOKEN and not DEBUG:
+    raise ImproperlyConfigured("NOTICE_PROVIDER_TOKEN must be set when NOTICE_PROVIDER_URL is")
+NOTICE_PROVIDER_CONNECT_TIMEOUT = env_float("NOTICE_PROVIDER_CONNECT_TIMEOUT", 3.0)
+NOTICE_PROVIDER_READ_TIMEOUT = env_float("NOTICE_PROVIDER_READ_TIMEOUT", 10.0)
+NOTICE_PROVIDER_MAX_IN_FLIGHT = env_int("NOTICE_PROVIDER_MAX_IN_FLIGHT", 4)
+NOTICE_EMAIL_MAX_IN_FLIGHT = env_int("NOTICE_EMAIL_MAX_IN_FLIGHT", 2)
+
 # --- Jobs engine ------------------------------------------------------------------
 # Lease < Q_CLUSTER timeout < Q_CLUSTER retry (checked at start-up by jobs.checks).
 JOBS_LEASE_SECONDS = env_float("JOBS_LEASE_SECONDS", 60)

@@ -164,7 +164,36 @@ def _render(request: HttpRequest, template: str, context: dict, status: int = 20
     return render(request, template, context, status=status)
 
 
-def _report_context(permit: PermitRequest) -> dict:
+NOTICE_STATES = {
+    # effect state: (tone, words a reviewer understands)
+    "pending": ("queued", "waiting to be sent"),
+    "sending": ("running", "being sent"),
+    "applied": ("ready", "delivered"),
+    "unknown": ("waiting", "sent, no answer yet: retrying with the same key"),
+    "withheld": ("none", "withheld: you were not assigned when it was due"),
+    "failed": ("failed", "refused by the provider"),
+    "needs_review": ("waiting", "an operator is checking it"),
+}
+CHANNELS = {"inapp": "Inbox", "webhook": "Device (webhook)", "email": "E-mail"}
+
+
+def notice_deliveries(job: Job | None, user) -> list[dict]:
+    """The delivery state of each of this user's notices for the job, in plain words."""
+    rows = []
+    for effect in selectors.effects_for_recipient(job, user):
+        tone, words = NOTICE_STATES.get(effect.state, ("none", effect.state))
+        rows.append(
+            {
+                "channel": CHANNELS.get(effect.provider, effect.provider),
+                "tone": tone,
+                "words": words,
+                "state": effect.state,
+            }
+        )
+    return rows
+
+
+def _report_context(permit: PermitRequest, user) -> dict:
     job = selectors.report_job(permit)
     state = report_state(job)
     # Keep polling until the notices went out too, so the unread count is current.
@@ -176,6 +205,7 @@ def _report_context(permit: PermitRequest) -> dict:
         "finished": finished,
         "artifact": selectors.artifact_of(job),
         "timeline": timeline(job),
+        "deliveries": notice_deliveries(job, user),
         "revision_form": NewRevisionForm(initial={"seen_revision": permit.output_revision}),
     }
 
@@ -188,7 +218,7 @@ def _render_detail(request, permit: PermitRequest, *, decision_form=None, status
         if job.output_revision != permit.output_revision
     ]
     context = {
-        **_report_context(permit),
+        **_report_context(permit, request.user),
         "assigned": assigned,
         "decisions": selectors.decisions_of(permit),
         "decision_form": decision_form or DecisionForm(permit=permit),
@@ -229,7 +259,7 @@ def request_detail(request: HttpRequest, pk: int) -> HttpResponse:
 def report_status(request: HttpRequest, pk: int) -> HttpResponse:
     """The report panel alone: the detail page polls it while the report is unfinished."""
     permit = selectors.request_for(request.user, pk)
-    response = render(request, "permits/_report.html", _report_context(permit))
+    response = render(request, "permits/_report.html", _report_context(permit, request.user))
     response["X-Unread-Notices"] = str(selectors.unread_notice_count(request.user))
     return response
 

@@ -4,8 +4,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 PORT="${PORT:-8000}"
+PROVIDER_PORT="${PROVIDER_PORT:-8025}"
 unset DATABASE_URL
 mkdir -p var/log
+# Webhook notices go to the loopback stand-in provider, which keeps its own record.
+export NOTICE_PROVIDER_URL="http://127.0.0.1:${PROVIDER_PORT}"
+export NOTICE_PROVIDER_TOKEN="demo-provider-token"
 
 $PY manage.py migrate --noinput -v0
 $PY manage.py seed_demo
@@ -18,6 +22,9 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
+$PY manage.py fake_provider --port "$PROVIDER_PORT" --token "$NOTICE_PROVIDER_TOKEN" \
+  --record var/provider-record.sqlite3 --stall 0.2 --stall-seconds 15 >var/log/provider.log 2>&1 &
+pids+=($!)
 $PY manage.py qcluster >var/log/qcluster.log 2>&1 &
 pids+=($!)
 $PY manage.py jobs_dispatcher --interval 1 >var/log/dispatcher.log 2>&1 &
@@ -29,6 +36,8 @@ cat <<MSG
   -----------------------
   Web:      http://127.0.0.1:${PORT}/
   Admin:    http://127.0.0.1:${PORT}/admin/   (operator / operator-demo)
+  Logins:   reviewer47 / reviewer-demo   reviewer52 / reviewer-demo
+  Provider: http://127.0.0.1:${PROVIDER_PORT} (stand-in; 20% of sends accepted then stalled)
   Worker:   var/log/qcluster.log    Dispatcher: var/log/dispatcher.log
   Figures:  .venv/bin/python manage.py jobs_stats
   Stop:     Ctrl-C

@@ -480,3 +480,22 @@ def test_notices__mark_all_read(reviewer):
     response = client.post("/notices/read-all/", follow=True)
     assert "Marked 2 notices read." in response.content.decode()
     assert not Notice.objects.filter(read_at__isnull=True).exists()
+
+
+def test_detail__shows_the_delivery_state_of_each_of_my_notices(client, settings):
+    from jobs.models import Effect
+    from jobs.runner import run_delivery
+    from permits.services import report_request
+    from tests.permits import factories
+
+    reviewer = get_user_model().objects.create_user("deliveries-reviewer", password="x")
+    permit = factories.permit(reviewer=reviewer)
+    job, _ = report_request(permit)
+    settings.NOTICE_PROVIDER_URL = "http://127.0.0.1:9"  # nothing listens: transport error
+    run_delivery(job.pk)
+    states = dict(Effect.objects.filter(job=job).values_list("provider", "state"))
+    assert states == {"inapp": "applied", "webhook": "pending"}
+    client.force_login(reviewer)
+    body = client.get(f"/requests/{permit.pk}/").content.decode()
+    assert 'data-notice-state="applied"' in body and "Inbox" in body
+    assert 'data-notice-state="pending"' in body and "Device (webhook)" in body
