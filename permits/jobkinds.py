@@ -40,7 +40,8 @@ def demo_summary(ctx: JobContext) -> list[EffectSpec]:
 
 
 def register() -> None:
-    from permits import reports
+    from permits import drill, reports
 
     register_kind("demo.summary", demo_summary)
     reports.register()
+    drill.register()
