@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PORT ?= 8000
 
-.PHONY: install demo test lint format clean bench
+.PHONY: install demo test lint format clean bench soak
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -27,6 +27,12 @@ test: $(STAMP)
 ## make bench: benchmarks against PostgreSQL (DATABASE_URL); prints figures, asserts nothing.
 bench: $(STAMP)
 	$(PY) -m bench $(BENCH_ARGS)
+
+## make soak: K report jobs, three qclusters killed at random, provider faults, deadlocks;
+## then every invariant is checked (PostgreSQL from DATABASE_URL).
+K ?= 300
+soak: $(STAMP)
+	$(PY) -m tests.chaos.soak --jobs $(K) $(SOAK_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
