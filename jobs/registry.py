@@ -75,3 +75,7 @@ def get_provider(name: str) -> Provider:
         return _providers[name]
     except KeyError:
         raise UnknownKind(f"no provider named {name!r} is registered") from None
+
+
+def providers() -> dict[str, Provider]:
+    return dict(_providers)

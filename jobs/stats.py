@@ -108,5 +108,19 @@ def collect() -> dict:
             "by_provider": by_provider,
         },
         "providers": providers,
+        "provider_in_flight": provider_in_flight(),
         "duplicate_effects": duplicate_effects,
     }
+
+
+def provider_in_flight() -> dict[str, int]:
+    """Calls in flight now, per bounded provider (held in-flight slots)."""
+    from jobs import registry
+    from jobs.providers.bounds import in_flight_now
+
+    out = {}
+    for name, provider in registry.providers().items():
+        limit = provider.in_flight_limit()
+        if limit:
+            out[name] = in_flight_now(name, int(limit))
+    return out

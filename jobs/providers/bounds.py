@@ -194,3 +194,27 @@ def in_flight(provider: str, limit: int | None, *, wait: float) -> Iterator[Slot
     finally:
         if slot is not None:
             slot.release()
+
+
+def in_flight_now(provider: str, limit: int) -> int:
+    """How many of ``provider``'s slots are held right now (a gauge; may be stale at once)."""
+    if connection.vendor == "postgresql":
+        keys = [slot_key(provider, i) for i in range(limit)]
+        with connection.cursor() as cursor:
+            # A bigint advisory key is stored as classid (high 32 bits) and objid (low 32).
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                " AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = ANY(%s)",
+                [keys],
+            )
+            return cursor.fetchone()[0]
+    if fcntl is None:  # pragma: no cover - Windows demo
+        return 0
+    held = 0
+    for index in range(limit):
+        slot = _try_file(provider, index)
+        if slot is None:
+            held += 1
+        else:
+            slot.release()
+    return held

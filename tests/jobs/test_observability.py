@@ -39,6 +39,7 @@ def test_metrics__refuses_anonymous_and_serves_staff(client, finished, make_user
     assert "jobs_duplicate_effects 0.0" in text
     assert 'jobs_effects{provider="inapp",state="applied"} 1.0' in text
     assert 'jobs_jobs{state="succeeded"} 1.0' in text
+    assert 'jobs_provider_in_flight{provider="webhook"} 0.0' in text
 
 
 def test_metrics__bearer_token(client, finished, settings):

@@ -155,3 +155,20 @@ def test_bounds__per_provider_bound_holds_with_several_worker_processes(
     assert len(record.sends()) == notices and record.duplicate_effects() == {}
     workers_seen = set(Effect.objects.values_list("events__actor", flat=True))
     assert len(workers_seen) == workers, "every process sent some notices"
+
+
+@pytest.mark.django_db
+def test_in_flight_now__counts_held_slots_for_the_gauge():
+    from jobs.providers.bounds import in_flight_now, try_acquire
+    from jobs.stats import provider_in_flight
+
+    assert in_flight_now("gauge-test", 3) == 0
+    first, second = try_acquire("gauge-test", 3), try_acquire("gauge-test", 3)
+    try:
+        assert in_flight_now("gauge-test", 3) == 2 - (first is None) - (second is None)
+    finally:
+        for slot in (first, second):
+            if slot is not None:
+                slot.release()
+    assert in_flight_now("gauge-test", 3) == 0
+    assert set(provider_in_flight()) >= {"webhook"}
