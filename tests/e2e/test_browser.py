@@ -327,4 +327,11 @@ def test_browser__reviewer_gets_one_report_and_notice_then_loses_access(
     )
     admin.goto(f"{base}/admin/jobs/job/{doomed.pk}/change/")
     shot(admin, "7-admin-requeued-job")
+
+    # The operator dashboard, reached from the jobs list: figures and the chart.
+    admin.goto(f"{base}/admin/jobs/job/")
+    admin.click("text=Dashboard")
+    expect(admin.locator("#jobs-chart polyline")).to_have_count(3)
+    expect(admin.locator("#content-main")).to_contain_text("Duplicate effects")
+    shot(admin, "8-admin-dashboard")
     operator_context.close()
