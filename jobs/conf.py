@@ -47,3 +47,16 @@ def tenant_concurrency() -> int:
 def effect_grace_seconds() -> float:
     grace = get("JOBS_EFFECT_GRACE_SECONDS")
     return lease_seconds() if grace is None else float(grace)
+
+
+def backoff(attempt: int, *, retry_after: float | None = None) -> float:
+    """The retry table's backoff with this site's floor, base and cap."""
+    from jobs.retry import backoff_delay
+
+    return backoff_delay(
+        attempt,
+        floor=float(get("JOBS_BACKOFF_FLOOR_SECONDS")),
+        base=float(get("JOBS_BACKOFF_BASE_SECONDS")),
+        cap=float(get("JOBS_BACKOFF_CAP_SECONDS")),
+        retry_after=retry_after,
+    )

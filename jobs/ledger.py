@@ -34,14 +34,14 @@ from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from jobs import conf, registry
+from jobs.cas import compare_and_swap
 from jobs.models import Effect, EffectEvent, Job
 from jobs.providers import bounds
 from jobs.registry import EffectSpec
-from jobs.retry import ErrorClass, backoff_delay, classify
+from jobs.retry import ErrorClass, classify
 
 log = logging.getLogger("jobs.ledger")
 
@@ -88,19 +88,7 @@ def record(job: Job, specs: list[EffectSpec]) -> list[Effect]:
     return Effect.objects.bulk_create(rows)
 
 
-def _cas(effect: Effect, *, owner: str | None = None, **changes) -> bool:
-    now = changes.pop("now", None) or timezone.now()
-    qs = Effect.objects.filter(pk=effect.pk, version=effect.version)
-    if owner is not None:
-        qs = qs.filter(lease_owner=owner)
-    won = qs.update(version=F("version") + 1, updated_at=now, **changes) == 1
-    if won:
-        effect.version += 1
-        effect.updated_at = now
-        for name, value in changes.items():
-            if not hasattr(value, "resolve_expression"):
-                setattr(effect, name, value)
-    return won
+_cas = compare_and_swap
 
 
 def claim_send(effect: Effect, worker: str, *, own_publish: bool = False) -> bool:
@@ -339,13 +327,7 @@ def _record_failure(effect: Effect, worker: str, provider, exc: BaseException) -
     if state in (State.PENDING, State.UNKNOWN):
         # Floor + full jitter: senders that failed together in an outage do not
         # come back together; Retry-After from the provider is a lower bound.
-        delay = backoff_delay(
-            effect.attempts,
-            floor=float(conf.get("JOBS_BACKOFF_FLOOR_SECONDS")),
-            base=float(conf.get("JOBS_BACKOFF_BASE_SECONDS")),
-            cap=float(conf.get("JOBS_BACKOFF_CAP_SECONDS")),
-            retry_after=c.retry_after,
-        )
+        delay = conf.backoff(effect.attempts, retry_after=c.retry_after)
         changes["next_attempt_at"] = now + timedelta(seconds=delay)
     won = _cas(
         effect,

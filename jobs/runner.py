@@ -16,7 +16,7 @@ from django.db import transaction
 from jobs import artifacts, conf, ledger, registry, transitions
 from jobs.exceptions import LeaseLost
 from jobs.models import Artifact, Attempt, Job
-from jobs.retry import Action, backoff_delay, classify
+from jobs.retry import Action, classify
 
 log = logging.getLogger("jobs.runner")
 
@@ -115,13 +115,7 @@ def _handle_failure(ctx: JobContext, exc: Exception) -> DeliveryResult:
     rule = c.rule
     fields = {"error_class": c.error_class.value, "error_code": c.code}
     if rule.action in (Action.RETRY, Action.RETRY_SAME_KEY) and job.attempts < job.max_attempts:
-        delay = backoff_delay(
-            job.attempts,
-            floor=float(conf.get("JOBS_BACKOFF_FLOOR_SECONDS")),
-            base=float(conf.get("JOBS_BACKOFF_BASE_SECONDS")),
-            cap=float(conf.get("JOBS_BACKOFF_CAP_SECONDS")),
-            retry_after=c.retry_after,
-        )
+        delay = conf.backoff(job.attempts, retry_after=c.retry_after)
         won = transitions.schedule_retry(
             job, worker, delay=delay, error_class=c.error_class, code=c.code, detail=c.detail
         )

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import connection, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from jobs import conf
+from jobs.cas import compare_and_swap
 from jobs.models import Attempt, Job
 
 log = logging.getLogger("jobs.transitions")
@@ -47,21 +47,7 @@ def worker_identity() -> str:
     return _identity[1]
 
 
-def _cas(job: Job, *, owner: str | None = None, **changes) -> bool:
-    """Apply ``changes`` if the job is still at the version we read; update ``job`` if won."""
-    now = changes.pop("now", None) or timezone.now()
-    qs = Job.objects.filter(pk=job.pk, version=job.version)
-    if owner is not None:
-        qs = qs.filter(lease_owner=owner)
-    won = qs.update(version=F("version") + 1, updated_at=now, **changes) == 1
-    if won:
-        job.version += 1
-        job.updated_at = now
-        for field, value in changes.items():
-            if isinstance(value, F) or hasattr(value, "resolve_expression"):
-                continue
-            setattr(job, field, value)
-    return won
+_cas = compare_and_swap
 
 
 def _log(job: Job, arrow: str, worker: str = "", **extra) -> None:

@@ -1,0 +1,27 @@
+"""The compare-and-swap every state change goes through.
+
+An UPDATE whose WHERE names the version the caller read (and the lease owner
+where it matters); zero rows updated means someone else moved first.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import F
+from django.utils import timezone
+
+
+def compare_and_swap(obj: models.Model, *, owner: str | None = None, now=None, **changes) -> bool:
+    """Apply ``changes`` to ``obj``'s row if it is still at ``obj.version``; mirror them if won."""
+    now = now or timezone.now()
+    qs = type(obj)._default_manager.filter(pk=obj.pk, version=obj.version)
+    if owner is not None:
+        qs = qs.filter(lease_owner=owner)
+    won = qs.update(version=F("version") + 1, updated_at=now, **changes) == 1
+    if won:
+        obj.version += 1
+        obj.updated_at = now
+        for field, value in changes.items():
+            if not hasattr(value, "resolve_expression"):
+                setattr(obj, field, value)
+    return won
