@@ -1,0 +1,518 @@
+"""``python -m bench`` (``make bench``): the price of exactly-once effects, in one run.
+
+Sections, all sequential (the machine has 2 cores):
+
+1. hot path: statements, round trips and commits of one delivery, its time
+   split between the database driver and Python, and a cProfile by bucket;
+2. throughput: bare django-q2 no-ops, the minimal kind ``demo.summary`` and
+   the permit report kind, interleaved over several rounds under real
+   ``manage.py qcluster`` workers with the production ``Q_CLUSTER``;
+3. scaling and memory: 1 and 4 workers besides the rounds' 2;
+4. latency: idle single jobs, in-app and webhook bursts of 83;
+5. PDF render time;
+6. ledger and claim lookups at 10k, 100k and 1M rows.
+
+Figures move 10-40% between runs on a shared machine; ratios measured in one
+run (each round pairs the kinds back to back) hold much better. The summary
+lines at the end are machine-readable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def _args(argv):
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=3, help="interleaved throughput rounds")
+    p.add_argument("--workers", type=int, default=None, help="default: Q_CLUSTER['workers']")
+    p.add_argument("--n-bare", type=int, default=2000, help="no-op tasks per run")
+    p.add_argument("--n-summary", type=int, default=None, help="default: sized to ~12 s a run")
+    p.add_argument("--n-report", type=int, default=None, help="default: sized to ~12 s a run")
+    p.add_argument(
+        "--sections",
+        default="hotpath,throughput,scaling,latency,pdf,ledger",
+        help="comma-separated subset",
+    )
+    p.add_argument("--ledger-sizes", default="10000,100000,1000000")
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 round, small N, no 1M")
+    p.add_argument("--keep-ledger", action="store_true", help="keep the bench_ledger database")
+    p.add_argument("--json", default="var/bench/results.json", help="where to write all figures")
+    return p.parse_args(argv)
+
+
+def say(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def machine() -> dict[str, str]:
+    import django
+    import psycopg
+    from django.db import connection
+
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    mem = next(
+        ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines() if "MemTotal" in ln
+    )
+    from importlib.metadata import version
+
+    with connection.cursor() as cur:
+        cur.execute("SHOW server_version")
+        pg = cur.fetchone()[0]
+    load = os.getloadavg()
+    return {
+        "cpus": str(os.cpu_count()),
+        "cpu": cpu,
+        "memory": f"{int(mem) / 1024 / 1024:.1f} GiB",
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        "django-q2": version("django-q2"),
+        "psycopg": psycopg.__version__,
+        "postgresql": pg,
+        "load at start": " ".join(f"{x:.1f}" for x in load),
+    }
+
+
+def _round_to(x: float, step: int, lo: int, hi: int) -> int:
+    return int(max(lo, min(hi, round(x / step) * step)))
+
+
+def main(argv=None) -> int:
+    args = _args(argv)
+    started = time.monotonic()
+    from bench import infra
+
+    infra.server_url()  # refuses SQLite with a message before anything starts
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+    os.environ["BENCH_DB"] = infra.E2E_DB
+    os.environ.setdefault("ARTIFACT_ROOT", str(infra.artifact_root()))
+    sys.path.insert(0, str(infra.ROOT))
+    if args.quick:
+        args.rounds = 1
+        args.n_bare = min(args.n_bare, 1000)
+        args.ledger_sizes = "10000,100000"
+    sections = set(args.sections.split(","))
+
+    import logging
+
+    import django
+
+    infra.ensure_database(infra.E2E_DB)
+    django.setup()
+    # The engine logs every transition at INFO; in this process only the figures matter
+    # (the qcluster processes keep the production logging, into var/bench/*.log).
+    logging.disable(logging.INFO)
+    from django.conf import settings
+
+    from bench import e2e, hotpath, workloads
+
+    workers = args.workers or settings.Q_CLUSTER["workers"]
+    say("preparing bench_e2e (migrate, seed_demo)")
+    user_id = workloads.prepare_database()
+    results: dict = {"machine": machine(), "q_cluster": _q_cluster(settings), "args": vars(args)}
+    say("machine: " + ", ".join(f"{k} {v}" for k, v in results["machine"].items()))
+
+    per_job_ms = report_ms = None
+    if "hotpath" in sections:
+        infra.reset_run_tables()
+        traces = hotpath.capture(user_id)
+        report_trace, report_ms = hotpath.capture_report()
+        traces["report"] = report_trace
+        split = hotpath.split(user_id, 150 if not args.quick else 60)
+        buckets, top = hotpath.profile(user_id, 100 if not args.quick else 40)
+        per_job_ms = split.wall_ms
+        results["hotpath"] = {
+            "traces": {
+                k: {
+                    "round_trips": t.round_trips,
+                    "statements": t.statements,
+                    "transactions": t.transactions,
+                    "commits": t.commits,
+                    "listing": t.listing(),
+                }
+                for k, t in traces.items()
+            },
+            "split": {
+                "jobs": split.jobs,
+                "wall_ms": split.wall_ms,
+                "db_ms": split.db_ms,
+                "python_ms": split.python_ms,
+                "statements": split.statements,
+                "commits": split.commits,
+                "by_statement_ms": dict(split.per_statement.most_common()),
+            },
+            "profile_ms_per_job": buckets,
+            "profile_top": top,
+            "report_ms_in_process": report_ms,
+        }
+        say(
+            f"hot path: {traces['run_delivery'].summary()}; {split.wall_ms:.1f} ms/job in "
+            f"process ({split.db_ms:.1f} in the driver)"
+        )
+
+    pdf = None
+    if "pdf" in sections:
+        from bench import pdf as pdfbench
+
+        pdf = pdfbench.run(rounds=4 if not args.quick else 1)
+        results["pdf"] = vars(pdf)
+        say(f"pdf: median {pdf.median_ms:.1f} ms, p95 {pdf.p95_ms:.1f} ms")
+
+    # Size the engine's runs to ~12 s each from the in-process cost (shared machines vary).
+    parallel = min(workers, os.cpu_count() or 2)
+    est_summary = (per_job_ms or 30.0) * 1.6 / parallel
+    n_summary = args.n_summary or _round_to(12_000 / est_summary, 100, 500, 2000)
+    est_report = (report_ms or 150.0) * 1.6 / parallel
+    n_report = args.n_report or _round_to(12_000 / est_report, 12, 60, 600)
+    if args.quick:
+        n_summary, n_report = min(n_summary, 300), min(n_report, 60)
+    sizes = {e2e.BARE: args.n_bare, e2e.SUMMARY: n_summary, e2e.REPORT: n_report}
+    results["n"] = sizes
+
+    runs: list[e2e.Run] = []
+
+    def measure(kind, w, r):
+        run = e2e.run(kind, sizes[kind], w, user_id, round=r)
+        runs.append(run)
+        rss = max(run.drain.rss_kib or [0]) / 1024
+        say(
+            f"{e2e.LABELS[kind]:30} {w}w round {r}: {run.rate:7.1f} jobs/s "
+            f"(n={run.n}, wall {run.drain.wall:.1f}s, worker RSS {rss:.0f} MiB"
+            f"{'' if run.ok else ', CHECK FAILED ' + str(run.check)})"
+        )
+        return run
+
+    if "throughput" in sections:
+        order = [e2e.BARE, e2e.SUMMARY, e2e.REPORT]
+        for r in range(1, args.rounds + 1):
+            for kind in order[r - 1 :] + order[: r - 1]:  # rotate: no kind always goes first
+                measure(kind, workers, r)
+    if "scaling" in sections:
+        for w in (1, 4):
+            for kind in (e2e.BARE, e2e.SUMMARY):
+                measure(kind, w, 0)
+    results["runs"] = [
+        {
+            "kind": r.kind,
+            "workers": r.workers,
+            "round": r.round,
+            "n": r.n,
+            "rate": r.rate,
+            "wall": r.drain.wall,
+            "rss_kib": r.drain.rss_kib,
+            "server_per_job": r.drain.server,
+            "cpu_ms_per_job": r.drain.cpu_ms,
+            "ok": r.ok,
+            "check": r.check,
+        }
+        for r in runs
+    ]
+
+    if "latency" in sections:
+        from bench import latency
+
+        lat = latency.run(user_id, workers, singles=8 if not args.quick else 3, progress=say)
+        results["latency"] = {
+            k: {"label": s.label, "values_ms": s.values_ms, "note": s.note} for k, s in lat.items()
+        }
+
+    if "ledger" in sections:
+        from bench import ledger
+
+        sizes_l = tuple(int(x) for x in args.ledger_sizes.split(","))
+        timings, loads = ledger.run(sizes_l, repeat=150, progress=say)
+        results["ledger"] = {
+            "loads_s": loads,
+            "timings": [vars(t) for t in timings],
+        }
+        if not args.keep_ledger:
+            infra.drop_database(infra.LEDGER_DB)
+
+    results["wall_s"] = time.monotonic() - started
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, default=str))
+    print(report(results, workers))
+    return 0
+
+
+def _q_cluster(settings) -> dict:
+    q = dict(settings.Q_CLUSTER)
+    db = settings.DATABASES["default"]
+    q["CONN_MAX_AGE"] = db.get("CONN_MAX_AGE")
+    q["CONN_HEALTH_CHECKS"] = db.get("CONN_HEALTH_CHECKS")
+    q["JOBS_LEASE_SECONDS"] = getattr(settings, "JOBS_LEASE_SECONDS", None)
+    return q
+
+
+# --- the printed report ----------------------------------------------------------------
+
+
+def _median(xs):
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def report(res: dict, workers: int) -> str:
+    from bench.e2e import BARE, LABELS, REPORT, SUMMARY
+    from bench.latency import pct
+
+    lines = ["", "=" * 100, "make bench: the price of exactly-once effects (PostgreSQL)", "=" * 100]
+    m = res["machine"]
+    lines.append(
+        f"machine: {m['cpus']} CPUs ({m['cpu']}), {m['memory']}; load at start {m['load at start']}"
+    )
+    lines.append(
+        f"versions: Python {m['python']}, Django {m['django']}, django-q2 {m['django-q2']}, "
+        f"psycopg {m['psycopg']}, PostgreSQL {m['postgresql']}"
+    )
+    q = res["q_cluster"]
+    lines.append(
+        "Q_CLUSTER: "
+        + ", ".join(
+            f"{k}={q.get(k)}"
+            for k in ("workers", "timeout", "retry", "save_limit", "poll", "bulk", "max_attempts")
+        )
+        + f"; CONN_MAX_AGE={q['CONN_MAX_AGE']}, CONN_HEALTH_CHECKS={q['CONN_HEALTH_CHECKS']}, "
+        f"lease={q['JOBS_LEASE_SECONDS']}s"
+    )
+
+    runs = res.get("runs", [])
+    summary_lines = []
+    if runs:
+        lines += ["", "runs (each: empty tables, N messages enqueued, then a cluster drains them)"]
+        lines.append(
+            f"  {'kind':30} {'workers':>7} {'round':>5} {'N':>5} {'jobs/s':>8} {'wall s':>7} "
+            f"{'RSS MiB':>8} {'xacts/job':>9} {'job upd/HOT':>12}  check"
+        )
+        for r in runs:
+            s = r["server_per_job"]
+            upd = s.get("jobs_job.upd", 0)
+            hot = s.get("jobs_job.hot", 0)
+            lines.append(
+                f"  {LABELS[r['kind']]:30} {r['workers']:>7} {r['round'] or '-':>5} {r['n']:>5} "
+                f"{r['rate']:>8.1f} {r['wall']:>7.1f} {max(r['rss_kib'] or [0]) / 1024:>8.0f} "
+                f"{s.get('xact_commit', float('nan')):>9.1f} "
+                f"{(f'{upd:.1f}/{hot:.1f}' if r['kind'] != BARE else '-'):>12}  "
+                f"{'ok' if r['ok'] else 'FAILED ' + json.dumps(r['check'])}"
+            )
+
+        def rates(kind, w, rounds_only=True):
+            return [
+                r["rate"]
+                for r in runs
+                if r["kind"] == kind and r["workers"] == w and (r["round"] or not rounds_only)
+            ]
+
+        def paired(a, b):
+            """Median of per-round ratios a/b (the kinds ran back to back in each round)."""
+            by = {}
+            for r in runs:
+                if r["workers"] == workers and r["round"]:
+                    by.setdefault(r["round"], {})[r["kind"]] = r["rate"]
+            return _median([v[a] / v[b] for v in by.values() if a in v and b in v])
+
+        roles = ["workers", "postgres backends", "pusher", "monitor", "sentinel"]
+        lines += [
+            "",
+            f"CPU per message by process ({workers} workers, median of the rounds; "
+            "/proc utime+stime from first to last acknowledgement; ms)",
+            f"  {'kind':30} " + " ".join(f"{r:>17}" for r in roles) + f" {'total':>8}",
+        ]
+        cpu_totals = {}
+        for kind in (BARE, SUMMARY, REPORT):
+            per = [
+                r["cpu_ms_per_job"]
+                for r in runs
+                if r["kind"] == kind and r["workers"] == workers and r["round"]
+            ]
+            if not per:
+                continue
+            med = {role: _median([p.get(role, float("nan")) for p in per]) for role in roles}
+            cpu_totals[kind] = sum(med.values())
+            lines.append(
+                f"  {LABELS[kind]:30} "
+                + " ".join(f"{med[r]:>17.2f}" for r in roles)
+                + f" {cpu_totals[kind]:>8.2f}"
+            )
+        bare, summ, rep = (_median(rates(k, workers)) for k in (BARE, SUMMARY, REPORT))
+        n_rounds = len(rates(BARE, workers))
+        summary_lines.append(
+            f"throughput ({workers} workers, median of {n_rounds} interleaved rounds): "
+            f"bare django-q2 no-op {bare:.1f} jobs/s, demo.summary {summ:.1f} jobs/s, "
+            f"permits.report {rep:.1f} jobs/s"
+        )
+        summary_lines.append(f"ratio end-to-end/bare-django-q2: {paired(SUMMARY, BARE):.2f}")
+        summary_lines.append(f"ratio permits.report/demo.summary: {paired(REPORT, SUMMARY):.2f}")
+        sx = [r["server_per_job"] for r in runs if r["workers"] == workers and r["round"]]
+
+        def xacts(kind):
+            return _median(
+                [
+                    r["server_per_job"].get("xact_commit", float("nan"))
+                    for r in runs
+                    if r["kind"] == kind and r["workers"] == workers and r["round"]
+                ]
+            )
+
+        if BARE in cpu_totals and SUMMARY in cpu_totals:
+            summary_lines.append(
+                f"CPU per message, all our processes: bare {cpu_totals[BARE]:.1f} ms, "
+                f"demo.summary {cpu_totals[SUMMARY]:.1f} ms, permits.report "
+                f"{cpu_totals.get(REPORT, float('nan')):.1f} ms (CPU ratio bare/summary "
+                f"{cpu_totals[BARE] / cpu_totals[SUMMARY]:.2f})"
+            )
+        if sx:
+            summary_lines.append(
+                "server transactions per message (pg_stat_database, all processes): "
+                f"bare {xacts(BARE):.1f}, demo.summary {xacts(SUMMARY):.1f}, "
+                f"permits.report {xacts(REPORT):.1f}"
+            )
+        scale = []
+        for kind in (SUMMARY, BARE):
+            per_w = [_median(rates(kind, w, rounds_only=False)) for w in (1, 2, 4)]
+            scale.append(f"{LABELS[kind].split(' (')[0]} " + "/".join(f"{x:.1f}" for x in per_w))
+        summary_lines.append("scaling jobs/s at 1/2/4 workers: " + "; ".join(scale))
+        rss = []
+        for kind in (SUMMARY, REPORT, BARE):
+            vals = [v for r in runs if r["kind"] == kind for v in r["rss_kib"]]
+            if vals:
+                rss.append(f"{LABELS[kind].split(' (')[0]} {max(vals) / 1024:.0f}")
+        summary_lines.append("peak RSS per worker process (VmHWM, MiB): " + ", ".join(rss))
+
+    hp = res.get("hotpath")
+    if hp:
+        t = hp["traces"]
+        lines += ["", "hot path of the minimal kind (CaptureQueriesContext; BEGIN/COMMIT count)"]
+        for key in ("request_job", "run_delivery", "duplicate", "report"):
+            tr = t[key]
+            lines.append(
+                f"  {key:14} {tr['round_trips']:>3} round trips = {tr['statements']} statements "
+                f"+ {tr['transactions']} BEGIN/COMMIT pairs (+ savepoints); {tr['commits']} commits"
+            )
+        lines.append("  run_delivery, statement by statement:")
+        lines += ["    " + s for s in t["run_delivery"]["listing"]]
+        lines.append("  run_delivery of permits.report (PDF, reviewers via django-guardian):")
+        lines += ["    " + s for s in t["report"]["listing"]]
+        sp = hp["split"]
+        lines.append(
+            f"  in one process, {sp['jobs']} deliveries back to back: {sp['wall_ms']:.1f} ms/job = "
+            f"{sp['db_ms']:.1f} ms in the driver (statements, commits) + {sp['python_ms']:.1f} ms "
+            "Python"
+        )
+        lines.append("  driver time by statement (ms/job):")
+        for k, v in list(sp["by_statement_ms"].items())[:8]:
+            lines.append(f"    {v:6.2f}  {k}")
+        lines.append("  cProfile, ms/job by where the time went (profiler overhead included):")
+        for label, ms in hp["profile_ms_per_job"]:
+            lines.append(f"    {ms:7.2f}  {label}")
+        summary_lines.append(
+            f"db cost per job (run_delivery of demo.summary): {t['run_delivery']['round_trips']} "
+            f"queries ({t['run_delivery']['statements']} statements, "
+            f"{t['run_delivery']['transactions']} transactions), "
+            f"{t['run_delivery']['commits']} commits; "
+            f"request_job {t['request_job']['round_trips']} queries, "
+            f"{t['request_job']['commits']} commit; duplicate delivery "
+            f"{t['duplicate']['round_trips']} queries, {t['duplicate']['commits']} commit"
+        )
+
+    lat = res.get("latency")
+    if lat:
+        lines += ["", "latency (ms; enqueue commit → the worker's own timestamp)"]
+        for key in (
+            "idle",
+            "inapp_succeeded",
+            "inapp_notice",
+            "webhook_succeeded",
+            "webhook_notice",
+        ):
+            s = lat.get(key)
+            if not s:
+                continue
+            v = s["values_ms"]
+            if v:
+                lines.append(
+                    f"  {s['label']:48} p50 {pct(v, 50):7.0f}  p95 {pct(v, 95):7.0f}  "
+                    f"p99 {pct(v, 99):7.0f}  (n={len(v)})"
+                )
+            else:
+                lines.append(f"  {s['label']:48} not measured: {s['note']}")
+
+        def trio(key):
+            v = lat.get(key, {}).get("values_ms") or []
+            return "/".join(f"{pct(v, p):.0f}" for p in (50, 95, 99)) if v else "n/a"
+
+        summary_lines.append(
+            f"latency p50/p95/p99 ms, burst of 83: enqueue→succeeded {trio('inapp_succeeded')}, "
+            f"enqueue→in-app notice {trio('inapp_notice')}; webhook (stand-in provider on "
+            f"loopback): enqueue→succeeded {trio('webhook_succeeded')}, enqueue→notice "
+            f"{trio('webhook_notice')}; idle single job {trio('idle')} "
+            f"(poll {res['q_cluster'].get('poll')} s)"
+        )
+
+    if res.get("pdf"):
+        p = res["pdf"]
+        summary_lines.append(
+            f"pdf render (permits.reports.render_report): median {p['median_ms']:.1f} ms, "
+            f"p95 {p['p95_ms']:.1f} ms (n={p['renders']}, {p['size_bytes'] / 1024:.1f} KiB)"
+        )
+
+    led = res.get("ledger")
+    if led:
+        timings = led["timings"]
+        sizes = sorted({t["rows"] for t in timings})
+        lines += [
+            "",
+            "ledger and claim lookups by table size (median µs; server = EXPLAIN ANALYZE "
+            "execution, orm = round trip through the ORM from this process)",
+        ]
+        lines.append(
+            f"  {'lookup':40} "
+            + " ".join(f"{f'{s:,} server':>14} {'orm':>7}" for s in sizes)
+            + "  plan at the largest size"
+        )
+        names = list(dict.fromkeys(t["name"] for t in timings))
+        flat = []
+        for name in names:
+            row = {t["rows"]: t for t in timings if t["name"] == name}
+            cells = " ".join(
+                f"{row[s]['server_us']:>14.0f} {row[s]['orm_us']:>7.0f}" for s in sizes
+            )
+            lines.append(f"  {name:40} {cells}  {row[sizes[-1]]['plan']}")
+            first, last = row[sizes[0]], row[sizes[-1]]
+            base = first["server_us"] if first["server_us"] == first["server_us"] else None
+            if base:
+                flat.append(
+                    f"{name.split(': ', 1)[1]} {first['server_us']:.0f}→{last['server_us']:.0f}"
+                )
+        loads = ", ".join(f"{int(k):,}: {v:.0f}s" for k, v in led["loads_s"].items())
+        lines.append(f"  bulk load (COPY, indexes rebuilt): {loads}")
+        seq = [t["name"] for t in timings if "Seq Scan" in t["plan"]]
+        summary_lines.append(
+            f"ledger scaling {sizes[0]:,}→{sizes[-1]:,} rows, server µs per lookup: "
+            + "; ".join(flat)
+            + ("; every plan an index scan" if not seq else f"; SEQ SCANS: {', '.join(seq)}")
+        )
+
+    lines += ["", "-" * 100]
+    lines += summary_lines
+    lines.append(f"bench wall time: {res['wall_s']:.0f} s")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,377 @@
+"""Databases, qcluster processes and the clock the benchmarks share.
+
+The benchmarks own their databases (``bench_*`` on the server ``DATABASE_URL``
+names): they create them, empty them between runs and never touch another.
+Each measured run starts real ``manage.py qcluster`` processes with the
+production ``Q_CLUSTER`` (only the worker count changes) and watches the
+database from a separate psycopg connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+VAR = ROOT / "var" / "bench"
+E2E_DB = "bench_e2e"
+LEDGER_DB = "bench_ledger"
+OWNED = (E2E_DB, LEDGER_DB)
+
+# Tables a run fills; emptied (with their id sequences) before every run.
+RUN_TABLES = [
+    "jobs_notice",
+    "jobs_effectevent",
+    "jobs_effect",
+    "jobs_artifact",
+    "jobs_attempt",
+    "jobs_job",
+    "django_q_ormq",
+    "django_q_task",
+]
+
+
+class NotPostgres(SystemExit):
+    """Raised when DATABASE_URL does not name a PostgreSQL server."""
+
+
+def server_url() -> str:
+    """DATABASE_URL, refused unless it is PostgreSQL."""
+    url = os.environ.get("DATABASE_URL", "")
+    scheme = urlsplit(url).scheme
+    if scheme not in ("postgres", "postgresql", "pgsql", "postgis"):
+        shown = scheme or "unset (SQLite)"
+        raise NotPostgres(
+            f"make bench measures PostgreSQL only; DATABASE_URL is {shown}.\n"
+            "Run e.g.: DATABASE_URL=postgres://root@127.0.0.1:5432/postgres make bench\n"
+            "(the benchmarks create and use their own bench_* databases on that server)"
+        )
+    return url
+
+
+def db_url(name: str) -> str:
+    """The server's URL with the database name replaced (libpq form, for psycopg)."""
+    parts = urlsplit(server_url())
+    return urlunsplit(("postgresql", parts.netloc, f"/{name}", parts.query, ""))
+
+
+def connect(name: str, **kwargs) -> psycopg.Connection:
+    return psycopg.connect(db_url(name), autocommit=True, **kwargs)
+
+
+def _maintenance_connection() -> psycopg.Connection:
+    for name in (urlsplit(server_url()).path.lstrip("/") or "postgres", "postgres"):
+        with contextlib.suppress(psycopg.OperationalError):
+            return connect(name)
+    return connect("template1")
+
+
+def ensure_database(name: str) -> None:
+    assert name in OWNED, name
+    with _maintenance_connection() as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def drop_database(name: str) -> None:
+    assert name in OWNED, name
+    with _maintenance_connection() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def child_env(workers: int | None = None, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="bench.settings",
+        BENCH_DB=E2E_DB,
+        ARTIFACT_ROOT=str(artifact_root()),
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")])),
+    )
+    if workers is not None:
+        env["BENCH_WORKERS"] = str(workers)
+    env.update(extra)
+    return env
+
+
+def artifact_root() -> Path:
+    return VAR / "artifacts"
+
+
+def reset_run_tables() -> None:
+    """Empty the job, ledger and queue tables of the e2e database, and the artifact folder."""
+    with connect(E2E_DB) as conn:
+        conn.execute(f"TRUNCATE {', '.join(RUN_TABLES)} RESTART IDENTITY CASCADE")
+        # The dispatcher's schedule would add its own messages mid-run; the hot path
+        # never needs it (jobs are enqueued when they are asked for).
+        conn.execute("DELETE FROM django_q_schedule")
+    shutil.rmtree(artifact_root(), ignore_errors=True)
+    artifact_root().mkdir(parents=True, exist_ok=True)
+
+
+def vacuum_analyze(tables: list[str] | None = None) -> None:
+    """What autovacuum would do (it is off on these machines): planner stats, no dead rows."""
+    with connect(E2E_DB) as conn:
+        for table in tables or RUN_TABLES:
+            conn.execute(f"VACUUM ANALYZE {table}")
+
+
+# --- processes -----------------------------------------------------------------------
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[-1].split()  # state ppid pgrp ... (comm may hold spaces)
+
+
+def children(pid: int, *, zombies: bool = False) -> list[int]:
+    """Direct children of ``pid``, oldest first (exited, unreaped ones only if asked)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat(int(entry.name))
+        if fields and int(fields[1]) == pid and (zombies or fields[0] != "Z"):
+            found.append((int(fields[19]), int(entry.name)))  # starttime, pid
+    return [p for _, p in sorted(found)]
+
+
+def vm_hwm_kib(pid: int) -> int | None:
+    """Peak resident set size of ``pid`` (VmHWM), in KiB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
+    """User + system CPU time ``pid`` has used so far (or its reaped children have)."""
+    fields = _stat(pid)
+    if not fields:
+        return 0.0
+    if reaped_children:
+        return (int(fields[13]) + int(fields[14])) / TICK  # cutime, cstime
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+
+
+@dataclass
+class Cluster:
+    """One ``manage.py qcluster`` and its process tree."""
+
+    workers: int
+    popen: subprocess.Popen
+    log_path: Path
+    started: float
+    _aux: tuple[int, int] | None = None  # (monitor, pusher), fixed once seen
+    peak_rss: dict[int, int] = field(default_factory=dict)  # worker pid -> VmHWM KiB
+
+    def roles(self) -> dict[str, list[int]]:
+        """The cluster's processes by role.
+
+        The sentinel forks the workers first, then the monitor and the pusher;
+        django-q2 recycles a worker after ``recycle`` tasks (default 500), so
+        later workers are whatever else the sentinel has forked.
+        """
+        sentinels = children(self.popen.pid)
+        if not sentinels:
+            return {}
+        # A recycled worker's CPU stays readable until the sentinel reaps it.
+        kids = children(sentinels[0], zombies=True)
+        if self._aux is None and len(kids) >= self.workers + 2:
+            self._aux = (kids[self.workers], kids[self.workers + 1])
+        aux = self._aux or ()
+        return {
+            "workers": [k for k in kids if k not in aux],
+            "monitor": [aux[0]] if aux else [],
+            "pusher": [aux[1]] if aux else [],
+            "sentinel": [self.popen.pid, sentinels[0]],
+        }
+
+    def sample_rss(self) -> None:
+        for pid in self.roles().get("workers", []):
+            hwm = vm_hwm_kib(pid)
+            if hwm:
+                self.peak_rss[pid] = max(hwm, self.peak_rss.get(pid, 0))
+
+    def worker_pids(self) -> list[int]:
+        return self.roles().get("workers", [])
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _group_alive(self.popen.pid):
+            time.sleep(0.02)
+
+
+def _group_alive(pgid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat(int(entry.name))
+            if fields and int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+def start_cluster(workers: int, label: str, **env: str) -> Cluster:
+    VAR.mkdir(parents=True, exist_ok=True)
+    log_path = VAR / f"qcluster-{label}.log"
+    with open(log_path, "wb") as log:
+        popen = subprocess.Popen(
+            [sys.executable, "manage.py", "qcluster"],
+            cwd=ROOT,
+            env=child_env(workers, **env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return Cluster(workers, popen, log_path, time.monotonic())
+
+
+@contextlib.contextmanager
+def cluster(workers: int, label: str, **env: str):
+    c = start_cluster(workers, label, **env)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def server_counters() -> dict[str, int]:
+    """Cumulative counters of the e2e database, as the statistics collector has them.
+
+    Read from the maintenance database so that reading them adds no transaction
+    to ``bench_e2e``; callers close their own connections first (a backend
+    flushes its counters when it exits).
+    """
+    with _maintenance_connection() as conn:
+        row = conn.execute(
+            "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = %s",
+            [E2E_DB],
+        ).fetchone()
+    counters = {"xact_commit": row[0], "xact_rollback": row[1]}
+    with connect(E2E_DB) as conn:
+        for table, upd, hot, ins in conn.execute(
+            "SELECT relname, n_tup_upd, n_tup_hot_upd, n_tup_ins FROM pg_stat_user_tables "
+            "WHERE relname IN ('jobs_job', 'jobs_effect', 'django_q_ormq')"
+        ):
+            counters[f"{table}.upd"] = upd
+            counters[f"{table}.hot"] = hot
+            counters[f"{table}.ins"] = ins
+    return counters
+
+
+@dataclass
+class Drain:
+    """How a cluster worked through a queue that was full when it started."""
+
+    total: int
+    seconds: float  # first acknowledged message to the last
+    wall: float  # cluster start to the last acknowledgement (start-up included)
+    rss_kib: list[int] = field(default_factory=list)  # VmHWM of each worker process
+    server: dict[str, float] = field(default_factory=dict)  # counter deltas per message
+    cpu_ms: dict[str, float] = field(default_factory=dict)  # CPU per message, by process role
+
+    @property
+    def rate(self) -> float:
+        return self.total / self.seconds if self.seconds > 0 else float("nan")
+
+
+def drain(workers: int, label: str, total: int, *, timeout: float = 180.0, **env: str) -> Drain:
+    """Start a cluster on a full queue; time until every message is acknowledged.
+
+    Throughput counts from the first acknowledgement seen to the last, so the
+    cluster's start-up (Django import, forks) is left out for both sides alike.
+    The server's counters around the run give transactions and row updates per
+    message (the watcher's own polls subtracted).
+    """
+    time.sleep(0.2)  # let the enqueueing backend's counters land
+    before = server_counters()
+    polls = 0
+    with connect(E2E_DB) as watch, cluster(workers, label, **env) as c:
+        count = "SELECT count(*) FROM django_q_ormq"
+        backends = (
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        )
+        first_t = first_left = None
+        cpu_start: dict[str, float] = {}
+        deadline = time.monotonic() + timeout
+        while True:
+            left = watch.execute(count).fetchone()[0]
+            polls += 1
+            now = time.monotonic()
+            if first_t is None and left < total:
+                first_t, first_left = now, left
+                cpu_start = _cpu_by_role(c, watch.execute(backends).fetchall())
+            if polls % 25 == 0:
+                c.sample_rss()
+            if left == 0:
+                cpu_end = _cpu_by_role(c, watch.execute(backends).fetchall())
+                c.sample_rss()
+                polls += 1
+                break
+            if not c.alive() or now > deadline:
+                raise RuntimeError(
+                    f"{label}: {left} of {total} messages left after {now - c.started:.0f}s\n"
+                    f"{c.log_tail()}"
+                )
+            time.sleep(0.02)
+        rss = sorted(c.peak_rss.values(), reverse=True)
+    # ``first_left`` messages were acknowledged between the two observations;
+    # scale that stretch to the whole queue so that ``rate = total / seconds``.
+    seconds = (now - first_t) * total / first_left if first_left else float("nan")
+    time.sleep(0.3)  # the cluster's backends flush their counters as they exit
+    after = server_counters()
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    delta["xact_commit"] -= polls
+    server = {k: v / total for k, v in delta.items()}
+    # CPU used by each role between the first and the last acknowledgement, per message.
+    cpu = {
+        role: (cpu_end[role] - cpu_start.get(role, 0.0)) * 1000 / first_left
+        for role in cpu_end
+        if first_left
+    }
+    return Drain(total, seconds, now - c.started, rss, server, cpu)
+
+
+def _cpu_by_role(c: Cluster, backend_rows) -> dict[str, float]:
+    """Cumulative CPU seconds of the cluster's processes by role, and of its database backends."""
+    roles = c.roles()
+    out = {role: sum(cpu_seconds(p) for p in pids) for role, pids in roles.items()}
+    # Recycled workers' CPU moves to the sentinel's reaped-children counters.
+    sentinel = roles.get("sentinel", [0, 0])[-1]
+    out["workers"] = out.get("workers", 0.0) + cpu_seconds(sentinel, reaped_children=True)
+    out["postgres backends"] = sum(cpu_seconds(pid) for (pid,) in backend_rows)
+    return out

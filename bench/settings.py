@@ -1,0 +1,28 @@
+"""The site's settings pointed at the benchmark databases.
+
+Everything that shapes throughput (``Q_CLUSTER``, persistent connections,
+``save_limit``, logging) is the production value from ``permits.settings``;
+only the database name, the worker count of a run and the artifact folder move.
+"""
+
+from __future__ import annotations
+
+import os
+
+from permits.settings import *  # noqa: F403
+from permits.settings import DATABASES, Q_CLUSTER
+
+BENCH_DB = os.environ.get("BENCH_DB", "bench_e2e")
+BENCH_LEDGER_DB = os.environ.get("BENCH_LEDGER_DB", "bench_ledger")
+
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"]["NAME"] = BENCH_DB
+    # The ledger-scaling tables (bulk-loaded to 1M rows) live apart from the e2e runs.
+    DATABASES["ledger"] = {**DATABASES["default"], "NAME": BENCH_LEDGER_DB}
+
+if os.environ.get("BENCH_WORKERS"):
+    Q_CLUSTER = {**Q_CLUSTER, "workers": int(os.environ["BENCH_WORKERS"])}
+
+# The HTTP notice provider of the latency burst (the stand-in on loopback), when set.
+NOTICE_PROVIDER_URL = os.environ.get("NOTICE_PROVIDER_URL", "")
+NOTICE_PROVIDER_TOKEN = os.environ.get("NOTICE_PROVIDER_TOKEN", "")

@@ -1,0 +1,85 @@
+"""What the measured runs enqueue: bare no-ops, the minimal job kind, permit reports.
+
+Everything is enqueued before the cluster starts (one transaction per batch:
+the queue is full when the first worker looks), so a run measures how fast
+workers drain it, not how fast this process fills it.
+"""
+
+from __future__ import annotations
+
+import io
+import uuid
+
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.db import transaction
+from django_q.tasks import async_task
+
+from jobs.models import Artifact, Effect, Job, Notice
+from jobs.services import request_job
+from permits.models import PermitRequest
+from permits.services import report_request
+
+BENCH_USER = "bench-recipient"
+SUMMARY = "demo.summary"
+REPORT = "permits.report"
+# The permits' output revision is raised so that many report jobs (one per
+# permit and revision) can be asked for; read_policy refuses revisions above it.
+MAX_REVISION = 100_000
+
+
+def prepare_database() -> int:
+    """Migrate, seed the demo (offices, reviewers, permits); return the bench recipient's id."""
+    call_command("migrate", verbosity=0, interactive=False)
+    call_command("seed_demo", stdout=io.StringIO())
+    PermitRequest.objects.update(output_revision=MAX_REVISION)
+    user, _ = get_user_model().objects.get_or_create(username=BENCH_USER)
+    return user.pk
+
+
+def enqueue_noop(n: int) -> None:
+    """N bare django-q2 tasks that do nothing, on the same queue the engine uses."""
+    with transaction.atomic():
+        for _ in range(n):
+            async_task("bench.noop.noop")
+
+
+def enqueue_summaries(n: int, user_id: int, *, tag: str | None = None) -> list[int]:
+    """N jobs of the minimal kind, through the public ``request_job`` (row + message)."""
+    tag = tag or uuid.uuid4().hex[:8]
+    ids = []
+    with transaction.atomic():
+        for i in range(n):
+            job, _ = request_job(
+                SUMMARY,
+                subject_type="bench.item",
+                subject_id=f"{tag}-{i}",
+                tenant_key="bench",
+                params={"notify_user_id": user_id},
+            )
+            ids.append(job.pk)
+    return ids
+
+
+def enqueue_reports(n: int, *, first_revision: int = 1) -> list[int]:
+    """N permit report jobs (PDF + one notice per reviewer), spread over the seeded permits."""
+    permits = list(PermitRequest.objects.select_related("tenant").order_by("pk"))
+    ids = []
+    with transaction.atomic():
+        for i in range(n):
+            permit = permits[i % len(permits)]
+            job, _ = report_request(permit, revision=first_revision + i // len(permits))
+            ids.append(job.pk)
+    return ids
+
+
+def outcome_counts() -> dict[str, int]:
+    """What a run left behind, to check every job really went through the engine."""
+    return {
+        "succeeded": Job.objects.filter(state=Job.State.SUCCEEDED).count(),
+        "jobs": Job.objects.count(),
+        "artifacts": Artifact.objects.count(),
+        "effects_applied": Effect.objects.filter(state=Effect.State.APPLIED).count(),
+        "effects": Effect.objects.count(),
+        "notices": Notice.objects.count(),
+    }
