@@ -12,22 +12,13 @@ duration printed is the one a reviewer feels: "request report" to "report visibl
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connections
@@ -37,6 +28,7 @@ from jobs.services import request_job
 from permits import selectors
 from permits.models import PermitRequest
 from permits.services import revoke_reviewer
+from tests.e2e.processes import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -59,81 +51,6 @@ State = Job.State
 # --- subprocesses (the approach of test_qcluster.py: own process groups, killed first) --
 
 
-@dataclass
-class Processes:
-    env: dict[str, str]
-    log_dir: Path
-    procs: list[tuple[str, subprocess.Popen, Path]] = field(default_factory=list)
-
-    def start(self, name: str, *args: str) -> None:
-        log_path = self.log_dir / f"{name}.log"
-        with open(log_path, "wb") as log:
-            popen = subprocess.Popen(
-                [sys.executable, "manage.py", *args],
-                cwd=ROOT,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own group: the cluster's children die with it
-            )
-        self.procs.append((name, popen, log_path))
-
-    def check_alive(self) -> None:
-        for name, popen, _ in self.procs:
-            if popen.poll() is not None:
-                raise AssertionError(f"{name} exited with {popen.returncode}\n{self.logs()}")
-
-    def logs(self, tail: int = 60) -> str:
-        parts = []
-        for name, popen, log_path in self.procs:
-            lines = log_path.read_text(errors="replace").splitlines()[-tail:]
-            parts.append(f"----- {name} (pid {popen.pid}) -----\n" + "\n".join(lines))
-        return "\n".join(parts)
-
-    def stop_all(self) -> None:
-        """SIGKILL every group (nothing here needs a graceful stop) and reap the leaders."""
-        for _, popen, _ in self.procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(popen.pid, signal.SIGKILL)
-        for _, popen, _ in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                popen.wait(timeout=10)
-
-
-def _subprocess_env() -> dict[str, str]:
-    """Point the workers at this test run's database and artifact root."""
-    db = settings.DATABASES["default"]
-    assert db["ENGINE"] == "django.db.backends.postgresql", db["ENGINE"]
-    user = db.get("USER") or "root"
-    if db.get("PASSWORD"):
-        user = f"{user}:{db['PASSWORD']}"
-    host = db.get("HOST") or "127.0.0.1"
-    port = db.get("PORT") or 5432
-    env = dict(os.environ)
-    env.update(
-        DJANGO_SETTINGS_MODULE="tests.settings",
-        DATABASE_URL=f"postgres://{user}@{host}:{port}/{db['NAME']}",
-        ARTIFACT_ROOT=str(settings.STORAGES["artifacts"]["OPTIONS"]["location"]),
-        PYTHONUNBUFFERED="1",
-    )
-    env.pop("TEST_DATABASE_NAME", None)  # the subprocess uses NAME as it is
-    return env
-
-
-@pytest.fixture
-def procs(request, transactional_db, tmp_path):
-    """Workers for one test; stopped before pytest-django flushes the database."""
-    failed_before = request.session.testsfailed
-    processes = Processes(_subprocess_env(), tmp_path)
-    try:
-        yield processes
-    finally:
-        processes.stop_all()
-        if request.session.testsfailed > failed_before:
-            print(f"\n===== subprocess logs =====\n{processes.logs(tail=200)}")
-
-
 @pytest.fixture
 def browser(monkeypatch):
     from playwright.sync_api import sync_playwright
@@ -152,21 +69,6 @@ def browser(monkeypatch):
             # connections in a context-local store apart from the thread's: close the
             # ones the test body opened, or the test database cannot be dropped.
             connections.close_all()
-
-
-def wait_until(procs: Processes, what: str, check: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        procs.check_alive()
-        if time.monotonic() > deadline:
-            jobs = "\n".join(
-                f"{j} state={j.state} attempts={j.attempts}" for j in Job.objects.all()
-            )
-            raise AssertionError(f"timed out after {timeout:.0f}s: {what}\n{jobs}\n{procs.logs()}")
-        time.sleep(0.1)
 
 
 def login(page, base: str, path: str, username: str, password: str, screenshot: str = "") -> None:

@@ -1,0 +1,20 @@
+"""Fixtures for end-to-end tests with real processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.processes import Processes, subprocess_env
+
+
+@pytest.fixture
+def procs(request, transactional_db, tmp_path):
+    """Start processes through this; all are killed before the database is flushed."""
+    failed_before = request.session.testsfailed
+    processes = Processes(subprocess_env(), tmp_path)
+    try:
+        yield processes
+    finally:
+        processes.stop_all()
+        if request.session.testsfailed > failed_before:
+            print(f"\n===== subprocess logs (in {tmp_path}) =====\n{processes.logs(tail=400)}")
