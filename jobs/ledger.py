@@ -58,8 +58,15 @@ def idempotency_key(effect_id: str) -> str:
     return "fx-" + hashlib.sha256(effect_id.encode()).hexdigest()[:40]
 
 
-def record(job: Job, specs: list[EffectSpec]) -> list[Effect]:
-    """Insert the pending effects; call inside the publish transaction."""
+def record(job: Job, specs: list[EffectSpec], worker: str = "") -> list[Effect]:
+    """Insert the job's effects; call inside the publish transaction.
+
+    Effects of a transactional provider (the in-app notice) are released right
+    here: their recipient is rechecked and the ledger row goes in already
+    ``applied`` (or ``withheld``), with the notice itself, so they commit with
+    the job's completion or not at all. The others wait ``pending`` for
+    ``release``.
+    """
     if not specs:
         return []
     now = timezone.now()
@@ -71,21 +78,83 @@ def record(job: Job, specs: list[EffectSpec]) -> list[Effect]:
         if effect_id in seen:  # the same outcome asked for twice is still one outcome
             continue
         seen.add(effect_id)
-        rows.append(
-            Effect(
-                effect_id=effect_id,
-                job=job,
-                name=spec.name,
-                provider=spec.provider,
-                recipient=str(spec.recipient),
-                idempotency_key=idempotency_key(effect_id),
-                data=spec.data,
-                next_attempt_at=due,
-                created_at=now,
-                updated_at=now,
-            )
+        effect = Effect(
+            effect_id=effect_id,
+            job=job,
+            name=spec.name,
+            provider=spec.provider,
+            recipient=str(spec.recipient),
+            idempotency_key=idempotency_key(effect_id),
+            data=spec.data,
+            next_attempt_at=due,
+            created_at=now,
+            updated_at=now,
         )
-    return Effect.objects.bulk_create(rows)
+        if registry.get_provider(spec.provider).transactional:
+            _decide_in_publish(effect, now)
+        rows.append(effect)
+    Effect.objects.bulk_create(rows)
+    _apply_in_publish([e for e in rows if e.state == State.APPLIED], worker)
+    EffectEvent.objects.bulk_create(
+        [
+            _event_row(
+                e,
+                worker,
+                EffectEvent.Action.WITHHOLD,
+                State.WITHHELD,
+                error_class=ErrorClass.AUTHORIZATION,
+                code="recipient_not_authorized",
+                note=e.reason,
+            )
+            for e in rows
+            if e.state == State.WITHHELD
+        ]
+    )
+    return rows
+
+
+def _decide_in_publish(effect: Effect, now) -> None:
+    """Recheck the recipient now: the row is born applied or withheld, never pending."""
+    reason = withhold_reason(effect)
+    effect.attempts = 1
+    effect.next_attempt_at = None
+    if reason:
+        effect.state = State.WITHHELD
+        effect.reason = reason[:300]
+        effect.last_error_class = ErrorClass.AUTHORIZATION
+        effect.last_error_code = "recipient_not_authorized"
+    else:
+        effect.state = State.APPLIED
+        effect.applied_at = now
+
+
+def _apply_in_publish(effects: list[Effect], worker: str) -> None:
+    """Write each transactional effect; one that fails goes back to pending for ``release``."""
+    events, refs = [], []
+    for effect in effects:
+        provider = registry.get_provider(effect.provider)
+        try:
+            with transaction.atomic():  # a savepoint: a failed apply leaves the publish intact
+                effect.provider_ref = str(provider.apply(effect))[:200]
+        except Exception as exc:  # the retry table decides, in release
+            c = classify(exc)
+            effect.state, effect.applied_at, effect.attempts = State.PENDING, None, 0
+            effect.last_error_class, effect.last_error_code = c.error_class, c.code
+            Effect.objects.filter(pk=effect.pk).update(
+                state=State.PENDING,
+                applied_at=None,
+                attempts=0,
+                last_error_class=c.error_class,
+                last_error_code=c.code,
+                next_attempt_at=timezone.now(),
+            )
+            continue
+        refs.append(effect)
+        events.append(_event_row(effect, worker, EffectEvent.Action.SEND, State.APPLIED))
+        _log(effect, "applied", worker, ref=effect.provider_ref, with_publish=True)
+    if refs:
+        Effect.objects.bulk_update(refs, ["provider_ref"])
+    EffectEvent.objects.bulk_create(events)
 
 
 _cas = compare_and_swap
@@ -146,10 +215,10 @@ class _LostSend(Exception):
     """Our sending lease was taken over while the transactional apply ran."""
 
 
-def _event(
+def _event_row(
     effect: Effect, actor: str, action: str, outcome: str, *, error_class="", code="", note=""
-) -> None:
-    EffectEvent.objects.create(
+) -> EffectEvent:
+    return EffectEvent(
         effect=effect,
         provider=effect.provider,
         action=action,
@@ -160,6 +229,10 @@ def _event(
         error_code=str(code)[:64],
         note=str(note)[:300],
     )
+
+
+def _event(effect: Effect, actor: str, action: str, outcome: str, **fields) -> None:
+    _event_row(effect, actor, action, outcome, **fields).save()
 
 
 def release(effect: Effect, worker: str, *, own_publish: bool = False) -> str:
@@ -349,12 +422,13 @@ def _record_failure(effect: Effect, worker: str, provider, exc: BaseException) -
     return state if won else "lease_lost"
 
 
-def release_for_job(job: Job, worker: str) -> dict[str, str]:
-    """Release every pending effect this worker just published."""
-    results = {}
-    for effect in Effect.objects.filter(job=job, state=State.PENDING).select_related("job"):
-        results[effect.effect_id] = release(effect, worker, own_publish=True)
-    return results
+def release_published(effects: list[Effect], worker: str) -> dict[str, str]:
+    """Release the pending effects this worker just published (external providers)."""
+    return {
+        e.effect_id: release(e, worker, own_publish=True)
+        for e in effects
+        if e.state == State.PENDING
+    }
 
 
 def recheck_withheld(effect: Effect, *, operator: str = "operator") -> bool:

@@ -59,7 +59,8 @@ class Job(models.Model):
     TERMINAL = (State.SUCCEEDED, State.FAILED, State.DEAD, State.CANCELLED)
 
     kind = models.CharField(max_length=64)
-    tenant_key = models.CharField(max_length=64, default="", blank=True, db_index=True)
+    # Indexed by (tenant_key, state) below; no index of its own.
+    tenant_key = models.CharField(max_length=64, default="", blank=True)
     subject_type = models.CharField(max_length=100, help_text="e.g. permits.permitrequest")
     subject_id = models.CharField(max_length=64)
     output_revision = models.PositiveIntegerField(default=1)
@@ -188,12 +189,13 @@ class Effect(models.Model):
     assert sorted(State.values) == sorted(EFFECT_STATES)
     FINAL = (State.APPLIED, State.WITHHELD, State.FAILED, State.NEEDS_REVIEW)
 
-    effect_id = models.CharField(max_length=200, unique=True)
+    # Unique by constraints below (no LIKE-pattern twin index on PostgreSQL).
+    effect_id = models.CharField(max_length=200)
     job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="effects")
     name = models.CharField(max_length=64)
     provider = models.CharField(max_length=64)
     recipient = models.CharField(max_length=64, help_text="a reference (user id), never an address")
-    idempotency_key = models.CharField(max_length=80, unique=True)
+    idempotency_key = models.CharField(max_length=80)
     data = models.JSONField(default=dict, blank=True, help_text="references only")
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     version = models.PositiveBigIntegerField(default=0)
@@ -219,6 +221,8 @@ class Effect(models.Model):
             models.CheckConstraint(
                 condition=Q(state__in=EFFECT_STATES), name="jobs_effect_state_valid"
             ),
+            models.UniqueConstraint(fields=["effect_id"], name="jobs_effect_one_per_identity"),
+            models.UniqueConstraint(fields=["idempotency_key"], name="jobs_effect_one_per_key"),
         ]
         indexes = [models.Index(fields=["state", "next_attempt_at"], name="jobs_effect_due_idx")]
         ordering = ["-id"]

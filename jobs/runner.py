@@ -8,6 +8,7 @@ delivery of a finished job is recorded and otherwise ignored.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -33,6 +34,7 @@ class JobContext:
         self.attempt = attempt
         self.artifact: Artifact | None = None
         self._on_stage = on_stage
+        self._lease_extended_at = time.monotonic()  # the claim just set a full lease
 
     @property
     def params(self) -> dict:
@@ -49,9 +51,16 @@ class JobContext:
             raise LeaseLost(f"job {self.job.pk} is no longer held by this worker")
 
     def heartbeat(self) -> None:
-        """Extend the lease between stages of healthy work; raise LeaseLost if it is gone."""
+        """Extend the lease between stages of healthy work; raise LeaseLost if it is gone.
+
+        A lease less than a third spent is left alone: the write would buy nothing,
+        and the publish CAS fences a worker that lost its job anyway.
+        """
+        if time.monotonic() - self._lease_extended_at < conf.lease_seconds() / 3:
+            return
         if not transitions.heartbeat(self.job, self.worker):
             raise LeaseLost(f"job {self.job.pk} was reclaimed before the heartbeat")
+        self._lease_extended_at = time.monotonic()
 
     def store_artifact(self, data: bytes, *, content_type: str, extension: str) -> Artifact:
         """Store (or verify) the job's one artifact under its stable key."""
@@ -92,21 +101,23 @@ def run_delivery(
     except Exception as exc:  # the retry table decides what this means
         return _handle_failure(ctx, exc)
 
+    effects = []
     with transaction.atomic():
         if not transitions.publish(job, worker):
             published = False
         else:
             published = True
-            ledger.record(job, specs)
+            effects = ledger.record(job, specs, worker)
             transitions.finish_attempt(attempt, Outcome.SUCCEEDED)
     if not published:
         transitions.finish_attempt(attempt, Outcome.LEASE_LOST)
         log.info("job=%s worker=%s publish lost: another worker owns the job", job.pk, worker)
         return DeliveryResult(job_id, Outcome.LEASE_LOST, worker)
     ctx.stage("published")
-    effects = ledger.release_for_job(job, worker)
+    results = {e.effect_id: e.state for e in effects}
+    results.update(ledger.release_published(effects, worker))
     ctx.stage("released")
-    return DeliveryResult(job_id, Outcome.SUCCEEDED, worker, effects)
+    return DeliveryResult(job_id, Outcome.SUCCEEDED, worker, results)
 
 
 def _handle_failure(ctx: JobContext, exc: Exception) -> DeliveryResult:

@@ -13,7 +13,7 @@ import pytest
 from django.core.management import call_command
 from django_q.models import OrmQ
 
-from jobs import artifacts, ledger, services
+from jobs import artifacts, ledger, registry, services
 from jobs.dispatch import dispatch_once
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
 from jobs.runner import run_delivery
@@ -138,8 +138,7 @@ def test_crash_after_artifact__reclaim_verifies_and_restores_corrupt_file(make_u
     assert (Artifact.objects.count(), Effect.objects.count(), Notice.objects.count()) == (1, 1, 1)
 
 
-def test_crash_after_publish_before_ack__redelivery_and_redrive_notify_once(make_user, settings):
-    settings.JOBS_EFFECT_GRACE_SECONDS = 0
+def test_crash_after_publish_before_ack__the_in_app_notice_committed_with_publish(make_user):
     user = make_user()
     job = new_job(user)
 
@@ -151,10 +150,37 @@ def test_crash_after_publish_before_ack__redelivery_and_redrive_notify_once(make
         run_delivery(job.pk, worker="w1", on_stage=die_after_publish)
     assert Job.objects.get(pk=job.pk).state == Job.State.SUCCEEDED
     effect = Effect.objects.get(job=job)
-    assert effect.state == Effect.State.PENDING and Notice.objects.count() == 0
+    assert effect.state == Effect.State.APPLIED and Notice.objects.count() == 1
+    assert effect.provider_ref == f"notice:{Notice.objects.get().pk}"
 
     assert run_delivery(job.pk, worker="w2").outcome == "duplicate"
     OrmQ.objects.all().delete()
+    assert dispatch_once()["effects"] == 0, "nothing left to re-drive"
+    assert release_effect(effect.pk) == "skipped"
+    assert Notice.objects.count() == 1
+
+
+def test_published_effect_left_pending__is_redriven_once_by_the_dispatcher(make_user):
+    """A transactional apply that failed at publish waits pending; the dispatcher re-drives it."""
+    user = make_user()
+    job = new_job(user)
+    inapp = registry.get_provider("inapp")
+    real_apply = inapp.apply
+
+    def flaky_apply(effect):
+        raise ConnectionResetError("notice store unavailable")
+
+    inapp.apply = flaky_apply
+    try:
+        run_delivery(job.pk, worker="w1")
+    finally:
+        inapp.apply = real_apply
+    effect = Effect.objects.get(job=job)
+    assert effect.state == Effect.State.PENDING and Notice.objects.count() == 0
+    assert Job.objects.get(pk=job.pk).state == Job.State.SUCCEEDED
+    OrmQ.objects.all().delete()
+    assert dispatch_once()["effects"] == 0, "backing off after the failed sends"
+    Effect.objects.filter(pk=effect.pk).update(next_attempt_at=job.created_at)
     assert dispatch_once()["effects"] == 1
     assert dispatch_once()["effects"] == 0, "one message per due time"
     assert OrmQ.objects.get().task["func"] == "jobs.tasks.release_effect"
@@ -186,7 +212,7 @@ def test_revoked_recipient__effect_withheld_then_released_once_after_regrant(mak
     job = new_job(user)
 
     def revoke(stage, ctx):
-        if stage == "published":
+        if stage == "before_publish":  # still running: recipients chosen, nothing released
             type(user).objects.filter(pk=user.pk).update(is_active=False)
 
     run_delivery(job.pk, worker="w", on_stage=revoke)

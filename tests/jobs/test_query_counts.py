@@ -46,22 +46,19 @@ REQUEST_JOB = 7
 #     SELECT 1 jobs_job still owned                -- store_artifact checks again
 #     SELECT jobs_artifact by key                  -- a row from an earlier worker?
 #     BEGIN; INSERT jobs_artifact; COMMIT
-#   publish (one transaction):
+#   publish (one transaction): completion, the ledger row and the in-app notice
 #     BEGIN
 #     UPDATE jobs_job CAS running → succeeded (version, owner)
-#     INSERT jobs_effect                           -- the ledger row(s), bulk_create
+#     SELECT auth_user recipient                   -- policy recheck, right before release
+#     INSERT jobs_effect (born applied)            -- the ledger row(s), bulk_create
+#     SAVEPOINT; INSERT jobs_notice; RELEASE       -- the in-app provider's effect
+#     UPDATE jobs_effect provider_ref              -- bulk_update
+#     INSERT jobs_effectevent                      -- the send's history
 #     UPDATE jobs_attempt outcome = succeeded
 #     COMMIT
-#   release:
-#     SELECT jobs_effect pending of the job
-#     UPDATE jobs_effect CAS pending → sending     -- claim_send, autocommit
-#     SELECT auth_user recipient                   -- policy recheck right before the send
-#     BEGIN
-#     INSERT jobs_notice                           -- the in-app provider's effect
-#     UPDATE jobs_effect CAS sending → applied
-#     INSERT jobs_effectevent                      -- the send's history
-#     COMMIT
-RUN_DELIVERY = {"postgresql": 26, "sqlite": 25}
+#   (before the in-app release moved into publish this was 13 round trips and 3 commits:
+#    SELECT pending effects, an autocommit UPDATE to sending, a second transaction.)
+RUN_DELIVERY = {"postgresql": 24, "sqlite": 23}
 
 # A second delivery of a finished job: recorded, nothing else happens.
 #   BEGIN; SELECT jobs_job by id; INSERT jobs_attempt (duplicate_delivery); COMMIT
