@@ -1,0 +1,1 @@
+"""Chaos tests: the soak (``python -m tests.chaos.soak``) and its in-suite run."""

@@ -1,0 +1,769 @@
+"""The soak's checker: the history in the database, the storage and the provider's record,
+held against every invariant of DESIGN.md.
+
+Runs after every process stopped. Each check is a (what, held, detail) row; the
+soak fails when any row did not hold. The provider's record (its own SQLite file)
+is an independent witness: sends applied, keys and bodies seen, calls in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tests.chaos.intervals import Slot, merge, tenant_peaks
+
+if TYPE_CHECKING:
+    from tests.chaos.soak import Config, Kill, Watcher, World
+
+RETRYABLE = {"transport", "temporary", "provider_timeout", "unknown"}
+# A release passes its authorization recheck right before the call; the provider
+# (or the in-app row) records it a moment later. Anything recorded later than this
+# after a revocation committed was released without current authorization.
+RELEASE_SLACK_SECONDS = 2.0
+# The recorded instants around a commit (see ``attempt_slots``) are log lines with
+# millisecond resolution: overlaps shorter than twice this are not counted.
+CLOCK_SKEW_SECONDS = 0.005
+
+
+@dataclass
+class Inputs:
+    cfg: Config
+    world: World
+    watcher: Watcher
+    kills: list[Kill]
+    record: Path
+    logs: Path
+    artifact_root: Path
+    queue_left: int
+    settled: bool
+    unexpected_exits: list[str]
+    chaos_seconds: float
+    wedged: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    figures: dict[str, Any] = field(default_factory=dict)
+    checks: list[tuple[str, bool, str]] = field(default_factory=list)
+
+    def check(self, what: str, held: bool, detail: str = "") -> bool:
+        self.checks.append((what, bool(held), detail))
+        return bool(held)
+
+    @property
+    def passed(self) -> bool:
+        return all(held for _, held, _ in self.checks)
+
+    def as_dict(self) -> dict:
+        return {
+            "passed": self.passed,
+            "figures": self.figures,
+            "checks": [{"what": w, "held": h, "detail": d} for w, h, d in self.checks],
+        }
+
+    def lines(self) -> list[str]:
+        f = self.figures
+
+        def kv(d: dict) -> str:
+            return ", ".join(f"{k} {v}" for k, v in sorted(d.items())) or "none"
+
+        rows = [
+            (
+                "jobs",
+                f"{f['jobs']['total']} ({kv(f['jobs']['by_kind'])}); "
+                f"by state: {kv(f['jobs']['by_state'])}",
+            ),
+            ("kills (SIGKILL)", f"{f['kills']['total']} ({kv(f['kills']['by_what'])})"),
+            ("wedged clusters restarted", len(f["wedged_clusters_restarted"])),
+            ("deliveries", f["deliveries"]),
+            ("duplicate deliveries", f["duplicate_deliveries"]),
+            ("lease losses", f["lease_losses"]),
+            ("expired leases seen", f["expired_leases_seen"]),
+            ("crashes", f"{f['crashes']} ({f['q_cluster_timeouts']} Q_CLUSTER timeouts)"),
+            (
+                "retries by class",
+                f"{kv(f['retries_by_class'])} (deadlocks 40P01: {f['deadlock_retries']})",
+            ),
+            ("effects applied", f"{f['effects_applied_total']} ({kv(f['effects_applied'])})"),
+            ("effects by state", kv(f["effects_by_state"])),
+            ("provider answers", kv(f["provider"]["answers"])),
+            ("sends applied at provider", f["provider"]["sends_applied"]),
+            ("resends under same key", f["provider"]["resends_same_key"]),
+            ("duplicate effects", f["duplicate_effects"]),
+            ("lost jobs", f["lost_jobs"]),
+            (
+                "tenant peak (bound)",
+                f"{f['tenant_peak']['watcher']} seen live / {f['tenant_peak']['intervals']} "
+                f"from attempts (bound {f['tenant_peak']['bound']})",
+            ),
+            (
+                "provider peak (bound)",
+                f"{f['provider']['max_in_flight']} in flight (bound {f['provider']['bound']})",
+            ),
+            ("revocations", f"{f['revocations']} ({f['withheld']} effects withheld)"),
+            ("wall time", f"{f.get('wall_seconds', 0)} s ({kv(f.get('phases_seconds', {}))})"),
+        ]
+        width = max(len(k) for k, _ in rows)
+        out = ["", "Figures"]
+        out += [f"  {k.ljust(width)}  {v}" for k, v in rows]
+        out += ["", "Invariants"]
+        for what, held, detail in self.checks:
+            out.append(f"  [{'ok' if held else 'FAIL'}] {what}" + (f": {detail}" if detail else ""))
+        failed = sum(not held for _, held, _ in self.checks)
+        out.append("")
+        out.append(
+            f"soak {'PASSED' if not failed else 'FAILED'}: "
+            f"{len(self.checks) - failed} of {len(self.checks)} checks held"
+        )
+        return out
+
+
+def _ts(value: datetime | None) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+def _few(items, n: int = 5) -> str:
+    items = list(items)
+    more = f" (+{len(items) - n} more)" if len(items) > n else ""
+    return "; ".join(str(i) for i in items[:n]) + more
+
+
+def transition_times(log_dir: Path) -> dict[tuple[int, str, int, str], float]:
+    """(job, worker, attempt, arrow) -> when the worker logged that transition (JSON logs).
+
+    The engine logs one line per transition (``jobs.transitions``); the workers run
+    with ``LOG_FORMAT=json``, whose ``ts`` is the moment of the log call (ms).
+    """
+    out: dict[tuple[int, str, int, str], float] = {}
+    for path in sorted(log_dir.glob("*.log")):
+        with open(path, errors="replace") as fh:
+            for line in fh:
+                if not line.startswith("{") or '"arrow"' not in line:
+                    continue
+                try:
+                    entry = json.loads(line)
+                    key = (int(entry["job"]), entry["worker"], int(entry["attempt"]))
+                    at = datetime.fromisoformat(entry["ts"]).timestamp()
+                except (ValueError, KeyError, TypeError):
+                    continue
+                if entry.get("logger") == "jobs.transitions":
+                    out.setdefault((*key, str(entry["arrow"])), at)
+    return out
+
+
+def attempt_slots(
+    attempts,
+    tenant_of: dict[int, str],
+    watcher: Watcher,
+    now: float,
+    logged: dict[tuple[int, str, int, str], float] | None = None,
+    *,
+    lease: float,
+):
+    """Each claimed attempt's stay in ``running`` with a live lease, as honestly as recorded.
+
+    Returns ``(slots, unlogged, gaps)``: the slots (an attempt whose lease lapsed
+    and was renewed has two), how many claims had no log line (their clock
+    reading is used), and how many attempts held a lapsed lease for a while.
+
+    The engine counts a job against its tenant while the job is ``running`` in the
+    database with an unexpired lease; a claim counts the others under the tenant's
+    advisory lock. So a slot runs from the commit of the claim to the commit of the
+    transition out of ``running``, but only while a lease holds:
+
+    - start: the claim's log line (``arrow=claim``), written after the claim counted
+      and updated the row, just before it commits. ``Attempt.started_at`` is not
+      used: the claim reads the clock *before* it waits for the tenant lock, so under
+      load it can lie tens of milliseconds before the count and make a job that
+      finished in between look like a breach.
+    - end, when the worker moved the job out of ``running`` itself: for ``succeeded``
+      ``Attempt.finished_at``, stamped inside the publish transaction, just before
+      its commit; for ``retry``/``failed``/``dead`` the transition's log line, written
+      right after its (autocommitted) compare-and-swap, else ``finished_at``.
+    - end, when it did not (``crashed``, ``lease_lost``, or still open): its
+      ``finished_at`` is stamped when another delivery reclaims the job (after the
+      dispatcher's sweep and the queue's latency), later than the engine stopped
+      counting the job, so only the leases below bound it.
+    - the leases: the claim writes ``started_at + lease`` and each heartbeat
+      ``now + lease``, so a lease value ``v`` was written at ``v - lease`` and holds
+      until ``v``; the slot is cut to the union of those spans. The claim's own value
+      is known exactly; the heartbeats' values come from the watcher, which reads
+      every running row five times a second. A value that mattered (the last one of
+      a crashed worker, one that outlived the previous lease) stays in the row for a
+      full lease (2 s), so the watcher sees it. A lease that lapsed and was renewed
+      afterwards (a paused or starved worker, not yet reclaimed) leaves a gap: the
+      engine did not count the job in it, and counts it again after the renewal.
+
+    With these ends a recorded overlap means a claim counted while the other job
+    was committed as running under a live lease, so it is a breach, not a timing
+    artefact; only the log's millisecond resolution and the instructions between
+    a commit and its recorded instant remain (``CLOCK_SKEW_SECONDS``).
+    """
+    logged = logged or {}
+    slots: list[Slot] = []
+    unlogged = gaps = 0
+    for a in attempts:
+        if a.number == 0:  # duplicate, deferred or buried delivery: never running
+            continue
+        t0 = a.started_at.timestamp()
+        claimed_at = logged.get((a.job_id, a.worker, a.number, "claim"))
+        if claimed_at is None:
+            unlogged += 1
+            claimed_at = t0
+        start = max(claimed_at, t0)
+        finished = _ts(a.finished_at)
+        if a.outcome == "succeeded":
+            end = finished
+        elif a.outcome in ("retry", "failed", "dead"):
+            end = logged.get((a.job_id, a.worker, a.number, a.outcome), finished)
+        else:
+            end = finished if finished is not None else now
+        values = {t0 + lease} | {
+            expires
+            for seen_at, expires in watcher.leases.get((a.job_id, a.worker), [])
+            if t0 - 0.001 <= seen_at <= end + 0.001
+        }
+        cover = merge((v - lease, v) for v in values)
+        pieces = [(max(s, start), min(e, end)) for s, e in cover if min(e, end) > max(s, start)]
+        if len(pieces) > 1:
+            gaps += 1
+        tenant = tenant_of.get(a.job_id, "")
+        slots.extend(Slot(tenant, a.job_id, s, e) for s, e in pieces)
+    return slots, unlogged, gaps
+
+
+def check(inp: Inputs) -> Report:
+    """Read everything, hold it against the invariants, collect the figures."""
+    from django.db.models import Count, Q
+
+    from jobs import artifacts, ledger, stats
+    from jobs.fakeprovider import Record
+    from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, Notice
+    from jobs.providers.webhook import BODY_FIELDS
+    from permits import reports
+    from tests.chaos.soak import PRIVATE_MARKER
+
+    cfg, world = inp.cfg, inp.world
+    r = Report()
+    figures = stats.collect()
+    jobs = {j.pk: j for j in Job.objects.all()}
+    by_job: dict[int, list] = defaultdict(list)
+    for a in Attempt.objects.order_by("id"):
+        by_job[a.job_id].append(a)
+    claimed = {pk: [a for a in by_job[pk] if a.number > 0] for pk in jobs}
+    effects = list(Effect.objects.select_related("job").order_by("id"))
+    revoked = {(v.permit, str(v.user)): v.at for v in world.revocations}
+    expects = world.expects
+
+    # --- invariant 1: one job per (kind, subject, revision), none lost ---------------
+    missing = sorted(set(expects) - set(jobs))
+    extra = sorted(set(jobs) - set(expects))
+    twins = (
+        Job.objects.values("kind", "subject_type", "subject_id", "output_revision")
+        .annotate(n=Count("id"))
+        .filter(n__gt=1)
+        .count()
+    )
+    r.check(
+        "1 every requested job exists, one per (kind, subject, revision): none lost",
+        not missing and not extra and twins == 0,
+        f"missing {missing[:5]} extra {extra[:5]} twins {twins}"
+        if missing or extra or twins
+        else f"{len(expects)} jobs",
+    )
+    r.check(
+        "1 asking again for a report returns the same job",
+        not world.again_mismatch and world.asked_again > 0,
+        _few(world.again_mismatch) or f"{world.asked_again} asked again",
+    )
+    open_jobs = [j for j in jobs.values() if not j.is_terminal]
+    r.check(
+        "every job terminal",
+        not open_jobs and inp.settled,
+        _few(f"job {j.pk} {j.state}" for j in open_jobs)
+        or ("" if inp.settled else "effects still open at the deadline"),
+    )
+
+    # --- expected end states ----------------------------------------------------------
+    unexpected, dead_by_kills = [], []
+    for pk, e in expects.items():
+        job = jobs.get(pk)
+        if job is None or not job.is_terminal:
+            continue
+        outcomes = {a.outcome for a in claimed[pk]}
+        if e.kind == "malformed":
+            ok = job.state == Job.State.FAILED and job.last_error_class == "validation"
+        else:
+            ok = job.state == Job.State.SUCCEEDED
+        # The budget went on crashes (and a deadlock's retry): dead for operator review.
+        if (
+            not ok
+            and job.state == Job.State.DEAD
+            and e.kind != "malformed"
+            and job.attempts == job.max_attempts
+            and outcomes <= {"crashed", "lease_lost", "retry"}
+        ):
+            dead_by_kills.append(pk)
+            ok = True
+        if not ok:
+            unexpected.append(
+                f"job {pk} ({e.kind}) {job.state} {job.last_error_class}/{job.last_error_code}"
+            )
+    r.check(
+        "jobs ended as expected (reports and deadlocks succeeded, malformed failed; "
+        "dead only when kills spent the attempt budget)",
+        not unexpected,
+        _few(unexpected) or (f"dead by kills: {dead_by_kills}" if dead_by_kills else ""),
+    )
+
+    # --- invariant 5: nothing retries forever -----------------------------------------
+    budget = []
+    for pk, job in jobs.items():
+        numbers = sorted(a.number for a in claimed[pk])
+        if job.attempts > job.max_attempts or numbers != list(range(1, job.attempts + 1)):
+            budget.append(f"job {pk}: attempts {job.attempts}/{job.max_attempts} claims {numbers}")
+    r.check(
+        "5 nothing retried past max_attempts (claims numbered 1..attempts <= max_attempts)",
+        not budget,
+        _few(budget)
+        or f"most claims of one job: {max((j.attempts for j in jobs.values()), default=0)}",
+    )
+    permanent = []
+    for pk, job in jobs.items():
+        if job.state != Job.State.FAILED:
+            continue
+        outcomes = [a.outcome for a in claimed[pk]]
+        if (
+            outcomes.count("failed") != 1
+            or outcomes[-1] != "failed"
+            or "retry" in outcomes
+            or job.last_error_class != "validation"
+        ):
+            permanent.append(f"job {pk}: {outcomes} {job.last_error_class}")
+    retried = Counter(
+        (a.error_class, a.error_code)
+        for pk in jobs
+        for a in claimed[pk]
+        if a.outcome == Attempt.Outcome.RETRY
+    )
+    wrong_class = {k: n for k, n in retried.items() if k[0] not in RETRYABLE}
+    r.check(
+        "5 permanent failures stop at once; only transient classes are retried",
+        not permanent and not wrong_class,
+        _few(permanent) or (str(wrong_class) if wrong_class else ""),
+    )
+
+    # --- invariant 3: one CAS publishes ----------------------------------------------
+    publishes = []
+    for pk, job in jobs.items():
+        wins = [a for a in claimed[pk] if a.outcome == Attempt.Outcome.SUCCEEDED]
+        if job.state == Job.State.SUCCEEDED:
+            if len(wins) != 1 or claimed[pk][-1] is not wins[0]:
+                publishes.append(f"job {pk}: {[a.outcome for a in claimed[pk]]}")
+        elif wins:
+            publishes.append(f"job {pk} {job.state} with a published attempt")
+    r.check(
+        "3 only one CAS publishes: one succeeded claim per succeeded job, and it is the last",
+        not publishes,
+        _few(publishes),
+    )
+
+    # A worker whose lease expired publishes nothing: the watcher saw the job still
+    # running under this owner with the lease already expired; the same claim must
+    # not have published afterwards (another worker reclaims, or nobody publishes).
+    zombies = []
+    for pk in jobs:
+        for a in claimed[pk]:
+            seen = inp.watcher.expired.get((pk, a.worker))
+            if (
+                a.outcome == Attempt.Outcome.SUCCEEDED
+                and seen is not None
+                and a.started_at.timestamp() <= seen <= a.finished_at.timestamp()
+            ):
+                zombies.append(
+                    f"job {pk}: {a.worker}'s lease seen expired at +"
+                    f"{seen - a.started_at.timestamp():.2f}s, published at +"
+                    f"{(a.finished_at - a.started_at).total_seconds():.2f}s"
+                )
+    r.check(
+        "3 a worker whose lease expired publishes nothing",
+        not zombies,
+        _few(zombies) or f"{len(inp.watcher.expired)} expired leases seen before a reclaim",
+    )
+
+    # --- invariant 1: artifacts --------------------------------------------------------
+    arts = defaultdict(list)
+    for art in Artifact.objects.all():
+        arts[art.job_id].append(art)
+    art_problems = []
+    for pk, job in jobs.items():
+        mine = arts.get(pk, [])
+        if job.state == Job.State.SUCCEEDED:
+            if len(mine) != 1 or mine[0].key != artifacts.artifact_key(job):
+                art_problems.append(f"job {pk}: {[a.key for a in mine]}")
+        elif len(mine) > 1 or (job.state == Job.State.FAILED and mine):
+            art_problems.append(f"job {pk} {job.state}: {[a.key for a in mine]}")
+    corrupt = [a.key for rows in arts.values() for a in rows if not artifacts.is_intact(a)]
+    r.check(
+        "1 one artifact per succeeded job under its stable key; stored bytes match sha256",
+        not art_problems and not corrupt,
+        _few(art_problems + [f"corrupt {k}" for k in corrupt])
+        or f"{sum(len(v) for v in arts.values())} artifacts verified",
+    )
+    names = {a.storage_name for rows in arts.values() for a in rows}
+    files, temps = set(), 0
+    for folder, _, filenames in os.walk(inp.artifact_root):
+        for filename in filenames:
+            if filename.startswith(".tmp-"):
+                temps += 1  # a worker killed mid-write leaves its temporary file
+                continue
+            files.add(os.path.relpath(os.path.join(folder, filename), inp.artifact_root))
+    # A worker killed between storing the file and inserting its row leaves a file
+    # the next claim adopts; only a job that never succeeded keeps it unrecorded.
+    orphans = {
+        f
+        for f in files - names
+        if (m := re.search(r"job-(\d+)-rev-\d+\.", f))
+        and int(m[1]) in jobs
+        and jobs[int(m[1])].state != Job.State.SUCCEEDED
+    }
+    unrecorded, missing_files = files - names - orphans, names - files
+    r.check(
+        "1 the storage holds exactly the recorded artifacts (no second file for a key)",
+        not unrecorded and not missing_files,
+        f"unrecorded {_few(sorted(unrecorded))}; missing {_few(sorted(missing_files))}"
+        if unrecorded or missing_files
+        else f"{len(files)} files ({len(orphans)} of jobs that never succeeded); "
+        f"{temps} temporary files of killed writers",
+    )
+
+    # --- invariant 2: the ledger ----------------------------------------------------
+    identity = []
+    for fx in effects:
+        if fx.effect_id != ledger.effect_identity(fx.job, fx.name, fx.recipient):
+            identity.append(f"{fx.effect_id}: not derived from its job")
+        if fx.idempotency_key != ledger.idempotency_key(fx.effect_id):
+            identity.append(f"{fx.effect_id}: key not derived from the identity")
+    twice = Effect.objects.values("effect_id").annotate(n=Count("id")).filter(n__gt=1).count()
+    r.check(
+        "2 one ledger row per effect identity; keys derived from it",
+        not identity and twice == 0,
+        _few(identity) or f"{len(effects)} rows, {twice} identities twice",
+    )
+    by_job_fx = defaultdict(set)
+    for fx in effects:
+        by_job_fx[fx.job_id].add((fx.name, fx.provider, fx.recipient))
+    mismatch = []
+    for pk, e in expects.items():
+        job = jobs.get(pk)
+        have = by_job_fx.get(pk, set())
+        if job is None or job.state != Job.State.SUCCEEDED or e.kind not in ("report", "revision"):
+            if have:
+                mismatch.append(f"job {pk} ({e.kind}, {job and job.state}) has effects")
+            continue
+        want = {
+            (name, provider, str(u))
+            for u in e.recipients
+            for name, provider in ((reports.NOTICE, "inapp"), (reports.EXTERNAL_NOTICE, "webhook"))
+        }
+        # A reviewer revoked before the publish gets no effect row at all.
+        absent_ok = {w for w in want if (e.permit, w[2]) in revoked}
+        if not have <= want or (want - have) - absent_ok:
+            mismatch.append(f"job {pk}: have {sorted(have)} want {sorted(want)}")
+    r.check(
+        "2 each succeeded report asked for one in-app and one webhook notice per reviewer",
+        not mismatch,
+        _few(mismatch),
+    )
+    states = []
+    withheld = 0
+    for fx in effects:
+        was_revoked = (
+            (int(fx.job.subject_id), fx.recipient) in revoked
+            if fx.job.subject_id.isdigit()
+            else False
+        )
+        if fx.state == Effect.State.APPLIED:
+            continue
+        if fx.state == Effect.State.WITHHELD and was_revoked:
+            withheld += 1
+            continue
+        states.append(f"{fx.effect_id} {fx.provider} {fx.state} ({fx.reason})")
+    r.check(
+        "2 every effect applied, or withheld because its reviewer was revoked",
+        not states,
+        _few(states),
+    )
+    notices = {n.effect_id: n for n in Notice.objects.all()}
+    notice_problems = []
+    for fx in effects:
+        n = notices.get(fx.pk)
+        if fx.provider == "inapp" and fx.state == Effect.State.APPLIED:
+            if n is None or str(n.recipient_id) != fx.recipient:
+                notice_problems.append(f"{fx.effect_id}: no notice for its reviewer")
+        elif n is not None:
+            notice_problems.append(f"{fx.effect_id} ({fx.state}): has a notice")
+    applied_twice = (
+        EffectEvent.objects.filter(outcome=Effect.State.APPLIED)
+        .values("effect")
+        .annotate(n=Count("id"))
+        .filter(n__gt=1)
+        .count()
+    )
+    r.check(
+        "2 one in-app notice per applied in-app effect, none otherwise; applied once in the ledger",
+        not notice_problems and applied_twice == 0,
+        _few(notice_problems) or f"{len(notices)} notices",
+    )
+
+    # --- invariant 2 at the provider: its own record -----------------------------
+    record = Record(inp.record)
+    sends = record.sends()
+    requests = record.requests()
+    sends_by_effect = record.sends_by_effect()
+    duplicates = record.duplicate_effects()
+    r.check(
+        "2 the provider applied each effect at most once",
+        not duplicates,
+        _few(f"{e} x{n}" for e, n in duplicates.items()) or f"{len(sends)} sends applied",
+    )
+    webhook = {fx.effect_id: fx for fx in effects if fx.provider == "webhook"}
+    agree = []
+    for effect_id, fx in webhook.items():
+        got = sends_by_effect.get(effect_id, [])
+        if fx.state == Effect.State.APPLIED:
+            if len(got) != 1 or got[0]["send_id"] != fx.provider_ref:
+                agree.append(f"{effect_id} applied as {fx.provider_ref!r}, provider {got}")
+            elif got[0]["idempotency_key"] != fx.idempotency_key:
+                agree.append(f"{effect_id}: provider applied another key")
+    stray = sorted(set(sends_by_effect) - set(webhook))
+    r.check(
+        "2 every applied webhook effect is exactly the provider's one send; no stray sends",
+        not agree and not stray,
+        _few(agree + [f"stray {s}" for s in stray]),
+    )
+    keys = defaultdict(set)
+    for req in requests:
+        if req["effect_id"]:
+            keys[req["effect_id"]].add(req["idempotency_key"])
+    several = {e: k for e, k in keys.items() if len(k) > 1}
+    refused = Counter(
+        f"{q['status']} {q['outcome']}"
+        for q in requests
+        if q["status"] in (400, 401, 403, 409, 422)
+    )
+    r.check(
+        "2 the provider saw each effect under one key, with one body (no 409/422/400/401)",
+        not several and not refused,
+        _few(several) or (str(dict(refused)) if refused else ""),
+    )
+
+    # --- invariant 6: release follows current authorization --------------------------
+    late = []
+    for fx in effects:
+        if not fx.job.subject_id.isdigit():
+            continue
+        at = revoked.get((int(fx.job.subject_id), fx.recipient))
+        if at is None:
+            continue
+        n = notices.get(fx.pk)
+        if n is not None and n.created_at.timestamp() > at + RELEASE_SLACK_SECONDS:
+            late.append(f"{fx.effect_id}: in-app notice {n.created_at.timestamp() - at:.1f}s after")
+        for send in sends_by_effect.get(fx.effect_id, []):
+            if send["applied_at"] > at + RELEASE_SLACK_SECONDS:
+                late.append(
+                    f"{fx.effect_id}: provider applied {send['applied_at'] - at:.1f}s after"
+                )
+    r.check(
+        "6 nothing released to a reviewer after the revocation committed",
+        not late,
+        _few(late) or f"{len(world.revocations)} revocations, {withheld} effects withheld",
+    )
+
+    # --- invariant 7: bounds -----------------------------------------------------------
+    in_flight = record.max_in_flight()
+    r.check(
+        "7 per-provider bound: calls in flight at the provider never above the bound",
+        in_flight <= cfg.provider_in_flight,
+        f"{in_flight} at once (bound {cfg.provider_in_flight})",
+    )
+    seen = {t: p[0] for t, p in inp.watcher.peaks.items()}
+    over_seen = {t: p for t, p in inp.watcher.peaks.items() if p[0] > cfg.tenant_concurrency}
+    r.check(
+        "7 per-tenant bound in every watched snapshot (running jobs with a live lease)",
+        not over_seen and inp.watcher.samples > 0,
+        f"{over_seen}"
+        if over_seen
+        else f"peaks {seen} in {inp.watcher.samples} snapshots (largest gap "
+        f"{inp.watcher.max_gap:.2f}s, {inp.watcher.errors} failed reads)",
+    )
+    tenant_of = {pk: j.tenant_key for pk, j in jobs.items()}
+    all_attempts = [a for rows in by_job.values() for a in rows]
+    logged = transition_times(inp.logs)
+    slots, unlogged, gaps = attempt_slots(
+        all_attempts, tenant_of, inp.watcher, _now(), logged, lease=cfg.lease
+    )
+    peaks = tenant_peaks(slots, skew=CLOCK_SKEW_SECONDS, bound=cfg.tenant_concurrency)
+    raw = tenant_peaks(slots, bound=cfg.tenant_concurrency)
+    over = {
+        t: f"{p.count} jobs {p.jobs} for {p.over:.3f}s"
+        for t, p in peaks.items()
+        if p.count > cfg.tenant_concurrency
+    }
+    raw_over = max((p.over for p in raw.values()), default=0.0)
+    counts = {t: p.count for t, p in peaks.items()}
+    raw_counts = {t: p.count for t, p in raw.items()}
+    # The watcher must have read the rows more often than once per lease, or a
+    # heartbeat's lease value could have been missed (see attempt_slots).
+    watched = inp.watcher.samples > 0 and inp.watcher.max_gap < cfg.lease
+    r.check(
+        "7 per-tenant bound from recorded attempt intervals (claims to transitions, cut to "
+        "the leases held)",
+        not over and watched,
+        str(over)
+        if over
+        else f"peaks {counts}; without the skew allowance {raw_counts} (longest stretch above "
+        f"the bound {raw_over * 1000:.0f} ms); {len(slots)} slots, {unlogged} claims without "
+        f"a log line, {gaps} attempts that held a lapsed lease"
+        + ("" if watched else f"; WATCHER GAP {inp.watcher.max_gap:.1f}s >= lease"),
+    )
+
+    # --- invariant 8: no private field in bodies, logs or error fields --------------
+    leaks = []
+    for send in sends:
+        body = json.loads(send["body"])
+        if set(body) != set(BODY_FIELDS):
+            leaks.append(f"{send['effect_id']}: body fields {sorted(body)}")
+        if PRIVATE_MARKER in send["body"].lower():
+            leaks.append(f"{send['effect_id']}: private value in the notice body")
+    q_timeouts = 0
+    for path in sorted(inp.logs.glob("*.log")):
+        text = path.read_text(errors="replace")
+        if PRIVATE_MARKER in text.lower():
+            leaks.append(f"private value in {path.name}")
+        # django-q2 stopped a delivery at Q_CLUSTER['timeout'] (a crash, for the engine)
+        q_timeouts += sum(
+            1
+            for line in text.splitlines()
+            if "Failed" in line and "Task exceeded maximum timeout" in line
+        )
+    fields = {
+        Job: ["last_error_detail", "last_error_code", "params"],
+        Attempt: ["error_code"],
+        Effect: ["reason", "data", "last_error_code"],
+        EffectEvent: ["note", "error_code"],
+        Notice: ["title", "link"],
+    }
+    for model, names_ in fields.items():
+        query = Q()
+        for name in names_:
+            query |= Q(**{f"{name}__icontains": PRIVATE_MARKER})
+        n = model.objects.filter(query).count()
+        if n:
+            leaks.append(f"{n} {model.__name__} row(s) with a private value")
+    r.check(
+        "8 no private field in a notice body, a log line or an error field",
+        not leaks,
+        _few(leaks) or f"{len(sends)} bodies, {len(list(inp.logs.glob('*.log')))} logs scanned",
+    )
+
+    # --- invariant 9 and 4 ---------------------------------------------------------
+    r.check(
+        "9 duplicate deliveries counted apart; duplicate effects 0",
+        figures["duplicate_effects"] == 0,
+        f"{figures['duplicate_deliveries']} duplicate deliveries, "
+        f"{figures['duplicate_effects']} duplicate effects",
+    )
+    r.check(
+        "4 every queue message was acknowledged once its outcome committed (queue drained)",
+        inp.queue_left == 0,
+        f"{inp.queue_left} job/effect messages never acknowledged" if inp.queue_left else "",
+    )
+    r.check(
+        "no process died except the ones the chaos killed",
+        not inp.unexpected_exits,
+        _few(inp.unexpected_exits),
+    )
+
+    # --- figures --------------------------------------------------------------------
+    answers = Counter(f"{q['status']} {q['outcome']}" for q in requests)
+    by_key = Counter(q["idempotency_key"] for q in requests if q["status"] in (200, 201))
+    applied = Counter(fx.provider for fx in effects if fx.state == Effect.State.APPLIED)
+    kinds = Counter(e.kind for e in expects.values())
+    lost = len(missing) + sum(1 for j in open_jobs if j.pk in expects)
+    r.figures.update(
+        jobs={
+            "total": len(jobs),
+            "by_kind": dict(kinds),
+            "by_state": figures["jobs"]["by_state"],
+            "dead_by_kills": dead_by_kills,
+        },
+        kills={
+            "total": sum(1 for k in inp.kills if not k.what.startswith("pause")),
+            "by_what": dict(Counter(k.what for k in inp.kills)),
+            "pauses": sum(1 for k in inp.kills if k.what.startswith("pause")),
+        },
+        deliveries=figures["deliveries"],
+        deliveries_by_outcome=figures["deliveries_by_outcome"],
+        duplicate_deliveries=figures["duplicate_deliveries"],
+        lease_losses=figures["lease_losses"],
+        expired_leases_seen=len(inp.watcher.expired),
+        zombie_publishes=len(zombies),
+        crashes=figures["crashes"],
+        q_cluster_timeouts=q_timeouts,
+        retries_by_class=figures["retries_by_class"],
+        retries_by_code={f"{c}/{k}": n for (c, k), n in sorted(retried.items())},
+        deadlock_retries=sum(n for (c, k), n in retried.items() if k == "pg_40P01"),
+        effects_applied=dict(applied),
+        effects_applied_total=sum(applied.values()),
+        effects_by_state=figures["effects"]["by_state"],
+        effect_sends=figures["providers"],
+        provider={
+            "answers": dict(answers),
+            "sends_applied": len(sends),
+            "resends_same_key": sum(n - 1 for n in by_key.values()),
+            "max_in_flight": in_flight,
+            "bound": cfg.provider_in_flight,
+        },
+        duplicate_effects=figures["duplicate_effects"] + len(duplicates),
+        lost_jobs=lost,
+        tenant_peak={
+            "watcher": max(seen.values(), default=0),
+            "intervals": max((p.count for p in peaks.values()), default=0),
+            "intervals_without_skew": max((p.count for p in raw.values()), default=0),
+            "longest_over_bound_without_skew_ms": round(raw_over * 1000, 1),
+            "bound": cfg.tenant_concurrency,
+            "claims_without_log_line": unlogged,
+            "attempts_with_lapsed_lease": gaps,
+        },
+        revocations=len(world.revocations),
+        withheld=withheld,
+        queue_left=inp.queue_left,
+        wedged_clusters_restarted=inp.wedged,
+        chaos_seconds=round(inp.chaos_seconds, 1),
+        kill_log=[
+            {
+                "at": round(k.at, 3),
+                "what": k.what,
+                "cluster": k.cluster,
+                "pid": k.pid,
+                "subject": k.subject,
+                "seconds": round(k.seconds, 2),
+            }
+            for k in inp.kills
+        ],
+    )
+    return r
+
+
+def _now() -> float:
+    import time
+
+    return time.time()

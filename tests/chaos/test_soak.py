@@ -1,0 +1,70 @@
+"""The soak inside the suite: a short run against real qcluster processes, and its refusals.
+
+``make soak`` runs K=300; this runs K=48 with a kill every ~1.2 s, so that in
+about a minute the chaos really happens (workers and whole clusters killed, real
+deadlocks retried, provider stalls and 503s) and the checker holds every
+invariant against the history. It needs PostgreSQL (marked e2e: skipped without
+it locally, a failure in CI) and creates and drops its own scratch database.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _soak(*args: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tests.chaos.soak", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize("url", ["", "sqlite:///var/db.sqlite3"])
+def test_soak__refuses_to_run_without_postgresql(url):
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    if url:
+        env["DATABASE_URL"] = url
+    done = _soak("--jobs", "10", env=env, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "refusing to run: the soak needs PostgreSQL" in done.stderr
+    assert "DATABASE_URL" in done.stderr
+    assert not done.stdout  # nothing was created
+
+
+@pytest.mark.e2e
+def test_soak__short_run_under_chaos_holds_every_invariant(tmp_path):
+    figures_path = tmp_path / "soak.json"
+    done = _soak(
+        "--jobs=48",
+        "--chaos-interval=1.2",
+        "--deadlock-fraction=0.15",
+        "--arrival-seconds=20",
+        "--timeout=75",
+        "--drain-timeout=20",
+        f"--json={figures_path}",
+        env=dict(os.environ),
+        timeout=170,
+    )
+    print(done.stdout[-6000:])
+    assert done.returncode == 0, f"the soak failed:\n{done.stdout[-6000:]}\n{done.stderr[-4000:]}"
+    report = json.loads(figures_path.read_text())
+    assert report["passed"], [c for c in report["checks"] if not c["held"]]
+    figures = report["figures"]
+    # The chaos really ran: processes died and real deadlocks were retried.
+    assert figures["kills"]["total"] > 0, figures["kills"]
+    assert figures["deadlock_retries"] > 0, figures["retries_by_code"]
+    assert figures["duplicate_effects"] == 0
+    assert figures["lost_jobs"] == 0
+    assert figures["jobs"]["total"] >= 48
