@@ -1,7 +1,10 @@
 """The compare-and-swap every state change goes through.
 
-An UPDATE whose WHERE names the version the caller read (and the lease owner
-where it matters); zero rows updated means someone else moved first.
+An UPDATE whose WHERE names the version the caller read and, for a worker's
+own writes, its lease: the same owner and a lease not yet expired. Zero rows
+updated means someone else moved first, or the lease ran out; either way the
+caller must do nothing more (a worker whose lease expired publishes nothing,
+even when nobody has reclaimed the job yet).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ def compare_and_swap(obj: models.Model, *, owner: str | None = None, now=None, *
     now = now or timezone.now()
     qs = type(obj)._default_manager.filter(pk=obj.pk, version=obj.version)
     if owner is not None:
-        qs = qs.filter(lease_owner=owner)
+        qs = qs.filter(lease_owner=owner, lease_expires_at__gt=now)
     won = qs.update(version=F("version") + 1, updated_at=now, **changes) == 1
     if won:
         obj.version += 1

@@ -125,19 +125,25 @@ def _handle_failure(ctx: JobContext, exc: Exception) -> DeliveryResult:
     c = classify(exc)
     rule = c.rule
     fields = {"error_class": c.error_class.value, "error_code": c.code}
-    if rule.action in (Action.RETRY, Action.RETRY_SAME_KEY) and job.attempts < job.max_attempts:
-        delay = conf.backoff(job.attempts, retry_after=c.retry_after)
-        won = transitions.schedule_retry(
-            job, worker, delay=delay, error_class=c.error_class, code=c.code, detail=c.detail
-        )
-        outcome, fields["retry_delay_seconds"] = Outcome.RETRY, delay
-    elif rule.action in (Action.RETRY, Action.RETRY_SAME_KEY):
-        won = transitions.bury(job, worker, error_class=c.error_class, code=c.code, detail=c.detail)
-        outcome = Outcome.DEAD
-    else:
-        won = transitions.fail(job, worker, error_class=c.error_class, code=c.code, detail=c.detail)
-        outcome = Outcome.FAILED
-    if not won:
-        outcome = Outcome.LEASE_LOST
-    transitions.finish_attempt(attempt, outcome, **fields)
+    # The outcome and its attempt row commit together: a crash cannot leave a blank attempt.
+    with transaction.atomic():
+        if rule.action in (Action.RETRY, Action.RETRY_SAME_KEY) and job.attempts < job.max_attempts:
+            delay = conf.backoff(job.attempts, retry_after=c.retry_after)
+            won = transitions.schedule_retry(
+                job, worker, delay=delay, error_class=c.error_class, code=c.code, detail=c.detail
+            )
+            outcome, fields["retry_delay_seconds"] = Outcome.RETRY, delay
+        elif rule.action in (Action.RETRY, Action.RETRY_SAME_KEY):
+            won = transitions.bury(
+                job, worker, error_class=c.error_class, code=c.code, detail=c.detail
+            )
+            outcome = Outcome.DEAD
+        else:
+            won = transitions.fail(
+                job, worker, error_class=c.error_class, code=c.code, detail=c.detail
+            )
+            outcome = Outcome.FAILED
+        if not won:
+            outcome = Outcome.LEASE_LOST
+        transitions.finish_attempt(attempt, outcome, **fields)
     return DeliveryResult(job.pk, outcome, worker)

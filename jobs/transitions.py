@@ -201,9 +201,13 @@ def heartbeat(job: Job, worker: str, *, lease_seconds: float | None = None) -> b
 
 
 def still_owner(job: Job, worker: str) -> bool:
-    """Whether ``worker`` still holds the job at the version it last wrote."""
+    """Whether ``worker`` still holds the job, at the version it last wrote, on a live lease."""
     return Job.objects.filter(
-        pk=job.pk, version=job.version, lease_owner=worker, state=State.RUNNING
+        pk=job.pk,
+        version=job.version,
+        lease_owner=worker,
+        state=State.RUNNING,
+        lease_expires_at__gt=timezone.now(),
     ).exists()
 
 

@@ -96,13 +96,18 @@ def _identity(label: str) -> str:
 # --- the deadlock kind -----------------------------------------------------------------
 
 
-def _provoke_deadlock() -> None:
-    """Two transactions lock two rows in opposite order; PostgreSQL aborts this one (40P01)."""
-    holding, go = threading.Event(), threading.Event()
-    first, second = "springfield", "shelbyville"
+def _provoke_deadlock(ctx: JobContext) -> None:
+    """Two transactions lock two rows in opposite order; PostgreSQL aborts this one (40P01).
 
-    def lock(cursor, key: str) -> None:
-        cursor.execute("SELECT id FROM permits_tenant WHERE key = %s FOR UPDATE", [key])
+    The rows are this job's own (its job row and its attempt row), so deadlock jobs
+    running side by side never wait on each other.
+    """
+    holding, go = threading.Event(), threading.Event()
+    first = ("jobs_job", ctx.job.pk)
+    second = ("jobs_attempt", ctx.attempt.pk)
+
+    def lock(cursor, row: tuple[str, int]) -> None:
+        cursor.execute(f"SELECT id FROM {row[0]} WHERE id = %s FOR UPDATE", [row[1]])
 
     def other():
         try:
@@ -134,7 +139,7 @@ def deadlock_handler(ctx: JobContext) -> list[EffectSpec]:
     if ctx.job.attempts == 1:
         if connection.vendor != "postgresql":
             raise TemporaryFailure("database lock wait", code="lock_wait")
-        _provoke_deadlock()
+        _provoke_deadlock(ctx)
     ctx.store_artifact(b"deadlock drill\n", content_type="text/plain", extension="txt")
     return []
 

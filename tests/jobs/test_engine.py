@@ -324,3 +324,19 @@ def test_dispatch_schedule__installed_by_migrate():
         Schedule.MINUTES,
         -1,
     )
+
+
+def test_expired_lease__worker_can_neither_heartbeat_nor_publish_even_unreclaimed(make_user):
+    """Invariant 3: a worker whose lease expired publishes nothing, reclaimed or not."""
+    from jobs import transitions
+
+    job = new_job(make_user())
+    claim = transitions.claim(job.pk, "late-worker")
+    assert claim.won
+    expire_lease(job)
+    late = claim.job
+    assert transitions.still_owner(late, "late-worker") is False
+    assert transitions.heartbeat(late, "late-worker") is False
+    assert transitions.publish(late, "late-worker") is False
+    assert Job.objects.get(pk=job.pk).state == Job.State.RUNNING, "left for a reclaim"
+    assert run_delivery(job.pk, worker="next-worker").outcome == "succeeded"
