@@ -24,6 +24,8 @@ DEFAULTS = {
     # Extra delay (seconds, jittered up to twice this) before a deferred effect is due again.
     "JOBS_PROVIDER_DEFER_SECONDS": 0.5,
     "JOBS_ARTIFACT_STORAGE": "artifacts",
+    # A still-due job whose message is older than this gets another (None: 2x Q retry).
+    "JOBS_REDRIVE_AFTER_SECONDS": None,
 }
 
 
@@ -60,3 +62,10 @@ def backoff(attempt: int, *, retry_after: float | None = None) -> float:
         cap=float(get("JOBS_BACKOFF_CAP_SECONDS")),
         retry_after=retry_after,
     )
+
+
+def redrive_after_seconds() -> float:
+    configured = get("JOBS_REDRIVE_AFTER_SECONDS")
+    if configured is not None:
+        return float(configured)
+    return 2 * float(getattr(settings, "Q_CLUSTER", {}).get("retry", 60))

@@ -1,5 +1,9 @@
 """The dispatcher: due retries, expired leases, stuck effects — one message each.
 
+A job that stays due long after its message was sent (the message was lost, or
+sits in a cluster that died) gets one more after the re-drive window
+(``JOBS_REDRIVE_AFTER_SECONDS``, default twice ``Q_CLUSTER['retry']``).
+
 Run by a django-q2 schedule and, finer-grained, by ``manage.py jobs_dispatcher``.
 Several dispatchers may run at once: each message is guarded by a conditional
 UPDATE of ``enqueued_for`` in the transaction that enqueues it.
@@ -10,17 +14,12 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
-from django.db.models import F, Q
 from django.utils import timezone
 
 from jobs.models import Effect, Job
-from jobs.services import enqueue_effect, enqueue_job, mark_enqueued
+from jobs.services import enqueue_effect, enqueue_job, mark_enqueued, needs_message
 
 log = logging.getLogger("jobs.dispatch")
-
-
-def _not_enqueued_for(field: str) -> Q:
-    return Q(enqueued_for__isnull=True) | ~Q(enqueued_for=F(field))
 
 
 def dispatch_once(*, limit: int = 500) -> dict[str, int]:
@@ -48,7 +47,9 @@ def dispatch_once(*, limit: int = 500) -> dict[str, int]:
         ),
     ]
     for label, model, qs, field, enqueue in plans:
-        rows = qs.filter(_not_enqueued_for(field)).order_by(field).values_list("pk", field, "state")
+        rows = (
+            qs.filter(needs_message(field, now)).order_by(field).values_list("pk", field, "state")
+        )
         for pk, due_at, state in rows[:limit]:
             with transaction.atomic():
                 if mark_enqueued(model, pk, field, due_at, [state]):

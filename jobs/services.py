@@ -7,9 +7,10 @@ commit together or not at all.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.db.models import F, Q
 from django.utils import timezone
 from django_q.tasks import async_task
 
@@ -59,12 +60,29 @@ def request_job(
     return job, created
 
 
+def needs_message(due_field: str, now: datetime) -> Q:
+    """No message yet for this due time, or the last one is presumed lost.
+
+    ``enqueued_for`` holds when the last message was sent. A message older than
+    the re-drive window (the broker's redelivery time, twice) that left the job
+    still due was lost or is stuck in a dead cluster: one more is sent. A spare
+    message costs one duplicate delivery; a lost one would cost the job.
+    """
+    lost_before = now - timedelta(seconds=conf.redrive_after_seconds())
+    return (
+        Q(enqueued_for__isnull=True)
+        | Q(enqueued_for__lt=F(due_field))
+        | Q(enqueued_for__lt=lost_before)
+    )
+
+
 def mark_enqueued(model, pk: int, due_field: str, due_at: datetime, states) -> bool:
-    """Claim the right to enqueue ``pk`` for ``due_at``: one message per due time."""
+    """Claim the right to enqueue ``pk`` now: one message per due time (and per lost one)."""
+    now = timezone.now()
     return (
         model.objects.filter(pk=pk, state__in=states, **{due_field: due_at})
-        .exclude(enqueued_for=due_at)
-        .update(enqueued_for=due_at)
+        .filter(needs_message(due_field, now))
+        .update(enqueued_for=now)
         == 1
     )
 

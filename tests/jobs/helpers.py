@@ -26,13 +26,22 @@ def new_job(
     return job
 
 
+def _travel(job: Job, field: str) -> None:
+    """Make ``field`` a second past, as if time went by: any earlier message predates it."""
+    now = timezone.now()
+    Job.objects.filter(pk=job.pk).update(**{field: now - timedelta(seconds=1)})
+    Job.objects.filter(pk=job.pk, enqueued_for__isnull=False).update(
+        enqueued_for=now - timedelta(seconds=2)
+    )
+
+
 def make_due(job: Job) -> None:
     """Skip the backoff wait (the delay itself is asserted separately)."""
-    Job.objects.filter(pk=job.pk).update(next_attempt_at=timezone.now() - timedelta(seconds=1))
+    _travel(job, "next_attempt_at")
 
 
 def expire_lease(job: Job) -> None:
-    Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    _travel(job, "lease_expires_at")
 
 
 class Crash(BaseException):

@@ -340,3 +340,20 @@ def test_expired_lease__worker_can_neither_heartbeat_nor_publish_even_unreclaime
     assert transitions.publish(late, "late-worker") is False
     assert Job.objects.get(pk=job.pk).state == Job.State.RUNNING, "left for a reclaim"
     assert run_delivery(job.pk, worker="next-worker").outcome == "succeeded"
+
+
+def test_dispatch__a_lost_message_is_replaced_after_the_redrive_window(make_user, settings):
+    """A due job whose message vanished (purged, or held by a dead cluster) is not stuck."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    settings.JOBS_REDRIVE_AFTER_SECONDS = 30
+    job = new_job(make_user())
+    OrmQ.objects.all().delete()  # the message is lost
+    assert dispatch_once()["due_jobs"] == 0, "inside the window the message may still come"
+    Job.objects.filter(pk=job.pk).update(enqueued_for=timezone.now() - timedelta(seconds=31))
+    assert dispatch_once()["due_jobs"] == 1
+    assert dispatch_once()["due_jobs"] == 0, "one replacement per window, not a flood"
+    assert OrmQ.objects.count() == 1
+    assert run_delivery(job.pk, worker="w").outcome == "succeeded"
