@@ -11,9 +11,6 @@ DEFAULTS = {
     "JOBS_BACKOFF_FLOOR_SECONDS": 1.0,
     "JOBS_BACKOFF_BASE_SECONDS": 2.0,
     "JOBS_BACKOFF_CAP_SECONDS": 300.0,
-    # How long a freshly published effect waits for its own worker before the
-    # dispatcher re-drives it (covers a crash between publish and release).
-    "JOBS_EFFECT_GRACE_SECONDS": None,  # None: one lease
     "JOBS_EFFECT_LEASE_SECONDS": 30.0,
     "JOBS_EFFECT_MAX_ATTEMPTS": 8,
     "JOBS_TENANT_DEFER_SECONDS": 1.0,
@@ -46,9 +43,9 @@ def tenant_concurrency() -> int:
     return int(get("JOBS_TENANT_CONCURRENCY"))
 
 
-def effect_grace_seconds() -> float:
-    grace = get("JOBS_EFFECT_GRACE_SECONDS")
-    return lease_seconds() if grace is None else float(grace)
+def effect_max_attempts() -> int:
+    """The send budget of a new effect (an operator's "send again" grants another)."""
+    return int(get("JOBS_EFFECT_MAX_ATTEMPTS"))
 
 
 def backoff(attempt: int, *, retry_after: float | None = None) -> float:

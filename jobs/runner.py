@@ -1,4 +1,4 @@
-"""One delivery of one job: claim → produce → publish → release.
+"""One delivery of one job: claim → produce → publish (external effects get their own message).
 
 Returns only after every outcome is committed, so django-q2 acknowledges the
 message only then. A worker that lost its lease publishes nothing; a second
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 from django.db import transaction
 
-from jobs import artifacts, conf, ledger, registry, transitions
+from jobs import artifacts, conf, ledger, queue, registry, transitions
 from jobs.exceptions import LeaseLost
 from jobs.models import Artifact, Attempt, Job
-from jobs.retry import Action, classify
+from jobs.retry import classify, job_outcome
 
 log = logging.getLogger("jobs.runner")
 
@@ -109,40 +109,41 @@ def run_delivery(
             published = True
             effects = ledger.record(job, specs, worker)
             transitions.finish_attempt(attempt, Outcome.SUCCEEDED)
+            # External sends leave this task: each gets its own message, committed with
+            # the publish, so a slow provider never holds the job's delivery open.
+            for effect in effects:
+                if effect.state == ledger.State.PENDING:
+                    queue.enqueue_effect(effect)
     if not published:
         transitions.finish_attempt(attempt, Outcome.LEASE_LOST)
         log.info("job=%s worker=%s publish lost: another worker owns the job", job.pk, worker)
         return DeliveryResult(job_id, Outcome.LEASE_LOST, worker)
     ctx.stage("published")
-    results = {e.effect_id: e.state for e in effects}
-    results.update(ledger.release_published(effects, worker))
-    ctx.stage("released")
-    return DeliveryResult(job_id, Outcome.SUCCEEDED, worker, results)
+    return DeliveryResult(
+        job_id, Outcome.SUCCEEDED, worker, {e.effect_id: e.state for e in effects}
+    )
 
 
 def _handle_failure(ctx: JobContext, exc: Exception) -> DeliveryResult:
     job, worker, attempt = ctx.job, ctx.worker, ctx.attempt
     c = classify(exc)
-    rule = c.rule
     fields = {"error_class": c.error_class.value, "error_code": c.code}
     # The outcome and its attempt row commit together: a crash cannot leave a blank attempt.
     with transaction.atomic():
-        if rule.action in (Action.RETRY, Action.RETRY_SAME_KEY) and job.attempts < job.max_attempts:
+        state = job_outcome(c, attempts=job.attempts, max_attempts=job.max_attempts)
+        if state == "retry_wait":
             delay = conf.backoff(job.attempts, retry_after=c.retry_after)
             won = transitions.schedule_retry(
                 job, worker, delay=delay, error_class=c.error_class, code=c.code, detail=c.detail
             )
             outcome, fields["retry_delay_seconds"] = Outcome.RETRY, delay
-        elif rule.action in (Action.RETRY, Action.RETRY_SAME_KEY):
-            won = transitions.bury(
-                job, worker, error_class=c.error_class, code=c.code, detail=c.detail
-            )
-            outcome = Outcome.DEAD
         else:
-            won = transitions.fail(
-                job, worker, error_class=c.error_class, code=c.code, detail=c.detail
+            write, outcome = (
+                (transitions.fail, Outcome.FAILED)
+                if state == "failed"
+                else (transitions.bury, Outcome.DEAD)
             )
-            outcome = Outcome.FAILED
+            won = write(job, worker, error_class=c.error_class, code=c.code, detail=c.detail)
         if not won:
             outcome = Outcome.LEASE_LOST
         transitions.finish_attempt(attempt, outcome, **fields)

@@ -12,19 +12,12 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
-from django_q.tasks import async_task
 
 from jobs import conf, ledger, registry, transitions
 from jobs.models import Effect, Job
+from jobs.queue import enqueue_effect, enqueue_job
 
-
-def enqueue_job(job: Job) -> None:
-    """Put one message for ``job`` on the queue (call inside the marking transaction)."""
-    async_task("jobs.tasks.run_job", job.pk, task_name=f"job-{job.pk}")
-
-
-def enqueue_effect(effect: Effect) -> None:
-    async_task("jobs.tasks.release_effect", effect.pk, task_name=f"effect-{effect.pk}")
+__all__ = ["enqueue_effect", "enqueue_job", "request_job"]
 
 
 def request_job(
@@ -114,10 +107,9 @@ def retry_job_now(job: Job) -> bool:
     return True
 
 
-def recheck_and_release(effect: Effect) -> bool:
-    """Operator: recheck a withheld effect's recipient and release it if now allowed."""
-    if not ledger.recheck_withheld(effect):
-        return False
-    effect.refresh_from_db()
-    ledger.release(effect, transitions.worker_identity())
-    return True
+def recheck_and_release(effect: Effect, *, operator: str) -> bool:
+    """Operator: a worker rechecks a withheld effect's recipient and releases it if allowed.
+
+    Returns at once: the row change and its message commit together.
+    """
+    return ledger.recheck_withheld(effect, operator=operator)
