@@ -100,27 +100,49 @@ def record(job: Job, specs: list[EffectSpec], worker: str = "") -> list[Effect]:
             _decide_in_publish(effect, now)
         rows.append(effect)
     Effect.objects.bulk_create(rows)
-    born = [e for e in rows if e.state == State.WITHHELD]
-    events = [
-        _event_row(
-            e,
-            worker,
-            EffectEvent.Action.WITHHOLD,
-            error_class=ErrorClass.AUTHORIZATION,
-            code="recipient_not_authorized",
-            note=e.reason,
-        )
-        for e in born
-    ]
+    events = []
+    for e in rows:
+        if e.state == State.WITHHELD:
+            events.append(
+                _event_row(
+                    e,
+                    worker,
+                    EffectEvent.Action.WITHHOLD,
+                    error_class=ErrorClass.AUTHORIZATION,
+                    code="recipient_not_authorized",
+                    note=e.reason,
+                )
+            )
+        elif e.version:  # the release check raised: recorded, then retried by the table
+            events.append(
+                _event_row(
+                    e,
+                    worker,
+                    EffectEvent.Action.CHECK,
+                    error_class=e.last_error_class,
+                    code=e.last_error_code,
+                )
+            )
     events += _apply_in_publish([e for e in rows if e.state == State.APPLIED], worker)
     EffectEvent.objects.bulk_create(events)
     return rows
 
 
 def _decide_in_publish(effect: Effect, now) -> None:
-    """Recheck the recipient now: the row is born applied or withheld, never pending."""
-    reason = withhold_reason(effect)
+    """Recheck the recipient now: the row is born applied or withheld.
+
+    If the check itself fails, the row goes in ``pending`` at version 1 with the
+    failure recorded (one attempt spent), and the ordinary release path retries
+    it by the table: a failing policy check never undoes the job's publish.
+    """
     effect.attempts = 1
+    try:
+        reason = withhold_reason(effect)
+    except Exception as exc:  # the retry table decides, in release
+        c = classify(exc)
+        effect.version = 1
+        effect.last_error_class, effect.last_error_code = c.error_class, c.code
+        return
     effect.next_attempt_at = effect.enqueued_for = None
     if reason:
         effect.state = State.WITHHELD
