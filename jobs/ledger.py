@@ -34,13 +34,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
-from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
-from jobs import conf, queue, registry
+from jobs import clock, conf, queue, registry
 from jobs.cas import compare_and_swap
 from jobs.models import Effect, EffectEvent, Job
 from jobs.providers import bounds
@@ -73,7 +74,7 @@ def record(job: Job, specs: list[EffectSpec], worker: str = "") -> list[Effect]:
     """
     if not specs:
         return []
-    now = timezone.now()
+    now = timezone.now()  # shown to people only; due times below use the server's clock
     budget = conf.effect_max_attempts()
     rows = []
     seen = set()
@@ -91,8 +92,8 @@ def record(job: Job, specs: list[EffectSpec], worker: str = "") -> list[Effect]:
             idempotency_key=idempotency_key(effect_id),
             data=spec.data,
             max_attempts=budget,
-            next_attempt_at=now,
-            enqueued_for=now,
+            next_attempt_at=Now(),
+            enqueued_for=Now(),
             created_at=now,
             updated_at=now,
         )
@@ -170,7 +171,7 @@ def _apply_in_publish(effects: list[Effect], worker: str) -> list[EffectEvent]:
             c = classify(exc)
             effect.state, effect.applied_at, effect.version = State.PENDING, None, 1
             effect.last_error_class, effect.last_error_code = c.error_class, c.code
-            effect.next_attempt_at = effect.enqueued_for = timezone.now()
+            effect.next_attempt_at = effect.enqueued_for = Now()
             failed.append(effect)
             events.append(
                 _event_row(
@@ -216,6 +217,7 @@ def _move(
     action: str,
     *,
     owner: str | None = None,
+    where: Q | None = None,
     error_class: str = "",
     code: str = "",
     note: str = "",
@@ -223,7 +225,7 @@ def _move(
 ) -> bool:
     """One ledger arrow: the CAS and its event commit together, or neither does."""
     with transaction.atomic():
-        if not _cas(effect, owner=owner, **changes):
+        if not _cas(effect, owner=owner, where=where, **changes):
             return False
         _event_row(effect, actor, action, error_class=error_class, code=code, note=note).save()
     return True
@@ -232,30 +234,28 @@ def _move(
 def claim_send(effect: Effect, worker: str) -> str:
     """Lease the effect to one sender: pending/unknown when due, or sending whose lease expired.
 
-    Returns ``claimed``, ``skipped`` (not due, or another sender moved first) or
+    Due-ness is part of the UPDATE's WHERE, judged by the server's clock. Returns
+    ``claimed``, ``skipped`` (not due, or another sender moved first) or
     ``needs_review`` (the send budget is spent: no further send, an operator decides).
     """
-    now = timezone.now()
     if effect.state in (State.PENDING, State.UNKNOWN):
-        due = effect.next_attempt_at is None or effect.next_attempt_at <= now
+        due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=Now())
     elif effect.state == State.SENDING:
-        due = effect.lease_expires_at is not None and effect.lease_expires_at <= now
+        due = Q(lease_expires_at__lte=Now())
     else:
-        due = False
-    if not due:
         return "skipped"
     if effect.attempts >= effect.max_attempts:
         won = _move(
             effect,
             worker,
             EffectEvent.Action.STOP,
+            where=due,
             code="budget_spent",
             state=State.NEEDS_REVIEW,
             reason=f"send attempts exhausted ({effect.attempts} of {effect.max_attempts})",
             lease_expires_at=None,
             next_attempt_at=None,
             last_error_code="budget_spent",
-            now=now,
         )
         if won:
             _log(effect, State.NEEDS_REVIEW, worker, code="budget_spent")
@@ -265,11 +265,11 @@ def claim_send(effect: Effect, worker: str) -> str:
         effect,
         worker,
         EffectEvent.Action.CLAIM,
+        where=due,
         state=State.SENDING,
         attempts=effect.attempts + 1,
         lease_owner=worker,
-        lease_expires_at=now + timedelta(seconds=lease),
-        now=now,
+        lease_expires_at=clock.after(lease),
     )
     return "claimed" if won else "skipped"
 
@@ -359,7 +359,6 @@ def _release_transactional(effect: Effect, worker: str, provider) -> str:
 
 
 def _applied(effect: Effect, worker: str, ref) -> str:
-    now = timezone.now()
     won = _move(
         effect,
         worker,
@@ -367,12 +366,11 @@ def _applied(effect: Effect, worker: str, ref) -> str:
         owner=worker,
         state=State.APPLIED,
         provider_ref=str(ref)[:200],
-        applied_at=now,
+        applied_at=Now(),
         lease_expires_at=None,
         reason="",
         last_error_class="",
         last_error_code="",
-        now=now,
     )
     if not won:
         # Another sender took over after our lease ran out; the provider
@@ -424,7 +422,6 @@ def _sender_lost(effect: Effect, worker: str) -> str:
 
 def _defer(effect: Effect, worker: str, prior: str) -> str:
     """No in-flight slot freed in time: hand the effect back, spending no attempt."""
-    now = timezone.now()
     # A re-driven expired send may have landed: it goes back as unknown, not pending.
     state = prior if prior in (State.PENDING, State.UNKNOWN) else State.UNKNOWN
     delay = float(conf.get("JOBS_PROVIDER_DEFER_SECONDS")) * (1 + random.random())
@@ -437,8 +434,7 @@ def _defer(effect: Effect, worker: str, prior: str) -> str:
         state=state,
         attempts=max(0, effect.attempts - 1),
         lease_expires_at=None,
-        next_attempt_at=now + timedelta(seconds=delay),
-        now=now,
+        next_attempt_at=clock.after(delay),
     )
     _log(effect, "deferred", worker, reason="provider_busy", delay=f"{delay:.2f}")
     return "deferred" if won else "lease_lost"
@@ -449,7 +445,6 @@ def _record_failure(
 ) -> str:
     """Write what the retry table says a failed release means."""
     c = classify(exc)
-    now = timezone.now()
     verdict = effect_outcome(
         c,
         attempts=effect.attempts,
@@ -463,7 +458,7 @@ def _record_failure(
         # Floor + full jitter: senders that failed together in an outage do not
         # come back together; Retry-After from the provider is a lower bound.
         delay = conf.backoff(effect.attempts, retry_after=c.retry_after)
-        changes["next_attempt_at"] = now + timedelta(seconds=delay)
+        changes["next_attempt_at"] = clock.after(delay)
     action = EffectEvent.Action.SEND if called else EffectEvent.Action.CHECK
     fields = {"error_class": c.error_class, "code": c.code}
     won = _move(
@@ -473,7 +468,6 @@ def _record_failure(
         owner=worker,
         last_error_class=c.error_class,
         last_error_code=c.code,
-        now=now,
         **fields,
         **changes,
     )
@@ -499,15 +493,13 @@ def _operator_move(effect: Effect, operator: str, action: str, *, enqueue: bool,
 
 def _resend_fields(effect: Effect) -> dict:
     """Back to pending, due now, its message enqueued with it, and a fresh send budget."""
-    now = timezone.now()
     return {
         "state": State.PENDING,
         "reason": "",
-        "next_attempt_at": now,
-        "enqueued_for": now,
+        "next_attempt_at": Now(),
+        "enqueued_for": Now(),
         "lease_expires_at": None,
         "max_attempts": effect.attempts + conf.effect_max_attempts(),
-        "now": now,
     }
 
 
@@ -543,7 +535,6 @@ def mark_sent(effect: Effect, *, operator: str, note: str = "") -> bool:
     """Operator: a needs_review effect is known to have arrived (checked out of band)."""
     if effect.state != State.NEEDS_REVIEW:
         return False
-    now = timezone.now()
     return _operator_move(
         effect,
         operator,
@@ -551,9 +542,8 @@ def mark_sent(effect: Effect, *, operator: str, note: str = "") -> bool:
         enqueue=False,
         note=note,
         state=State.APPLIED,
-        applied_at=now,
+        applied_at=Now(),
         provider_ref=effect.provider_ref or "marked-sent",
         reason=f"marked sent by operator {operator}"[:300],
         lease_expires_at=None,
-        now=now,
     )

@@ -9,32 +9,33 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 
 class JobQuerySet(models.QuerySet):
     def due(self, now=None):
-        """Queued or waiting jobs whose next attempt time has come."""
-        now = now or timezone.now()
+        """Queued or waiting jobs whose next attempt time has come (server clock by default)."""
+        now = now or Now()
         return self.filter(
             state__in=[Job.State.QUEUED, Job.State.RETRY_WAIT], next_attempt_at__lte=now
         )
 
     def lease_expired(self, now=None):
         """Running jobs whose worker stopped extending its lease."""
-        now = now or timezone.now()
+        now = now or Now()
         return self.filter(state=Job.State.RUNNING, lease_expires_at__lte=now)
 
     def live_running(self, now=None):
         """Running jobs whose lease still holds: they count against the tenant bound."""
-        now = now or timezone.now()
+        now = now or Now()
         return self.filter(state=Job.State.RUNNING, lease_expires_at__gt=now)
 
 
 class EffectQuerySet(models.QuerySet):
     def due_for_release(self, now=None):
         """Effects a sender may take now: due pending/unknown ones and expired sending leases."""
-        now = now or timezone.now()
+        now = now or Now()
         return self.filter(
             Q(state__in=[Effect.State.PENDING, Effect.State.UNKNOWN], next_attempt_at__lte=now)
             | Q(state=Effect.State.SENDING, lease_expires_at__lte=now)

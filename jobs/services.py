@@ -7,13 +7,14 @@ commit together or not at all.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.db import transaction
 from django.db.models import F, Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
-from jobs import conf, ledger, registry, transitions
+from jobs import clock, conf, ledger, registry, transitions
 from jobs.models import Effect, Job
 from jobs.queue import enqueue_effect, enqueue_job
 
@@ -31,7 +32,7 @@ def request_job(
 ) -> tuple[Job, bool]:
     """Return the one job for (kind, subject, revision), creating and enqueueing it once."""
     job_kind = registry.get_kind(kind)
-    now = timezone.now()
+    now = timezone.now()  # shown to people; the due time is the server's clock
     with transaction.atomic():
         job, created = Job.objects.get_or_create(
             kind=kind,
@@ -42,26 +43,28 @@ def request_job(
                 "tenant_key": tenant_key,
                 "params": params or {},
                 "max_attempts": job_kind.max_attempts or conf.max_attempts(),
-                "next_attempt_at": now,
-                "enqueued_for": now,
+                "next_attempt_at": Now(),
+                "enqueued_for": Now(),
                 "created_at": now,
                 "updated_at": now,
             },
         )
         if created:
             enqueue_job(job)
+            job.refresh_from_db(fields=["next_attempt_at", "enqueued_for"])
     return job, created
 
 
-def needs_message(due_field: str, now: datetime) -> Q:
+def needs_message(due_field: str) -> Q:
     """No message yet for this due time, or the last one is presumed lost.
 
     ``enqueued_for`` holds when the last message was sent. A message older than
     the re-drive window (the broker's redelivery time, twice) that left the job
     still due was lost or is stuck in a dead cluster: one more is sent. A spare
-    message costs one duplicate delivery; a lost one would cost the job.
+    message costs one duplicate delivery; a lost one would cost the job. Judged
+    by the server's clock.
     """
-    lost_before = now - timedelta(seconds=conf.redrive_after_seconds())
+    lost_before = clock.before(conf.redrive_after_seconds())
     return (
         Q(enqueued_for__isnull=True)
         | Q(enqueued_for__lt=F(due_field))
@@ -69,20 +72,25 @@ def needs_message(due_field: str, now: datetime) -> Q:
     )
 
 
-def mark_enqueued(model, pk: int, due_field: str, due_at: datetime, states) -> bool:
-    """Claim the right to enqueue ``pk`` now: one message per due time (and per lost one)."""
-    now = timezone.now()
-    return (
-        model.objects.filter(pk=pk, state__in=states, **{due_field: due_at})
-        .filter(needs_message(due_field, now))
-        .update(enqueued_for=now)
-        == 1
-    )
+def mark_enqueued(model, pk: int, due_field: str, due_at: datetime | None, states) -> bool:
+    """Claim the right to enqueue ``pk`` now: one message per due time (and per lost one).
+
+    The row is locked with SKIP LOCKED first: a row held by a worker's open
+    transaction (even a frozen one) is passed over, never waited for; the next
+    sweep tries again. ``due_at`` None: whatever the due time is now.
+    """
+    rows = model.objects.filter(pk=pk, state__in=states)
+    if due_at is not None:
+        rows = rows.filter(**{due_field: due_at})
+    rows = rows.filter(needs_message(due_field))
+    if not rows.select_for_update(skip_locked=True).values_list("pk", flat=True):
+        return False
+    return rows.update(enqueued_for=Now()) == 1
 
 
 def _after_operator_change(job: Job) -> None:
     with transaction.atomic():
-        if mark_enqueued(Job, job.pk, "next_attempt_at", job.next_attempt_at, [job.state]):
+        if mark_enqueued(Job, job.pk, "next_attempt_at", None, [job.state]):
             enqueue_job(job)
 
 

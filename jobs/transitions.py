@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import connection, transaction
-from django.utils import timezone
+from django.db.models.functions import Now
 
-from jobs import conf
+from jobs import clock, conf
 from jobs.cas import compare_and_swap
 from jobs.models import Attempt, Job
 
@@ -89,11 +89,12 @@ def claim(job_id: int, worker: str, *, lease_seconds: float | None = None) -> Cl
     """
     lease = conf.lease_seconds() if lease_seconds is None else lease_seconds
     with transaction.atomic():
-        now = timezone.now()
-        job = Job.objects.filter(pk=job_id).first()
+        # The server's clock, read with the row: every decision and write below uses it.
+        job = Job.objects.annotate(db_now=Now()).filter(pk=job_id).first()
         if job is None:
             log.warning("job=%s delivery for a job that does not exist", job_id)
             return Claim("missing")
+        now = job.db_now
 
         def record(outcome: str, **fields) -> Attempt:
             return Attempt.objects.create(
@@ -129,7 +130,6 @@ def claim(job_id: int, worker: str, *, lease_seconds: float | None = None) -> Cl
                 last_error_class=error_class,
                 last_error_code=code,
                 last_error_detail="attempt budget spent",
-                now=now,
             ):
                 return Claim("duplicate", job, record(Outcome.DUPLICATE_DELIVERY))
             _close_open_attempts(job, now)
@@ -154,7 +154,6 @@ def claim(job_id: int, worker: str, *, lease_seconds: float | None = None) -> Cl
             lease_expires_at=now + timedelta(seconds=lease),
             next_attempt_at=None,
             started_at=job.started_at or now,
-            now=now,
         ):
             _log(job, "duplicate_delivery", worker, reason="claim_race")
             return Claim("duplicate", job, record(Outcome.DUPLICATE_DELIVERY))
@@ -176,7 +175,7 @@ def _defer(job: Job, worker: str, now, record, reclaiming: bool) -> Claim:
     """Tenant at its bound: push the due time a little, spend no attempt."""
     delay = float(conf.get("JOBS_TENANT_DEFER_SECONDS")) * (1 + random.random())
     due = now + timedelta(seconds=delay)
-    changes = {"next_attempt_at": due, "enqueued_for": None, "now": now}
+    changes = {"next_attempt_at": due, "enqueued_for": None}
     if reclaiming:
         changes.update(state=State.RETRY_WAIT, lease_expires_at=None)
     if not _cas(job, **changes):
@@ -190,14 +189,7 @@ def _defer(job: Job, worker: str, now, record, reclaiming: bool) -> Claim:
 def heartbeat(job: Job, worker: str, *, lease_seconds: float | None = None) -> bool:
     """Extend our lease; False when the job is no longer ours."""
     lease = conf.lease_seconds() if lease_seconds is None else lease_seconds
-    now = timezone.now()
-    return _cas(
-        job,
-        owner=worker,
-        state=State.RUNNING,
-        lease_expires_at=now + timedelta(seconds=lease),
-        now=now,
-    )
+    return _cas(job, owner=worker, state=State.RUNNING, lease_expires_at=clock.after(lease))
 
 
 def still_owner(job: Job, worker: str) -> bool:
@@ -207,23 +199,21 @@ def still_owner(job: Job, worker: str) -> bool:
         version=job.version,
         lease_owner=worker,
         state=State.RUNNING,
-        lease_expires_at__gt=timezone.now(),
+        lease_expires_at__gt=Now(),
     ).exists()
 
 
 def publish(job: Job, worker: str) -> bool:
     """running → succeeded; call inside the transaction that records the effects."""
-    now = timezone.now()
     won = _cas(
         job,
         owner=worker,
         state=State.SUCCEEDED,
         lease_expires_at=None,
-        finished_at=now,
+        finished_at=Now(),
         last_error_class="",
         last_error_code="",
         last_error_detail="",
-        now=now,
     )
     if won:
         _log(job, "publish", worker)
@@ -234,17 +224,15 @@ def schedule_retry(
     job: Job, worker: str, *, delay: float, error_class: str, code: str, detail: str = ""
 ) -> bool:
     """running → retry_wait, due after ``delay`` seconds."""
-    now = timezone.now()
     won = _cas(
         job,
         owner=worker,
         state=State.RETRY_WAIT,
         lease_expires_at=None,
-        next_attempt_at=now + timedelta(seconds=delay),
+        next_attempt_at=clock.after(delay),
         last_error_class=error_class,
         last_error_code=code,
         last_error_detail=detail[:300],
-        now=now,
     )
     if won:
         _log(job, "retry", worker, error_class=error_class, code=code, delay=f"{delay:.2f}")
@@ -252,17 +240,15 @@ def schedule_retry(
 
 
 def _finish(job: Job, worker: str, state: str, error_class: str, code: str, detail: str) -> bool:
-    now = timezone.now()
     won = _cas(
         job,
         owner=worker,
         state=state,
         lease_expires_at=None,
-        finished_at=now,
+        finished_at=Now(),
         last_error_class=error_class,
         last_error_code=code,
         last_error_detail=detail[:300],
-        now=now,
     )
     if won:
         _log(job, state, worker, error_class=error_class, code=code)
@@ -283,7 +269,7 @@ def cancel(job: Job) -> bool:
     """Operator: queued/retry_wait → cancelled."""
     if job.state not in (State.QUEUED, State.RETRY_WAIT):
         return False
-    won = _cas(job, state=State.CANCELLED, finished_at=timezone.now())
+    won = _cas(job, state=State.CANCELLED, finished_at=Now())
     if won:
         _log(job, "cancel", "operator")
     return won
@@ -293,16 +279,14 @@ def requeue(job: Job) -> bool:
     """Operator: failed/dead → queued with a fresh attempt budget."""
     if job.state not in (State.FAILED, State.DEAD):
         return False
-    now = timezone.now()
     won = _cas(
         job,
         state=State.QUEUED,
         attempts=0,
-        next_attempt_at=now,
+        next_attempt_at=Now(),
         enqueued_for=None,
         finished_at=None,
         lease_expires_at=None,
-        now=now,
     )
     if won:
         _log(job, "requeue", "operator")
@@ -313,14 +297,14 @@ def retry_now(job: Job) -> bool:
     """Operator: make a waiting job due at once."""
     if job.state not in (State.QUEUED, State.RETRY_WAIT):
         return False
-    now = timezone.now()
-    return _cas(job, next_attempt_at=now, enqueued_for=None, now=now)
+    return _cas(job, next_attempt_at=Now(), enqueued_for=None)
 
 
 def finish_attempt(attempt: Attempt, outcome: str, **fields) -> None:
     """Record how a delivery ended (attempts are history, not state: no CAS needed)."""
-    fields.setdefault("finished_at", timezone.now())
+    fields.setdefault("finished_at", Now())
     for name, value in fields.items():
-        setattr(attempt, name, value)
+        if not hasattr(value, "resolve_expression"):
+            setattr(attempt, name, value)
     attempt.outcome = outcome
     Attempt.objects.filter(pk=attempt.pk).update(outcome=outcome, **fields)
