@@ -14,19 +14,29 @@ from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
+from jobs import clock
+
 
 def compare_and_swap(
-    obj: models.Model, *, owner: str | None = None, where: Q | None = None, **changes
+    obj: models.Model,
+    *,
+    owner: str | None = None,
+    margin: float = 0.0,
+    where: Q | None = None,
+    **changes,
 ) -> bool:
     """Apply ``changes`` to ``obj``'s row if it is still at ``obj.version``; mirror them if won.
 
-    ``where`` adds conditions the row must meet at the moment of the UPDATE (e.g.
-    "due by the server's clock"). Values that are expressions are evaluated by the
+    ``margin``: with ``owner``, the lease must hold at least this many seconds more
+    (a publish must be able to commit before the lease ends). ``where`` adds
+    conditions the row must meet at the moment of the UPDATE (e.g. "due by the
+    server's clock"). Values that are expressions are evaluated by the
     database and are not mirrored on ``obj``.
     """
     qs = type(obj)._default_manager.filter(pk=obj.pk, version=obj.version)
     if owner is not None:
-        qs = qs.filter(lease_owner=owner, lease_expires_at__gt=Now())
+        expiry_after = clock.after(margin) if margin else Now()
+        qs = qs.filter(lease_owner=owner, lease_expires_at__gt=expiry_after)
     if where is not None:
         qs = qs.filter(where)
     won = qs.update(version=F("version") + 1, updated_at=Now(), **changes) == 1

@@ -21,6 +21,12 @@ DEFAULTS = {
     # Extra delay (seconds, jittered up to twice this) before a deferred effect is due again.
     "JOBS_PROVIDER_DEFER_SECONDS": 0.5,
     "JOBS_ARTIFACT_STORAGE": "artifacts",
+    # Worker transactions on PostgreSQL: the server ends one idle this long (None: a quarter
+    # of the lease), and a worker's own CAS needs at least this much lease left, so a frozen
+    # worker can never commit after its lease ran out. Lock waits end after the lock timeout
+    # (None: half the lease).
+    "JOBS_TRANSACTION_IDLE_SECONDS": None,
+    "JOBS_LOCK_TIMEOUT_SECONDS": None,
     # A still-due job whose message is older than this gets another (None: 2x Q retry).
     "JOBS_REDRIVE_AFTER_SECONDS": None,
 }
@@ -59,6 +65,16 @@ def backoff(attempt: int, *, retry_after: float | None = None) -> float:
         cap=float(get("JOBS_BACKOFF_CAP_SECONDS")),
         retry_after=retry_after,
     )
+
+
+def transaction_idle_seconds() -> float:
+    value = get("JOBS_TRANSACTION_IDLE_SECONDS")
+    return lease_seconds() / 4 if value is None else float(value)
+
+
+def lock_timeout_seconds() -> float:
+    value = get("JOBS_LOCK_TIMEOUT_SECONDS")
+    return lease_seconds() / 2 if value is None else float(value)
 
 
 def redrive_after_seconds() -> float:

@@ -12,9 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django.db import transaction
-
-from jobs import artifacts, conf, ledger, queue, registry, transitions
+from jobs import artifacts, clock, conf, ledger, queue, registry, transitions
 from jobs.exceptions import LeaseLost
 from jobs.models import Artifact, Attempt, Job
 from jobs.retry import classify, job_outcome
@@ -94,6 +92,7 @@ def run_delivery(
         kind = registry.get_kind(job.kind)
         specs = kind.handler(ctx) or []
         ctx.stage("before_publish")
+        ctx.heartbeat()  # a lease more than a third spent is extended before the fenced publish
     except LeaseLost:
         transitions.finish_attempt(attempt, Outcome.LEASE_LOST)
         log.info("job=%s worker=%s lease lost during work", job.pk, worker)
@@ -102,7 +101,7 @@ def run_delivery(
         return _handle_failure(ctx, exc)
 
     effects = []
-    with transaction.atomic():
+    with clock.worker_transaction():
         if not transitions.publish(job, worker):
             published = False
         else:
@@ -129,7 +128,7 @@ def _handle_failure(ctx: JobContext, exc: Exception) -> DeliveryResult:
     c = classify(exc)
     fields = {"error_class": c.error_class.value, "error_code": c.code}
     # The outcome and its attempt row commit together: a crash cannot leave a blank attempt.
-    with transaction.atomic():
+    with clock.worker_transaction():
         state = job_outcome(c, attempts=job.attempts, max_attempts=job.max_attempts)
         if state == "retry_wait":
             delay = conf.backoff(job.attempts, retry_after=c.retry_after)

@@ -23,7 +23,7 @@ import zlib
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models.functions import Now
 
 from jobs import clock, conf
@@ -88,7 +88,7 @@ def claim(job_id: int, worker: str, *, lease_seconds: float | None = None) -> Cl
     duplicate deliveries can be counted apart.
     """
     lease = conf.lease_seconds() if lease_seconds is None else lease_seconds
-    with transaction.atomic():
+    with clock.worker_transaction():
         # The server's clock, read with the row: every decision and write below uses it.
         job = Job.objects.annotate(db_now=Now()).filter(pk=job_id).first()
         if job is None:
@@ -204,10 +204,15 @@ def still_owner(job: Job, worker: str) -> bool:
 
 
 def publish(job: Job, worker: str) -> bool:
-    """running → succeeded; call inside the transaction that records the effects."""
+    """running → succeeded; call inside the transaction that records the effects.
+
+    The lease must outlast the transaction's idle timeout, so this transaction can
+    only commit while the lease still holds (``clock.worker_transaction``).
+    """
     won = _cas(
         job,
         owner=worker,
+        margin=conf.transaction_idle_seconds(),
         state=State.SUCCEEDED,
         lease_expires_at=None,
         finished_at=Now(),
