@@ -27,6 +27,10 @@ DEFAULTS = {
     # (None: half the lease).
     "JOBS_TRANSACTION_IDLE_SECONDS": None,
     "JOBS_LOCK_TIMEOUT_SECONDS": None,
+    # A dependency outage (database, artifact storage) does not spend a job's attempts for
+    # this long after it began; its retries back off up to the outage cap.
+    "JOBS_OUTAGE_WINDOW_SECONDS": 3600.0,
+    "JOBS_OUTAGE_BACKOFF_CAP_SECONDS": 60.0,
     # A still-due job whose message is older than this gets another (None: 2x Q retry).
     "JOBS_REDRIVE_AFTER_SECONDS": None,
 }
@@ -75,6 +79,22 @@ def transaction_idle_seconds() -> float:
 def lock_timeout_seconds() -> float:
     value = get("JOBS_LOCK_TIMEOUT_SECONDS")
     return lease_seconds() / 2 if value is None else float(value)
+
+
+def outage_window_seconds() -> float:
+    return float(get("JOBS_OUTAGE_WINDOW_SECONDS"))
+
+
+def outage_backoff(attempt: int) -> float:
+    """Backoff while a dependency is down: same floor and base, the longer outage cap."""
+    from jobs.retry import backoff_delay
+
+    return backoff_delay(
+        attempt,
+        floor=float(get("JOBS_BACKOFF_FLOOR_SECONDS")),
+        base=float(get("JOBS_BACKOFF_BASE_SECONDS")),
+        cap=float(get("JOBS_OUTAGE_BACKOFF_CAP_SECONDS")),
+    )
 
 
 def redrive_after_seconds() -> float:

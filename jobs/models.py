@@ -81,6 +81,9 @@ class Job(models.Model):
     last_error_class = models.CharField(max_length=32, blank=True, default="")
     last_error_code = models.CharField(max_length=64, blank=True, default="")
     last_error_detail = models.CharField(max_length=300, blank=True, default="")
+    outage_since = models.DateTimeField(
+        null=True, blank=True, help_text="a dependency outage has held this job up since"
+    )
 
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)

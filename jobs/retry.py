@@ -7,6 +7,8 @@ testable on its own and lives in exactly one place.
 from __future__ import annotations
 
 import email.utils
+import errno
+import os
 import random
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -85,11 +87,27 @@ _EFFECT_REASONS = {
 }
 
 
-def job_outcome(c: Classified, *, attempts: int, max_attempts: int) -> str:
-    """The job's next state after a failed attempt: ``retry_wait``, ``failed`` or ``dead``."""
+def job_outcome(
+    c: Classified,
+    *,
+    attempts: int,
+    max_attempts: int,
+    outage_for: float | None = None,
+    outage_window: float = 0.0,
+) -> str:
+    """The job's next state after a failed attempt.
+
+    ``retry_wait``, ``failed``, ``dead``, or ``outage_wait``: a retry_wait that does
+    not spend the attempt, because a dependency (database, artifact storage) is
+    down. Outages are budgeted by time, not attempts: ``outage_for`` seconds since
+    this outage began (None: it begins now), against ``outage_window``; past the
+    window the attempt counts again.
+    """
     rule = c.rule
     if not rule.retry:
         return rule.job_final
+    if c.outage and (outage_for or 0.0) < outage_window:
+        return "outage_wait"
     return "retry_wait" if attempts < max_attempts else "dead"
 
 
@@ -129,6 +147,9 @@ def effect_outcome(
     return EffectOutcome("pending", "")
 
 
+# Storage errors that mean "the disk is full or read-only for now": an outage, not a bug.
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.ENFILE, errno.EMFILE}
+
 # SQLSTATEs that mean "the same statement may succeed if tried again".
 _RETRYABLE_SQLSTATES = {
     "40P01": "deadlock",
@@ -143,6 +164,7 @@ class Classified:
     code: str
     detail: str = ""
     retry_after: float | None = None
+    outage: bool = False  # a dependency is down (database, storage): wait, budgeted by time
 
     @property
     def rule(self) -> Rule:
@@ -185,8 +207,22 @@ def classify(exc: BaseException) -> Classified:
         if sqlstate:
             if sqlstate in _RETRYABLE_SQLSTATES:
                 return Classified(ErrorClass.TEMPORARY, f"pg_{sqlstate}")
-            if sqlstate.startswith(("08", "57P")):  # connection exception, operator shutdown
-                return Classified(ErrorClass.TEMPORARY, f"pg_{sqlstate}")
+            if sqlstate.startswith(("08", "57P", "53")):  # connection, shutdown, resources
+                return Classified(
+                    ErrorClass.TEMPORARY,
+                    f"pg_{sqlstate}",
+                    detail=f"database unavailable (SQLSTATE {sqlstate})",
+                    outage=True,
+                )
+        if isinstance(err, OSError) and err.errno in _STORAGE_ERRNOS:
+            name = errno.errorcode[err.errno]
+            # strerror only: the exception's text may name a file, and names may be private.
+            return Classified(
+                ErrorClass.TEMPORARY,
+                f"storage_{name.lower()}",
+                detail=f"storage unavailable: {os.strerror(err.errno)} ({name})",
+                outage=True,
+            )
         http = _classify_httpx(err)
         if http is not None:
             return http
@@ -196,7 +232,12 @@ def classify(exc: BaseException) -> Classified:
             ("django.db", "psycopg", "sqlite3")
         ):
             # Connection lost or database locked: the database is temporarily unavailable.
-            return Classified(ErrorClass.TEMPORARY, "db_unavailable")
+            return Classified(
+                ErrorClass.TEMPORARY,
+                "db_unavailable",
+                detail=f"database unavailable ({name})",
+                outage=True,
+            )
         if isinstance(err, TimeoutError):
             return Classified(ErrorClass.PROVIDER_TIMEOUT, "timeout")
         if isinstance(err, ConnectionError):

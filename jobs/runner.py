@@ -129,11 +129,28 @@ def _handle_failure(ctx: JobContext, exc: Exception) -> DeliveryResult:
     fields = {"error_class": c.error_class.value, "error_code": c.code}
     # The outcome and its attempt row commit together: a crash cannot leave a blank attempt.
     with clock.worker_transaction():
-        state = job_outcome(c, attempts=job.attempts, max_attempts=job.max_attempts)
-        if state == "retry_wait":
-            delay = conf.backoff(job.attempts, retry_after=c.retry_after)
+        state = job_outcome(
+            c,
+            attempts=job.attempts,
+            max_attempts=job.max_attempts,
+            outage_for=_outage_for(job),
+            outage_window=conf.outage_window_seconds(),
+        )
+        if state in ("retry_wait", "outage_wait"):
+            outage = state == "outage_wait"
+            delay = (
+                conf.outage_backoff(job.attempts)
+                if outage
+                else conf.backoff(job.attempts, retry_after=c.retry_after)
+            )
             won = transitions.schedule_retry(
-                job, worker, delay=delay, error_class=c.error_class, code=c.code, detail=c.detail
+                job,
+                worker,
+                delay=delay,
+                error_class=c.error_class,
+                code=c.code,
+                detail=c.detail,
+                outage=outage,
             )
             outcome, fields["retry_delay_seconds"] = Outcome.RETRY, delay
         else:
@@ -147,3 +164,13 @@ def _handle_failure(ctx: JobContext, exc: Exception) -> DeliveryResult:
             outcome = Outcome.LEASE_LOST
         transitions.finish_attempt(attempt, outcome, **fields)
     return DeliveryResult(job.pk, outcome, worker)
+
+
+def _outage_for(job: Job) -> float | None:
+    """Seconds this job has been held up by an outage, by the server's clock at the claim."""
+    if job.outage_since is None:
+        return None
+    db_now = getattr(job, "db_now", None)
+    if db_now is None:
+        return None
+    return (db_now - job.outage_since).total_seconds()

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import connection
-from django.db.models.functions import Now
+from django.db.models import F
+from django.db.models.functions import Coalesce, Now
 
 from jobs import clock, conf
 from jobs.cas import compare_and_swap
@@ -219,6 +220,7 @@ def publish(job: Job, worker: str) -> bool:
         last_error_class="",
         last_error_code="",
         last_error_detail="",
+        outage_since=None,
     )
     if won:
         _log(job, "publish", worker)
@@ -226,9 +228,27 @@ def publish(job: Job, worker: str) -> bool:
 
 
 def schedule_retry(
-    job: Job, worker: str, *, delay: float, error_class: str, code: str, detail: str = ""
+    job: Job,
+    worker: str,
+    *,
+    delay: float,
+    error_class: str,
+    code: str,
+    detail: str = "",
+    outage: bool = False,
 ) -> bool:
-    """running → retry_wait, due after ``delay`` seconds."""
+    """running → retry_wait, due after ``delay`` seconds.
+
+    ``outage``: a dependency is down; the budget grows by the attempt this claim
+    cost (the retry table decides while the outage window lasts), and the
+    outage's start is kept, so the window is measured from it.
+    """
+    changes = {"outage_since": None}
+    if outage:
+        changes = {
+            "max_attempts": F("max_attempts") + 1,
+            "outage_since": Coalesce("outage_since", Now()),
+        }
     won = _cas(
         job,
         owner=worker,
@@ -238,9 +258,18 @@ def schedule_retry(
         last_error_class=error_class,
         last_error_code=code,
         last_error_detail=detail[:300],
+        **changes,
     )
     if won:
-        _log(job, "retry", worker, error_class=error_class, code=code, delay=f"{delay:.2f}")
+        _log(
+            job,
+            "retry",
+            worker,
+            error_class=error_class,
+            code=code,
+            delay=f"{delay:.2f}",
+            outage=outage,
+        )
     return won
 
 

@@ -160,3 +160,21 @@ def test_backoff_delay__has_floor_cap_and_growing_jittered_window():
 
 def test_backoff_delay__retry_after_is_a_lower_bound():
     assert backoff_delay(1, floor=0.1, base=0.1, cap=1, retry_after=30, rng=random.Random(1)) == 30
+
+
+def test_classify__full_or_read_only_storage_is_an_outage_named_by_errno():
+    import errno
+
+    c = classify(OSError(errno.ENOSPC, "No space left on device", "/srv/private-name.pdf"))
+    assert (c.error_class, c.code, c.outage) == (ErrorClass.TEMPORARY, "storage_enospc", True)
+    assert c.detail == "storage unavailable: No space left on device (ENOSPC)"
+    assert classify(OSError(errno.EROFS, "x")).code == "storage_erofs"
+    assert not classify(OSError(errno.ENOENT, "x")).outage, "a missing file is no outage"
+
+
+def test_job_outcome__an_outage_waits_by_time_not_by_attempts():
+    c = Classified(ErrorClass.TEMPORARY, "storage_enospc", outage=True)
+    kwargs = {"attempts": 5, "max_attempts": 5, "outage_window": 3600}
+    assert job_outcome(c, outage_for=None, **kwargs) == "outage_wait"
+    assert job_outcome(c, outage_for=3599, **kwargs) == "outage_wait"
+    assert job_outcome(c, outage_for=3600, **kwargs) == "dead", "past the window it counts"
