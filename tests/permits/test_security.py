@@ -18,7 +18,6 @@ import secrets
 import stat
 import subprocess
 import sys
-from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -36,43 +35,18 @@ from jobs.artifacts import get_storage, sha256_hex
 from jobs.models import Artifact, Job
 from jobs.restore import restore_artifact
 from jobs.runner import run_delivery
-from permits.models import PRIVATE_FIELDS, ApplicantContactView, PermitRequest, Tenant
-from permits.services import assign_reviewer, report_request
+from permits.models import PRIVATE_FIELDS, ApplicantContactView, PermitRequest
+from permits.services import report_request
+from tests.permits import factories
+from tests.permits.factories import PRIVATE
 
 pytestmark = pytest.mark.django_db
 
 ROOT = Path(__file__).resolve().parents[2]
-PRIVATE = {
-    "applicant_name": "Wilhelmina Ostrander",
-    "applicant_phone": "+1 555 0177",
-    "applicant_email": "w.ostrander@example.net",
-    "applicant_id_number": "QV-3310-4471",
-}
 PASSWORD = "correct-horse-battery-9"
 
 
 # --- helpers ---------------------------------------------------------------------------
-
-
-def office() -> Tenant:
-    return Tenant.objects.get_or_create(key="sec", defaults={"name": "Security Office"})[0]
-
-
-def new_permit(*, reviewer=None, **fields) -> PermitRequest:
-    n = PermitRequest.objects.count() + 1
-    made = PermitRequest.objects.create(
-        tenant=office(),
-        reference=f"SEC-{n:04d}",
-        site_address=f"{n} Lock Street",
-        parcel=f"S-{n}",
-        work_type=PermitRequest.WorkType.ALTERATION,
-        description="Interior alteration",
-        valuation=Decimal("12000"),
-        **{**PRIVATE, **fields},
-    )
-    if reviewer is not None:
-        assign_reviewer(made, reviewer)
-    return made
 
 
 def finished_report(permit: PermitRequest) -> Job:
@@ -280,7 +254,7 @@ def assert_not_stored(url: str, response) -> None:
 
 
 def test_reviewer_pages__csp_nothing_inline_and_never_stored(reviewer):
-    permit = new_permit(reviewer=reviewer)
+    permit = factories.permit(reviewer=reviewer)
     finished_report(permit)
     client = signed_in(reviewer)
     pages = [
@@ -311,7 +285,7 @@ def test_login_page__csp_and_nothing_inline_for_anonymous_visitors():
 
 
 def test_operator_pages__csp_nothing_inline_and_never_stored(operator, reviewer):
-    permit = new_permit(reviewer=reviewer)
+    permit = factories.permit(reviewer=reviewer)
     job = finished_report(permit)
     client = signed_in(operator)
     pages = [
@@ -355,7 +329,7 @@ def change_form_data(permit: PermitRequest, **changes) -> dict:
 
 def test_contacts__operator_without_the_permission_sees_and_posts_none(operator, reviewer):
     assert not operator.has_perm("permits.view_applicant_contact")
-    permit = new_permit(reviewer=reviewer)
+    permit = factories.permit(reviewer=reviewer)
     client = signed_in(operator)
     url = f"/admin/permits/permitrequest/{permit.pk}/change/"
 
@@ -388,7 +362,7 @@ def test_contacts__operator_without_the_permission_sees_and_posts_none(operator,
 def test_contacts__holder_sees_them_and_each_view_is_recorded(operator, reviewer):
     operator.user_permissions.add(Permission.objects.get(codename="view_applicant_contact"))
     operator = get_user_model().objects.get(pk=operator.pk)  # fresh permission cache
-    permit = new_permit(reviewer=reviewer)
+    permit = factories.permit(reviewer=reviewer)
     client = signed_in(operator)
     url = f"/admin/permits/permitrequest/{permit.pk}/change/"
     for _ in range(2):
@@ -408,13 +382,13 @@ def test_contacts__operators_group_never_gets_the_permission_and_reviewers_keep_
     operators = Group.objects.get(name="operators")
     assert not operators.permissions.filter(codename="view_applicant_contact").exists()
     assert operators.permissions.filter(codename="change_permitrequest").exists()
-    permit = new_permit(reviewer=reviewer)
+    permit = factories.permit(reviewer=reviewer)
     card = signed_in(reviewer).get(f"/requests/{permit.pk}/").content.decode()
     assert all(PRIVATE[field] in card for field in PRIVATE_FIELDS)
 
 
 def test_permit_admin__keeps_no_per_request_state_on_the_shared_instance(operator, reviewer):
-    permit = new_permit(reviewer=reviewer)
+    permit = factories.permit(reviewer=reviewer)
     finished_report(permit)
     model_admin = admin.site._registry[PermitRequest]
     before = set(vars(model_admin))
@@ -432,7 +406,7 @@ def restore_messages() -> list[tuple]:
 
 
 def test_download__corrupt_artifact_is_not_served_and_the_engine_restores_it(reviewer, make_user):
-    permit = new_permit(reviewer=reviewer)
+    permit = factories.permit(reviewer=reviewer)
     job = finished_report(permit)
     artifact = Artifact.objects.get(job=job)
     good = get_storage().open(artifact.storage_name).read()
@@ -468,7 +442,7 @@ def test_download__corrupt_artifact_is_not_served_and_the_engine_restores_it(rev
 def test_artifact_folders__explicit_mode_even_under_umask_000(reviewer):
     old = os.umask(0)
     try:
-        job = finished_report(new_permit(reviewer=reviewer))
+        job = finished_report(factories.permit(reviewer=reviewer))
     finally:
         os.umask(old)
     root = Path(settings.STORAGES["artifacts"]["OPTIONS"]["location"]).resolve()
@@ -500,7 +474,7 @@ def admin_object_urls(object_id: str) -> list[tuple[str, str]]:
 def test_admin__abc_ids_answer_404_in_every_admin_view(make_user, reviewer):
     boss = make_user(username="boss", is_staff=True, is_superuser=True)
     client = signed_in(boss)
-    permit = new_permit(reviewer=reviewer)
+    permit = factories.permit(reviewer=reviewer)
     group = Group.objects.get(name="reviewers")
     urls = admin_object_urls("abc")
     numeric = [url for url, kind in urls if kind in ("AutoField", "BigAutoField", "IntegerField")]
