@@ -1,19 +1,18 @@
 """Restoring a finished job's artifact whose stored bytes no longer match its row.
 
 Whoever finds the file missing or corrupt (a download, an operator) asks for a
-restore; a worker then re-runs the job kind's producer under the job's stable key
-and rewrites the file in place — the same artifact row, the same key, the same
-``artifacts.verify`` a second worker uses when it finds a bad file. The job's state
-and its effects are not touched: the notices went out when the job published, and
-whatever effects the producer asks for again are ignored.
-"""
+restore (``jobs.queue.enqueue_restore``); a worker then re-runs the job kind's
+producer under the job's stable key and rewrites the file in place — the same
+artifact row, the same key, the same ``artifacts.verify`` a second worker uses when
+it finds a bad file. The job's state and its effects are not touched: the notices
+went out when the job published, and whatever effects the producer asks for again
+are ignored."""
 
 from __future__ import annotations
 
 import logging
 
 from django.db import transaction
-from django_q.tasks import async_task
 
 from jobs import artifacts, registry, transitions
 from jobs.exceptions import LeaseLost
@@ -22,13 +21,6 @@ from jobs.retry import classify
 from jobs.runner import JobContext
 
 log = logging.getLogger("jobs.restore")
-
-
-def request_restore(artifact: Artifact) -> None:
-    """Queue a restore of ``artifact``; returns at once (a worker restores)."""
-    async_task(
-        "jobs.restore.restore_artifact", artifact.pk, task_name=f"restore-artifact-{artifact.pk}"
-    )
 
 
 class RestoreContext(JobContext):

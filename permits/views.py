@@ -25,7 +25,7 @@ from django.views.decorators.http import require_GET, require_POST
 from jobs.artifacts import read_verified
 from jobs.exceptions import ArtifactCorrupt
 from jobs.models import Attempt, Job, Notice
-from jobs.restore import request_restore
+from jobs.queue import enqueue_restore
 from permits import selectors, services
 from permits.forms import DecisionForm, NewRevisionForm
 from permits.models import PermitRequest
@@ -293,7 +293,7 @@ def report_download(request: HttpRequest, pk: int) -> HttpResponse:
         log.warning(
             "artifact=%s key=%s failed its sha256 check at download", artifact.pk, artifact.key
         )
-        request_restore(artifact)
+        enqueue_restore(artifact)
         response = _render(
             request, "permits/report_unavailable.html", {"permit": permit}, status=503
         )

@@ -4,12 +4,15 @@ DEBUG=0, the site's own settings (``permits.settings``), the test database on
 PostgreSQL, migrate + collectstatic + gunicorn with whitenoise on a free loopback
 port. Over real HTTP: the login page, a hashed static file, logging in with the CSRF
 token, and a reviewer page; the security headers on each (CSP, HSTS behind the proxy
-setting with ``X-Forwarded-Proto: https``, ``no-store`` on private pages). A second
-gunicorn without ``BEHIND_PROXY`` shows that the forwarded header is then not trusted.
+setting with ``X-Forwarded-Proto: https``, ``no-store`` on private pages); then a
+real qcluster builds the report, a corrupted copy is refused and the worker restores
+it. A second gunicorn without ``BEHIND_PROXY`` shows that the forwarded header is then
+not trusted.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 import socket
@@ -17,6 +20,7 @@ import subprocess
 import sys
 import time
 from decimal import Decimal
+from pathlib import Path
 
 import httpx
 import pytest
@@ -24,9 +28,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.contrib.auth.models import Group
 
+from jobs.artifacts import get_storage
+from jobs.models import Artifact, Job
 from permits.models import PermitRequest, Tenant
-from permits.services import assign_reviewer
-from tests.e2e.processes import ROOT, Proc, Processes
+from permits.services import assign_reviewer, report_request
+from tests.e2e.processes import ROOT, Proc, Processes, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -63,11 +69,10 @@ def start(procs: Processes, name: str, argv: list[str], env: dict[str, str]) -> 
 
 
 def production_env(procs: Processes, tmp_path, port: int, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in procs.env.items() if k not in ("BEHIND_PROXY", "SECRET_KEY")}
+    env = {k: v for k, v in procs.env.items() if k != "BEHIND_PROXY"}
     env.update(
         DJANGO_SETTINGS_MODULE="permits.settings",
         DEBUG="0",
-        SECRET_KEY=secrets.token_urlsafe(50),
         ALLOWED_HOSTS="127.0.0.1",
         STATIC_ROOT=str(tmp_path / "static"),
         PORT=str(port),
@@ -138,9 +143,12 @@ def reviewer_with_request():
 
 
 def test_production_server__static_login_and_reviewer_page_with_security_headers(
-    procs, tmp_path, reviewer_with_request
+    procs, tmp_path, reviewer_with_request, settings
 ):
     _, permit = reviewer_with_request
+    # One SECRET_KEY for every process, as in production: django-q2 signs queue messages
+    # with it (this test process enqueues too).
+    settings.SECRET_KEY = procs.env["SECRET_KEY"] = secrets.token_urlsafe(50)
     port, bare_port = free_port(), free_port()
     start(
         procs,
@@ -216,6 +224,35 @@ def test_production_server__static_login_and_reviewer_page_with_security_headers
             assert not INLINE.findall(page.text), url
         detail = http.get(f"/requests/{permit.pk}/", headers=signed_in)
         assert permit.reference in detail.text and APPLICANT in detail.text
+
+        # A worker (its own process) builds the report; the download is verified against
+        # the sha256; a corrupt file is refused and the worker restores it.
+        procs.start("qcluster", "qcluster")
+        job, _ = report_request(permit)
+        wait_until(
+            procs,
+            "the report",
+            lambda: Job.objects.filter(pk=job.pk, state=Job.State.SUCCEEDED).exists(),
+            timeout=90,
+        )
+        artifact = Artifact.objects.get(job=job)
+        download = f"/requests/{permit.pk}/report/"
+        first = http.get(download, headers=signed_in)
+        assert first.status_code == 200 and "no-store" in first.headers["Cache-Control"]
+        assert hashlib.sha256(first.content).hexdigest() == artifact.sha256
+        Path(get_storage().path(artifact.storage_name)).write_bytes(b"%PDF-1.4 not the report")
+        refused = http.get(download, headers=signed_in)
+        assert refused.status_code == 503 and b"not the report" not in refused.content
+        assert_csp(refused)
+        wait_until(
+            procs,
+            "the restore",
+            lambda: Artifact.objects.filter(pk=artifact.pk, rewrites=1).exists(),
+            timeout=90,
+        )
+        again = http.get(download, headers=signed_in)
+        assert again.status_code == 200
+        assert hashlib.sha256(again.content).hexdigest() == artifact.sha256
 
     # Without BEHIND_PROXY the forwarded header proves nothing: still sent to HTTPS.
     with httpx.Client(base_url=f"http://127.0.0.1:{bare_port}", timeout=30) as http:
