@@ -206,6 +206,7 @@ MEDIA_URL = "media/"  # never served directly: downloads go through permission c
 
 
 def env_mode(name: str, default: int) -> int:
+    """An octal permission mode that gives others no write access."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -253,6 +254,7 @@ if not DEBUG:
     SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
     SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+
 # Content-Security-Policy (django-csp 4): nothing inline, nothing from elsewhere, no framing.
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
