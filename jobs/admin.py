@@ -321,15 +321,15 @@ def value_filter(field: str, title: str):
 
 
 class ReadOnlyInline(admin.TabularInline):
+    """History rows of the object on the page; left out when there are none (an empty
+    table says nothing, and on a phone it is a scroll box with nothing to focus)."""
+
     extra = 0
     can_delete = False
     show_change_link = True
 
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
+    def has_rows(self, obj) -> bool:
+        return self.model._default_manager.filter(**{self.fk_name: obj}).exists()
 
 
 def numbered_attempts(queryset):
@@ -345,6 +345,7 @@ def numbered_attempts(queryset):
 
 class AttemptInline(ReadOnlyInline):
     model = Attempt
+    fk_name = "job"
     fields = readonly_fields = (
         "try_number",
         "in_budget",
@@ -382,6 +383,7 @@ class AttemptInline(ReadOnlyInline):
 
 class EffectInline(ReadOnlyInline):
     model = Effect
+    fk_name = "job"
     fields = readonly_fields = (
         "effect_id",
         "provider",
@@ -394,6 +396,7 @@ class EffectInline(ReadOnlyInline):
 
 class ArtifactInline(ReadOnlyInline):
     model = Artifact
+    fk_name = "job"
     fields = readonly_fields = ("key", "sha256", "size", "content_type", "created_at", "rewrites")
 
 
@@ -402,6 +405,12 @@ class EngineAdmin(OperableAdmin):
 
     class Media:
         css = {"all": ["jobs/admin.css"]}
+
+    def get_inline_instances(self, request, obj=None):
+        inlines = super().get_inline_instances(request, obj)
+        if obj is None:
+            return inlines
+        return [i for i in inlines if not isinstance(i, ReadOnlyInline) or i.has_rows(obj)]
 
     def has_add_permission(self, request):
         return False
@@ -426,7 +435,7 @@ class JobAdmin(EngineAdmin):
     list_filter = (
         "state",
         "kind",
-        "tenant_key",
+        value_filter("tenant_key", "tenant key"),
         value_filter("last_error_class", "last error class"),
     )
     search_fields = ("=id", "=subject_id", "kind", "lease_owner")
@@ -531,6 +540,7 @@ class AttemptAdmin(EngineAdmin):
 
 class EffectEventInline(ReadOnlyInline):
     model = EffectEvent
+    fk_name = "effect"
     verbose_name_plural = "History (sends and operator actions, oldest first)"
     fields = readonly_fields = (
         "at",
