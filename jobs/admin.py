@@ -618,7 +618,7 @@ class ArtifactAdmin(EngineAdmin):
     readonly_fields = [f.name for f in Artifact._meta.fields]
     actions = ["verify"]
 
-    @admin.action(description="Verify stored bytes against sha256")
+    @admin.action(description="Verify stored bytes against sha256", permissions=["operate"])
     def verify(self, request, queryset):
         bad = []
         for artifact in queryset:
@@ -626,6 +626,9 @@ class ArtifactAdmin(EngineAdmin):
                 artifacts.verify(artifact)
             except ArtifactCorrupt:
                 bad.append(artifact.key)
+                self.log_change(request, artifact, "Verified: missing or corrupt")
+            else:
+                self.log_change(request, artifact, "Verified: intact")
         if bad:
             self.message_user(request, f"Missing or corrupt: {', '.join(bad)}", messages.ERROR)
         else:
