@@ -422,12 +422,22 @@ class EngineAdmin(OperableAdmin):
         return False
 
 
+class LastErrorColumn:
+    """A list column for rows with ``last_error_class``/``last_error_code``."""
+
+    @admin.display(description="last error", ordering="last_error_class")
+    def last_error(self, obj):
+        if not obj.last_error_class:
+            return "—"
+        return " · ".join(x for x in (obj.last_error_class, obj.last_error_code) if x)
+
+
 def _state(obj) -> str:
     return format_html('<span class="jobs-state jobs-state--{}">{}</span>', obj.state, obj.state)
 
 
 @admin.register(Job)
-class JobAdmin(EngineAdmin):
+class JobAdmin(LastErrorColumn, EngineAdmin):
     operations = JOB_OPERATIONS
     actions = [_operation_action(op) for op in JOB_OPERATIONS.values()]
     list_display = ("id", "subject", "kind", "state_word", "tries", "last_error", "updated_at")
@@ -514,12 +524,6 @@ class JobAdmin(EngineAdmin):
     def tries(self, obj):
         return f"{obj.attempts} of {obj.max_attempts}"
 
-    @admin.display(description="last error", ordering="last_error_class")
-    def last_error(self, obj):
-        if not obj.last_error_class:
-            return "—"
-        return " · ".join(x for x in (obj.last_error_class, obj.last_error_code) if x)
-
 
 @admin.register(Attempt)
 class AttemptAdmin(EngineAdmin):
@@ -555,7 +559,7 @@ class EffectEventInline(ReadOnlyInline):
 
 
 @admin.register(Effect)
-class EffectAdmin(EngineAdmin):
+class EffectAdmin(LastErrorColumn, EngineAdmin):
     """The ledger: effects (one row per outcome) above, their sends and actions inline.
 
     The changelist opens with a per-provider table that keeps effects and sends
@@ -586,12 +590,6 @@ class EffectAdmin(EngineAdmin):
         providers = stats.collect_providers()
         extra_context = {**(extra_context or {}), "provider_summary": sorted(providers.items())}
         return super().changelist_view(request, extra_context=extra_context)
-
-    @admin.display(description="last error", ordering="last_error_class")
-    def last_error(self, obj):
-        if not obj.last_error_class:
-            return "—"
-        return " · ".join(x for x in (obj.last_error_class, obj.last_error_code) if x)
 
     @admin.display(description="job")
     def job_link(self, obj):
