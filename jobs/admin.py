@@ -27,7 +27,7 @@ from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
-from jobs import artifacts, ledger, services, stats, transitions
+from jobs import artifacts, ledger, services, stats
 from jobs.exceptions import ArtifactCorrupt
 from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, Notice
 
@@ -99,13 +99,6 @@ class Operation:
     run: Callable[[object, str], bool]  # (job or effect, operator username) -> won
 
 
-def _send_again(effect: Effect, operator: str) -> bool:
-    if not ledger.send_again(effect, operator=operator, note="admin action"):
-        return False
-    ledger.release(effect, transitions.worker_identity())
-    return True
-
-
 JOB_OPERATIONS = {
     op.name: op
     for op in (
@@ -141,10 +134,10 @@ EFFECT_OPERATIONS = {
         Operation(
             "recheck_and_release",
             "Re-check and release",
-            "Rechecked",
-            "Check the recipient's access again and send if it is allowed now.",
+            "Queued for a recheck:",
+            "Queue it for a worker to check the recipient's access again and send if allowed.",
             (EffectState.WITHHELD,),
-            lambda effect, operator: services.recheck_and_release(effect),
+            lambda effect, operator: services.recheck_and_release(effect, operator=operator),
         ),
         Operation(
             "mark_sent",
@@ -159,10 +152,12 @@ EFFECT_OPERATIONS = {
         Operation(
             "send_again",
             "Send again",
-            "Sent again",
-            "Send once more under the same key (an e-mail may arrive twice).",
+            "Queued to send again:",
+            "Queue one more send under the same key for a worker (an e-mail may arrive twice).",
             (EffectState.NEEDS_REVIEW,),
-            _send_again,
+            lambda effect, operator: ledger.send_again(
+                effect, operator=operator, note="admin action"
+            ),
         ),
     )
 }
