@@ -3,7 +3,9 @@
 Every figure comes from the rows that are the record (jobs, attempts, ledger,
 django-q2's ORM queue), so the console agrees with the database by construction:
 counts per state list every state, zeros included, so an empty state is visible
-as 0 rather than missing. Reads only; the console changes nothing.
+as 0 rather than missing. Windows ("the last minute", "the next 5 minutes", "due")
+are judged by the database server's clock, like the engine's own (``jobs.clock``);
+the times shown are only for people. Reads only; the console changes nothing.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db.models import Count, Max, Q
-from django.db.models.functions import TruncMinute
+from django.db.models.functions import Now, TruncMinute
 from django.utils import timezone
 
+from jobs import clock
 from jobs.models import EFFECT_STATES, JOB_STATES, Attempt, Effect, EffectEvent, Job
 
 WORKER_WINDOW = timedelta(minutes=1)
@@ -64,21 +67,21 @@ def counts(model, states: list[str]) -> list[tuple[str, int]]:
     return [(state, found.get(state, 0)) for state in states]
 
 
-def queue_depth(now: datetime) -> tuple[int, int]:
+def queue_depth() -> tuple[int, int]:
     """Messages in django-q2's ORM queue, and how many a cluster has taken (locked)."""
     from django_q.models import OrmQ
 
-    figures = OrmQ.objects.aggregate(total=Count("id"), taken=Count("id", filter=Q(lock__gt=now)))
+    figures = OrmQ.objects.aggregate(total=Count("id"), taken=Count("id", filter=Q(lock__gt=Now())))
     return figures["total"], figures["taken"]
 
 
-def workers_seen(now: datetime, window: timedelta = WORKER_WINDOW) -> list[Worker]:
+def workers_seen(window: timedelta = WORKER_WINDOW) -> list[Worker]:
     """Worker identities active in ``window``: deliveries, effect sends and live leases.
 
     A running job's ``updated_at`` moves with every transition of its owner,
     heartbeats included, so its latest value is the owner's last heartbeat.
     """
-    since = now - window
+    since = clock.before(window.total_seconds())
     seen: dict[str, Worker] = {}
 
     def worker(identity: str, at: datetime) -> Worker:
@@ -150,11 +153,12 @@ def timeline(minutes: int = 60, *, now: datetime | None = None) -> list[dict]:
 
 
 def snapshot(now: datetime | None = None) -> Snapshot:
-    """Everything the console shows, as of ``now`` (the database's rows at this moment)."""
+    """Everything the console shows, stamped ``now`` (the chart's last minute, ages)."""
     now = now or timezone.now()
-    depth, taken = queue_depth(now)
+    depth, taken = queue_depth()
+    horizon = clock.after(RETRY_HORIZON.total_seconds())
     due_soon = Job.objects.filter(
-        state=Job.State.RETRY_WAIT, next_attempt_at__lte=now + RETRY_HORIZON
+        state=Job.State.RETRY_WAIT, next_attempt_at__lte=horizon
     ).order_by("next_attempt_at", "id")
     needs_review = Effect.objects.filter(state=Effect.State.NEEDS_REVIEW).order_by(
         "updated_at", "id"
@@ -165,17 +169,17 @@ def snapshot(now: datetime | None = None) -> Snapshot:
         effects=counts(Effect, EFFECT_STATES),
         queue_depth=depth,
         queue_taken=taken,
-        oldest_due_at=Job.objects.due(now)
+        oldest_due_at=Job.objects.due()
         .order_by("next_attempt_at")
         .values_list("next_attempt_at", flat=True)
         .first(),
-        workers=workers_seen(now),
+        workers=workers_seen(),
         retries_due=list(due_soon[:LIST_LIMIT]),
         retries_due_count=due_soon.count(),
         effect_retries_due_count=Effect.objects.filter(
             state__in=[Effect.State.PENDING, Effect.State.UNKNOWN],
             attempts__gt=0,
-            next_attempt_at__lte=now + RETRY_HORIZON,
+            next_attempt_at__lte=horizon,
         ).count(),
         needs_review=list(needs_review.select_related("job")[:LIST_LIMIT]),
         needs_review_count=needs_review.count(),

@@ -19,6 +19,7 @@ from jobs.runner import run_delivery
 from permits import selectors
 from permits.models import PermitRequest, ReviewDecision, Tenant
 from permits.services import assign_reviewer, report_request, revoke_reviewer
+from tests.jobs.helpers import run_queued_effects
 
 pytestmark = pytest.mark.django_db
 
@@ -263,6 +264,7 @@ def test_detail__keeps_polling_while_a_notice_is_retrying(reviewer, settings):
     settings.NOTICE_PROVIDER_URL = "http://127.0.0.1:9"  # nothing listens: the webhook retries
     p = permit(reviewer=reviewer)
     job = finished_report(p)
+    run_queued_effects()  # a worker tries the webhook notice once: nothing listens
     webhook = Effect.objects.get(job=job, provider="webhook")
     assert webhook.state == Effect.State.PENDING and webhook.attempts == 1
     client = client_for(reviewer)
