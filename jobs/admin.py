@@ -224,7 +224,7 @@ class OperableAdmin(admin.ModelAdmin):
         return [
             path(
                 "<path:object_id>/operate/<str:operation>/",
-                self.admin_site.admin_view(self.operate_view),
+                self.admin_site.admin_view(require_POST(self.operate_view)),
                 name=self._url_name("operate"),
             ),
             *super().get_urls(),
@@ -239,9 +239,6 @@ class OperableAdmin(admin.ModelAdmin):
 
     def operate_view(self, request: HttpRequest, object_id: str, operation: str) -> HttpResponse:
         """POST from a change page's button: run one operation, then back to the page."""
-        return require_POST(self._operate_view)(request, object_id, operation)
-
-    def _operate_view(self, request, object_id, operation):
         op = self.operations.get(operation)
         if op is None:
             raise Http404("No such operation")
