@@ -244,8 +244,7 @@ def test_browser__reviewer_gets_one_report_and_notice_then_loses_access(
     admin.click("button[name=index]")
     expect(admin.locator(".messagelist")).to_contain_text("Requeued 1 of 1 selected.")
     shot(admin, "6-admin-requeue-action")
-    doomed.refresh_from_db()
-    assert doomed.state in (State.QUEUED, State.RUNNING, State.RETRY_WAIT), doomed.state
+    # (No state assertion here: a worker may already have spent the fresh budget again.)
     wait_until(
         procs,
         f"a worker to take requeued job {doomed.pk} again",
