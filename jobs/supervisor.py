@@ -328,8 +328,9 @@ class Supervisor:
                 self._start()
                 reason = self._watch()
                 ran = time.time() - self.started_at
-                # A stalled cluster may hang in its own graceful stop: a short one then.
-                self._stop(timeout=self.options.stop_timeout if reason is None else 5.0)
+                # A stalled cluster runs nothing and may hang in its own graceful stop
+                # (the wedge): it is killed at once.
+                self._stop(timeout=self.options.stop_timeout if reason is None else 0)
                 if reason is None:
                     break
                 quick_exits = quick_exits + 1 if ran < self.options.quick_exit else 0
@@ -342,7 +343,9 @@ class Supervisor:
                 )
                 self.restarts += 1
                 log.warning(
-                    "jobs_worker: qcluster %s after %.0f s; restarting in %.1f s (restart %d)",
+                    "jobs_worker: qcluster pid %d %s; it ran %.0f s; restarting in %.1f s "
+                    "(restart %d)",
+                    self.child.pid,
                     reason,
                     ran,
                     delay,

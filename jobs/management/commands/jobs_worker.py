@@ -48,7 +48,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, stall_seconds, stop_timeout, max_backoff, **options):
-        timeout = float(getattr(settings, "Q_CLUSTER", {}).get("timeout") or 0)
+        q = getattr(settings, "Q_CLUSTER", {})
+        timeout, retry = float(q.get("timeout") or 0), float(q.get("retry") or 0)
         stall = default_stall_seconds() if stall_seconds is None else stall_seconds
         if stall <= timeout:
             raise CommandError(
@@ -57,10 +58,13 @@ class Command(BaseCommand):
             )
         if stop_timeout < 0 or max_backoff <= 0:
             raise CommandError("--stop-timeout must be >= 0 and --max-backoff > 0")
+        check_every = min(5.0, max(0.5, stall / 4))
+        if retry > stall:  # a message a stalled cluster holds is seen for retry - stall
+            check_every = max(0.25, min(check_every, (retry - stall) / 2))
         options_ = Options(
             stall_seconds=stall,
             stop_timeout=stop_timeout,
             max_backoff=max_backoff,
-            check_every=min(5.0, max(0.5, stall / 4)),
+            check_every=check_every,
         )
         Supervisor(options_).run()
