@@ -246,9 +246,11 @@ def messages_waiting(*, stall: float, grace: float) -> str:
     """Why queue messages are waiting for a cluster now, or "" when none is.
 
     Two signs: a message nobody took for ``grace`` seconds (a healthy cluster
-    polls every ``Q_CLUSTER['poll']``), or one taken more than ``stall`` seconds
-    ago and still not acknowledged (its cluster holds it without running it). Only
-    the ORM broker is looked at; other brokers report nothing here.
+    polls every ``Q_CLUSTER['poll']``), or a job's message taken more than
+    ``stall`` seconds ago that no worker began (no attempt of its job since): a
+    cluster holds it without running it, the wedge. A message whose delivery began
+    and died (a killed worker) is not a sign: django-q2 hands it out again after
+    ``Q_CLUSTER['retry']``. Only the ORM broker is looked at.
     """
     from django.utils import timezone
     from django_q.conf import Conf
@@ -262,14 +264,28 @@ def messages_waiting(*, stall: float, grace: float) -> str:
     untaken = queue.filter(lock__lte=now - timedelta(seconds=grace)).count()
     if untaken:
         return f"{untaken} message(s) untaken for over {grace:g} s"
-    if retry_seconds > stall:
-        # django-q2 locks a taken message until taken + retry.
-        held = queue.filter(
-            lock__gt=now, lock__lte=now + timedelta(seconds=retry_seconds - stall)
-        ).count()
-        if held:
-            return f"{held} message(s) taken over {stall:g} s ago and not acknowledged"
+    if retry_seconds <= stall:
+        return ""
+    # django-q2 locks a taken message until taken + retry.
+    held = queue.filter(lock__gt=now, lock__lte=now + timedelta(seconds=retry_seconds - stall))
+    stuck = sum(1 for message in held[:50] if _never_began(message, retry_seconds))
+    if stuck:
+        return f"{stuck} job message(s) taken over {stall:g} s ago and never begun"
     return ""
+
+
+def _never_began(message, retry_seconds: float) -> bool:
+    """Whether ``message`` delivers a job that no worker began since it was taken."""
+    from jobs.models import Attempt
+
+    try:
+        task = message.task  # the signed payload, decoded
+    except Exception:  # signed with another SECRET_KEY, say: not a sign of anything
+        return False
+    if task.get("func") != "jobs.tasks.run_job" or len(task.get("args") or ()) != 1:
+        return False  # only job deliveries leave a trace (an attempt row) to compare with
+    taken = message.lock - timedelta(seconds=retry_seconds + 2)  # 2 s: clocks of hosts
+    return not Attempt.objects.filter(job_id=task["args"][0], started_at__gte=taken).exists()
 
 
 @dataclass
@@ -279,7 +295,7 @@ class Options:
     max_backoff: float = 5.0  # longest wait between database tries / restarts
     grace: float = 5.0  # a message untaken this long is waiting
     check_every: float = 2.0  # how often the queue is looked at once idle
-    quick_exit: float = 30.0  # a child that ran less than this backs off further
+    quick_exit: float = 10.0  # a child that ran less than this backs off further
 
 
 class Supervisor:
@@ -326,13 +342,14 @@ class Supervisor:
                     self._check_connections()
                 close_connections()  # the child opens its own; none kept open across fork
                 self._start()
-                reason = self._watch()
+                ended = self._watch()
                 ran = time.time() - self.started_at
                 # A stalled cluster runs nothing and may hang in its own graceful stop
                 # (the wedge): it is killed at once.
-                self._stop(timeout=self.options.stop_timeout if reason is None else 0)
-                if reason is None:
+                self._stop(timeout=self.options.stop_timeout if ended is None else 0)
+                if ended is None:
                     break
+                kind, reason = ended
                 quick_exits = quick_exits + 1 if ran < self.options.quick_exit else 0
                 delay = (
                     retry.backoff_delay(
@@ -350,7 +367,7 @@ class Supervisor:
                     ran,
                     delay,
                     self.restarts,
-                    extra={"restart_reason": reason.split(" ")[0], "restarts": self.restarts},
+                    extra={"restart_reason": kind, "restarts": self.restarts},
                 )
                 pause(delay, self.stopping)
         finally:
@@ -396,30 +413,42 @@ class Supervisor:
             touched = 0.0
         return time.time() - max(touched, self.started_at, self.resumed_at)
 
-    def _watch(self) -> str | None:
-        """Wait until the child exits or stalls (the reason) or a signal came (None)."""
+    def _watch(self) -> tuple[str, str] | None:
+        """Wait until the child exits or stalls ((kind, why)) or a signal came (None).
+
+        The database is looked at every ``check_every`` seconds, so an outage is
+        noticed while it lasts: the cluster could not work then, and its idle time
+        starts again when the database is back (django-q2's pusher also sleeps 10 s
+        after a failed pull).
+        """
         next_check = 0.0
         while not self.stopping():
             code = self.child.poll()
             if code is not None:
-                return f"exited with code {code}"
-            idle = self._idle_seconds()
-            if idle >= self.options.stall_seconds and time.monotonic() >= next_check:
+                return "exited", f"exited with code {code}"
+            if time.monotonic() >= next_check:
                 next_check = time.monotonic() + self.options.check_every
-                waiting = self._work_waiting()
+                idle = self._idle_seconds()
+                waiting = self._look(stalled=idle >= self.options.stall_seconds)
                 if waiting and self._idle_seconds() >= self.options.stall_seconds:
-                    return f"made no progress for {idle:.0f} s while {waiting}"
+                    return "stalled", f"made no progress for {idle:.0f} s while {waiting}"
             time.sleep(0.1)
         return None
 
-    def _work_waiting(self) -> str:
+    def _look(self, *, stalled: bool) -> str:
+        """Ping the database, or (``stalled``) ask whether messages wait; note outages."""
         try:
-            waiting = messages_waiting(stall=self.options.stall_seconds, grace=self.options.grace)
+            if stalled:
+                waiting = messages_waiting(
+                    stall=self.options.stall_seconds, grace=self.options.grace
+                )
+            else:
+                ping_database()
+                waiting = ""
         except DATABASE_ERRORS as exc:
             self.outage.failed(exc)
             return ""
         if self.outage.recovered() is not None:
-            # The cluster could not work while the database was away: idle from now on.
             self.resumed_at = time.time()
             return ""
         return waiting

@@ -25,6 +25,7 @@ from django_q.models import OrmQ
 
 from jobs.models import Attempt, Job
 from jobs.supervisor import group_members
+from tests.chaos.proctree import groups_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,37 +127,6 @@ class Processes:
 def group_alive(pgid: int) -> bool:
     """Whether any non-zombie process is left in the group."""
     return bool(group_members(pgid))
-
-
-def _process_table() -> dict[int, tuple[int, int]]:
-    """pid -> (ppid, pgid) of every live (non-zombie) process."""
-    table = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[-1].split()
-        except OSError:
-            continue
-        if len(fields) > 2 and fields[0] != "Z":
-            table[int(stat.parent.name)] = (int(fields[1]), int(fields[2]))
-    return table
-
-
-def children(pid: int) -> list[int]:
-    """Live direct children of ``pid``."""
-    return sorted(p for p, (ppid, _) in _process_table().items() if ppid == pid)
-
-
-def groups_of(pid: int) -> set[int]:
-    """The process group ``pid`` leads and the groups of all its live descendants."""
-    table = _process_table()
-    groups, todo = {pid}, [pid]
-    while todo:
-        parent = todo.pop()
-        for p, (ppid, pgid) in table.items():
-            if ppid == parent:
-                groups.add(pgid)
-                todo.append(p)
-    return groups
 
 
 def local_ports(pid: int) -> set[int]:
