@@ -10,6 +10,7 @@ one of our processes kills the groups of everything it started too.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from django.conf import settings
 from django_q.models import OrmQ
 
 from jobs.models import Attempt, Job
+from jobs.services import request_job
 from jobs.supervisor import group_members
 from tests.chaos.proctree import groups_of
 
@@ -172,6 +174,35 @@ def subprocess_env(*, port: int | None = None) -> dict[str, str]:
     )
     env.pop("TEST_DATABASE_NAME", None)  # the subprocess uses NAME as it is
     return env
+
+
+def request_steps_job(user, revision: int, *, tenant_key: str, **params) -> Job:
+    """A new ``test.steps`` job for ``user`` (its notice goes to them); params shape the work."""
+    job, created = request_job(
+        "test.steps",
+        subject_type="auth.user",
+        subject_id=user.pk,
+        output_revision=revision,
+        tenant_key=tenant_key,
+        params={"recipients": [user.pk], **params},
+    )
+    assert created, f"job {job.pk} existed already"
+    return job
+
+
+def jobs_stats(env: dict[str, str]) -> dict:
+    """``manage.py jobs_stats --json`` run as its own process with ``env``."""
+    done = subprocess.run(
+        [sys.executable, "manage.py", "jobs_stats", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, f"jobs_stats failed:\n{done.stdout}\n{done.stderr}"
+    return json.loads(done.stdout)
 
 
 def wait_until(

@@ -18,8 +18,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,21 +29,21 @@ from django_q.models import Failure, OrmQ
 
 from jobs.artifacts import is_intact
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
-from jobs.services import request_job
 from jobs.supervisor import group_members
 from tests.chaos.dbproxy import DatabaseProxy
 from tests.chaos.proctree import children
 from tests.e2e.processes import (
     Processes,
     database_address,
+    jobs_stats,
     local_ports,
+    request_steps_job,
     subprocess_env,
     wait_until,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
-ROOT = Path(__file__).resolve().parents[2]
 State = Job.State
 # ~1 s of heartbeated work per job: some are in flight whenever the database goes.
 WORK = {"stages": 2, "after_stages": 1, "stage_sleep": 0.3}
@@ -60,20 +58,30 @@ def proxy(procs):
 
 
 def _request(user, count: int, *, first: int = 1, **params) -> list[Job]:
-    """``count`` new report jobs for ``user``, revisions ``first`` onwards."""
-    jobs = []
-    for revision in range(first, first + count):
-        job, created = request_job(
-            "test.steps",
-            subject_type="auth.user",
-            subject_id=user.pk,
-            output_revision=revision,
-            tenant_key="e2e-outage",
-            params={"recipients": [user.pk], **params},
-        )
-        assert created
-        jobs.append(job)
-    return jobs
+    """``count`` new jobs for ``user``, revisions ``first`` onwards."""
+    return [
+        request_steps_job(user, revision, tenant_key="e2e-outage", **params)
+        for revision in range(first, first + count)
+    ]
+
+
+def _hold(procs: Processes, seconds: float) -> None:
+    """Let ``seconds`` pass while checking that no process exits."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        procs.check_alive()
+        time.sleep(0.2)
+
+
+def _settle(procs: Processes, jobs: list[Job], since: float) -> float:
+    """Wait until every job succeeded; seconds since ``since`` (monotonic)."""
+    wait_until(
+        procs,
+        "every job to succeed",
+        lambda: _states(jobs)[State.SUCCEEDED] == len(jobs),
+        timeout=90,
+    )
+    return time.monotonic() - since
 
 
 def _states(jobs: list[Job]) -> Counter:
@@ -94,20 +102,6 @@ def _assert_each_once(jobs: list[Job]) -> None:
     assert Notice.objects.count() == len(jobs)
 
 
-def _jobs_stats(env: dict) -> dict:
-    done = subprocess.run(
-        [sys.executable, "manage.py", "jobs_stats", "--json"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, f"jobs_stats failed:\n{done.stdout}\n{done.stderr}"
-    return json.loads(done.stdout)
-
-
 def _lines(proc, pattern: str) -> list[str]:
     return [
         line
@@ -118,6 +112,18 @@ def _lines(proc, pattern: str) -> list[str]:
 
 def _run_queue_left() -> int:
     return sum(1 for m in OrmQ.objects.all() if m.func() == "jobs.tasks.run_job")
+
+
+def _warm_up(procs: Processes, user) -> int:
+    """Run a first job (revision 1); the pid of the django-q2 worker that ran it."""
+    [job] = _request(user, 1)
+    wait_until(
+        procs,
+        "a first job to succeed",
+        lambda: Job.objects.get(pk=job.pk).state == State.SUCCEEDED,
+        timeout=60,
+    )
+    return int(Attempt.objects.get(job=job).worker.split(":")[1])
 
 
 def _cluster_of(worker, procs: Processes, *, other_than: int | None = None) -> int:
@@ -159,19 +165,10 @@ def test_outage__database_restart_mid_run_settles_by_itself(procs, proxy, django
     proxy.down()
     down_at = time.monotonic()
     print(f"database down after {down_at - started:.1f} s with jobs {dict(before)}")
-    while time.monotonic() - down_at < 7:
-        procs.check_alive()  # nobody dies of it
-        time.sleep(0.2)
+    _hold(procs, 7)  # nobody dies of it
     proxy.up()
     up_at = time.monotonic()
-
-    wait_until(
-        procs,
-        "every job to succeed after the database came back",
-        lambda: _states(jobs)[State.SUCCEEDED] == len(jobs),
-        timeout=90,
-    )
-    settled = time.monotonic() - up_at
+    settled = _settle(procs, jobs, up_at)
     wait_until(
         procs, "the run_job messages to be acknowledged", lambda: not _run_queue_left(), timeout=60
     )
@@ -181,7 +178,7 @@ def test_outage__database_restart_mid_run_settles_by_itself(procs, proxy, django
         f"{time.monotonic() - up_at:.1f} s after; {proxy.cut} connections cut"
     )
     _assert_each_once(jobs)
-    stats = _jobs_stats(subprocess_env())
+    stats = jobs_stats(subprocess_env())
     print("JOBS_STATS_AFTER_RESTART: " + json.dumps(stats, sort_keys=True))
     assert stats["duplicate_effects"] == 0, stats
     assert stats["jobs"]["by_state"] == {"succeeded": len(jobs)}, stats
@@ -205,23 +202,14 @@ def test_outage__database_down_at_start_up_then_everything_settles(procs, proxy,
     worker = procs.start("jobs_worker", "jobs_worker", env=env)
     dispatcher = procs.start("jobs_dispatcher", "jobs_dispatcher", "--interval", "0.5", env=env)
     started = time.monotonic()
-    while time.monotonic() - started < 20:
-        procs.check_alive()
-        time.sleep(0.2)
+    _hold(procs, 20)
     assert not children(worker.pid), "jobs_worker started qcluster while the database was down"
     assert _states(jobs) == Counter({State.QUEUED: len(jobs)})
     for proc in (worker, dispatcher):
         assert len(_lines(proc, r"database unavailable \(OperationalError ")) == 1, proc.name
     proxy.up()
     up_at = time.monotonic()
-
-    wait_until(
-        procs,
-        "every job to succeed once the database is up",
-        lambda: _states(jobs)[State.SUCCEEDED] == len(jobs),
-        timeout=90,
-    )
-    settled = time.monotonic() - up_at
+    settled = _settle(procs, jobs, up_at)
     print(
         f"OUTAGE_COLD_START: database down for the first {up_at - started:.1f} s; every job "
         f"succeeded {settled:.1f} s after it came up"
@@ -291,14 +279,7 @@ def test_worker__restarts_a_cluster_that_stopped_making_progress(procs, django_u
     worker = procs.start("jobs_worker", "jobs_worker")
     cluster = _cluster_of(worker, procs)
     user = django_user_model.objects.create_user(username="e2e-stall")
-    [warmup] = _request(user, 1)
-    wait_until(
-        procs,
-        "a first job to succeed",
-        lambda: Job.objects.get(pk=warmup.pk).state == State.SUCCEEDED,
-        timeout=30,
-    )
-    frozen = int(Attempt.objects.get(job=warmup).worker.split(":")[1])
+    frozen = _warm_up(procs, user)
     assert frozen in group_members(cluster) and frozen != cluster
     os.kill(frozen, signal.SIGSTOP)
     stopped_at = time.monotonic()
@@ -350,14 +331,7 @@ def test_worker__a_delivery_refused_its_connection_before_the_claim_is_counted(
     """
     worker = procs.start("jobs_worker", "jobs_worker")
     user = django_user_model.objects.create_user(username="e2e-refused")
-    [warmup] = _request(user, 1)
-    wait_until(
-        procs,
-        "a first job to succeed (the worker and monitor hold connections)",
-        lambda: Job.objects.get(pk=warmup.pk).state == State.SUCCEEDED,
-        timeout=60,
-    )
-    worker_pid = int(Attempt.objects.get(job=warmup).worker.split(":")[1])
+    worker_pid = _warm_up(procs, user)  # the worker and the monitor hold connections now
     ports = local_ports(worker_pid)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -395,7 +369,7 @@ def test_worker__a_delivery_refused_its_connection_before_the_claim_is_counted(
     [line] = _lines(worker, r"run_job \d+: delivery failed before an outcome was recorded")
     assert f"run_job {job.pk}:" in line and "OperationalError" in line
 
-    stats = _jobs_stats(subprocess_env())
+    stats = jobs_stats(subprocess_env())
     print("JOBS_STATS_AFTER_REFUSAL: " + json.dumps(stats, sort_keys=True))
     assert stats["failed_deliveries"] == 1, stats
     assert stats["failed_deliveries_by_task"] == {"run_job": 1}, stats
