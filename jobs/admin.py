@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 
-from jobs import artifacts, ledger, services, stats, transitions
+from jobs import artifacts, ledger, services, stats
 from jobs.exceptions import ArtifactCorrupt
 from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, Notice
 
@@ -193,10 +193,15 @@ class EffectAdmin(EngineAdmin):
         extra_context = {**(extra_context or {}), "provider_summary": sorted(providers.items())}
         return super().changelist_view(request, extra_context=extra_context)
 
+    # Each action changes the rows and enqueues their messages, then returns: a worker sends.
     @admin.action(description="Re-check authorization and release (withheld effects)")
     def recheck_and_release(self, request, queryset):
-        done = sum(services.recheck_and_release(e) for e in queryset.select_related("job"))
-        _report(self, request, done, queryset.count(), "Rechecked")
+        operator = _operator(request)
+        done = sum(
+            services.recheck_and_release(e, operator=operator)
+            for e in queryset.select_related("job")
+        )
+        _report(self, request, done, queryset.count(), "Queued for a recheck:")
 
     @admin.action(description="Mark sent: delivery confirmed out of band (needs review)")
     def mark_sent(self, request, queryset):
@@ -207,15 +212,14 @@ class EffectAdmin(EngineAdmin):
         )
         _report(self, request, done, queryset.count(), "Marked sent")
 
-    @admin.action(description="Send again now (needs review; e-mail may arrive twice)")
+    @admin.action(description="Send again (needs review; e-mail may arrive twice)")
     def send_again(self, request, queryset):
         operator = _operator(request)
-        done = 0
-        for effect in queryset.select_related("job"):
-            if ledger.send_again(effect, operator=operator, note="admin action"):
-                done += 1
-                ledger.release(effect, transitions.worker_identity())
-        _report(self, request, done, queryset.count(), "Sent again")
+        done = sum(
+            ledger.send_again(e, operator=operator, note="admin action")
+            for e in queryset.select_related("job")
+        )
+        _report(self, request, done, queryset.count(), "Queued to send again:")
 
 
 @admin.register(EffectEvent)

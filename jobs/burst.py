@@ -178,7 +178,6 @@ class BurstConfig:
             "JOBS_PROVIDER_SLOT_WAIT_SECONDS": self.slot_wait,
             "JOBS_EFFECT_LEASE_SECONDS": self.effect_lease,
             "JOBS_EFFECT_MAX_ATTEMPTS": self.effect_max_attempts,
-            "JOBS_EFFECT_GRACE_SECONDS": self.effect_lease,
             "JOBS_BACKOFF_FLOOR_SECONDS": self.backoff_floor,
             "JOBS_BACKOFF_BASE_SECONDS": self.backoff_base,
             "JOBS_BACKOFF_CAP_SECONDS": self.backoff_cap,

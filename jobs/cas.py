@@ -1,29 +1,47 @@
 """The compare-and-swap every state change goes through.
 
 An UPDATE whose WHERE names the version the caller read and, for a worker's
-own writes, its lease: the same owner and a lease not yet expired. Zero rows
-updated means someone else moved first, or the lease ran out; either way the
-caller must do nothing more (a worker whose lease expired publishes nothing,
-even when nobody has reclaimed the job yet).
+own writes, its lease: the same owner and a lease not yet expired by the
+database server's clock (``jobs.clock``). Zero rows updated means someone else
+moved first, or the lease ran out; either way the caller must do nothing more
+(a worker whose lease expired publishes nothing, even when nobody has
+reclaimed the job yet).
 """
 
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import F
-from django.utils import timezone
+from django.db.models import F, Q
+from django.db.models.functions import Now
+
+from jobs import clock
 
 
-def compare_and_swap(obj: models.Model, *, owner: str | None = None, now=None, **changes) -> bool:
-    """Apply ``changes`` to ``obj``'s row if it is still at ``obj.version``; mirror them if won."""
-    now = now or timezone.now()
+def compare_and_swap(
+    obj: models.Model,
+    *,
+    owner: str | None = None,
+    margin: float = 0.0,
+    where: Q | None = None,
+    **changes,
+) -> bool:
+    """Apply ``changes`` to ``obj``'s row if it is still at ``obj.version``; mirror them if won.
+
+    ``margin``: with ``owner``, the lease must hold at least this many seconds more
+    (a publish must be able to commit before the lease ends). ``where`` adds
+    conditions the row must meet at the moment of the UPDATE (e.g. "due by the
+    server's clock"). Values that are expressions are evaluated by the
+    database and are not mirrored on ``obj``.
+    """
     qs = type(obj)._default_manager.filter(pk=obj.pk, version=obj.version)
     if owner is not None:
-        qs = qs.filter(lease_owner=owner, lease_expires_at__gt=now)
-    won = qs.update(version=F("version") + 1, updated_at=now, **changes) == 1
+        expiry_after = clock.after(margin) if margin else Now()
+        qs = qs.filter(lease_owner=owner, lease_expires_at__gt=expiry_after)
+    if where is not None:
+        qs = qs.filter(where)
+    won = qs.update(version=F("version") + 1, updated_at=Now(), **changes) == 1
     if won:
         obj.version += 1
-        obj.updated_at = now
         for field, value in changes.items():
             if not hasattr(value, "resolve_expression"):
                 setattr(obj, field, value)

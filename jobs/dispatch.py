@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from jobs.models import Effect, Job
 from jobs.services import enqueue_effect, enqueue_job, mark_enqueued, needs_message
@@ -23,8 +23,8 @@ log = logging.getLogger("jobs.dispatch")
 
 
 def dispatch_once(*, limit: int = 500) -> dict[str, int]:
-    """Enqueue what is due now; returns how many messages of each sort were sent."""
-    now = timezone.now()
+    """Enqueue what is due now by the server's clock; returns how many messages were sent."""
+    now = Now()
     sent = {"due_jobs": 0, "expired_leases": 0, "effects": 0}
     plans = [
         ("due_jobs", Job, Job.objects.due(now), "next_attempt_at", enqueue_job),
@@ -47,9 +47,7 @@ def dispatch_once(*, limit: int = 500) -> dict[str, int]:
         ),
     ]
     for label, model, qs, field, enqueue in plans:
-        rows = (
-            qs.filter(needs_message(field, now)).order_by(field).values_list("pk", field, "state")
-        )
+        rows = qs.filter(needs_message(field)).order_by(field).values_list("pk", field, "state")
         for pk, due_at, state in rows[:limit]:
             with transaction.atomic():
                 if mark_enqueued(model, pk, field, due_at, [state]):

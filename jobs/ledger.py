@@ -7,22 +7,26 @@ transaction; a worker that lost its lease publishes nothing, so it records
 nothing either.
 
 Delivery is its own small state machine, every arrow a CAS on ``version``
-(and the sending lease's owner where it matters):
+(and the sending lease's owner where it matters) that commits together with
+its ``EffectEvent`` (the event carries the version it recorded):
 
     pending ──claim_send──▶ sending ──▶ applied | withheld | failed | needs_review
-    unknown (due) ─────────▶   │  └────▶ unknown (sent, no answer: retry, same key)
-    sending (lease expired) ─▶ │  └────▶ pending (transport/temporary: retry later)
+    unknown (due) ─────────▶   │  └────▶ unknown (may have landed: retry, same key)
+    sending (lease expired) ─▶ │  └────▶ pending (nothing landed: retry later)
       (provider without keys: ──────▶ needs_review, "sender_lost": never a blind resend)
                                └───────▶ pending/unknown (no in-flight slot: deferred,
                                          no attempt spent)
+    pending/unknown/sending ──claim_send, budget spent──▶ needs_review (never another send)
     needs_review ──mark_sent (operator)──▶ applied
-    needs_review ──send_again (operator)─▶ pending
-    withheld ──recheck (operator)────────▶ pending
+    needs_review ──send_again (operator)─▶ pending (+ a message, fresh budget)
+    withheld ──recheck (operator)────────▶ pending (+ a message, fresh budget)
 
-An external send holds one of the provider's in-flight slots
-(``jobs.providers.bounds``) for exactly the duration of the call; the
-recipient's authorization is rechecked inside the slot, right before the call.
-Every call and every operator action leaves an ``EffectEvent``.
+Every failure on the release path, the authorization recheck included, goes
+through the retry table (``jobs.retry.effect_outcome``). An external send
+holds one of the provider's in-flight slots (``jobs.providers.bounds``) for
+exactly the duration of the call; the recipient's authorization is rechecked
+inside the slot, right before the call. Operator actions change the row and
+enqueue a message in one transaction and return at once: a worker sends.
 """
 
 from __future__ import annotations
@@ -30,18 +34,19 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
-from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
-from jobs import conf, registry
+from jobs import clock, conf, queue, registry
 from jobs.cas import compare_and_swap
 from jobs.models import Effect, EffectEvent, Job
 from jobs.providers import bounds
 from jobs.registry import EffectSpec
-from jobs.retry import ErrorClass, classify
+from jobs.retry import ErrorClass, classify, effect_outcome
 
 log = logging.getLogger("jobs.ledger")
 
@@ -64,13 +69,13 @@ def record(job: Job, specs: list[EffectSpec], worker: str = "") -> list[Effect]:
     Effects of a transactional provider (the in-app notice) are released right
     here: their recipient is rechecked and the ledger row goes in already
     ``applied`` (or ``withheld``), with the notice itself, so they commit with
-    the job's completion or not at all. The others wait ``pending`` for
-    ``release``.
+    the job's completion or not at all. The others go in ``pending``, due now
+    and marked enqueued: the caller enqueues their messages in this transaction.
     """
     if not specs:
         return []
-    now = timezone.now()
-    due = now + timedelta(seconds=conf.effect_grace_seconds())
+    now = timezone.now()  # shown to people only; due times below use the server's clock
+    budget = conf.effect_max_attempts()
     rows = []
     seen = set()
     for spec in specs:
@@ -86,7 +91,9 @@ def record(job: Job, specs: list[EffectSpec], worker: str = "") -> list[Effect]:
             recipient=str(spec.recipient),
             idempotency_key=idempotency_key(effect_id),
             data=spec.data,
-            next_attempt_at=due,
+            max_attempts=budget,
+            next_attempt_at=Now(),
+            enqueued_for=Now(),
             created_at=now,
             updated_at=now,
         )
@@ -94,30 +101,50 @@ def record(job: Job, specs: list[EffectSpec], worker: str = "") -> list[Effect]:
             _decide_in_publish(effect, now)
         rows.append(effect)
     Effect.objects.bulk_create(rows)
-    _apply_in_publish([e for e in rows if e.state == State.APPLIED], worker)
-    EffectEvent.objects.bulk_create(
-        [
-            _event_row(
-                e,
-                worker,
-                EffectEvent.Action.WITHHOLD,
-                State.WITHHELD,
-                error_class=ErrorClass.AUTHORIZATION,
-                code="recipient_not_authorized",
-                note=e.reason,
+    events = []
+    for e in rows:
+        if e.state == State.WITHHELD:
+            events.append(
+                _event_row(
+                    e,
+                    worker,
+                    EffectEvent.Action.WITHHOLD,
+                    error_class=ErrorClass.AUTHORIZATION,
+                    code="recipient_not_authorized",
+                    note=e.reason,
+                )
             )
-            for e in rows
-            if e.state == State.WITHHELD
-        ]
-    )
+        elif e.version:  # the release check raised: recorded, then retried by the table
+            events.append(
+                _event_row(
+                    e,
+                    worker,
+                    EffectEvent.Action.CHECK,
+                    error_class=e.last_error_class,
+                    code=e.last_error_code,
+                )
+            )
+    events += _apply_in_publish([e for e in rows if e.state == State.APPLIED], worker)
+    EffectEvent.objects.bulk_create(events)
     return rows
 
 
 def _decide_in_publish(effect: Effect, now) -> None:
-    """Recheck the recipient now: the row is born applied or withheld, never pending."""
-    reason = withhold_reason(effect)
+    """Recheck the recipient now: the row is born applied or withheld.
+
+    If the check itself fails, the row goes in ``pending`` at version 1 with the
+    failure recorded (one attempt spent), and the ordinary release path retries
+    it by the table: a failing policy check never undoes the job's publish.
+    """
     effect.attempts = 1
-    effect.next_attempt_at = None
+    try:
+        reason = withhold_reason(effect)
+    except Exception as exc:  # the retry table decides, in release
+        c = classify(exc)
+        effect.version = 1
+        effect.last_error_class, effect.last_error_code = c.error_class, c.code
+        return
+    effect.next_attempt_at = effect.enqueued_for = None
     if reason:
         effect.state = State.WITHHELD
         effect.reason = reason[:300]
@@ -128,9 +155,13 @@ def _decide_in_publish(effect: Effect, now) -> None:
         effect.applied_at = now
 
 
-def _apply_in_publish(effects: list[Effect], worker: str) -> None:
-    """Write each transactional effect; one that fails goes back to pending for ``release``."""
-    events, refs = [], []
+def _apply_in_publish(effects: list[Effect], worker: str) -> list[EffectEvent]:
+    """Write each transactional effect; one whose apply fails goes back to pending.
+
+    Returns the events to insert: the send of each applied effect (version 0,
+    born applied) and, for a failed apply, the arrow back to pending (version 1).
+    """
+    events, refs, failed = [], [], []
     for effect in effects:
         provider = registry.get_provider(effect.provider)
         try:
@@ -138,51 +169,109 @@ def _apply_in_publish(effects: list[Effect], worker: str) -> None:
                 effect.provider_ref = str(provider.apply(effect))[:200]
         except Exception as exc:  # the retry table decides, in release
             c = classify(exc)
-            effect.state, effect.applied_at, effect.attempts = State.PENDING, None, 0
+            effect.state, effect.applied_at, effect.version = State.PENDING, None, 1
             effect.last_error_class, effect.last_error_code = c.error_class, c.code
-            Effect.objects.filter(pk=effect.pk).update(
-                state=State.PENDING,
-                applied_at=None,
-                attempts=0,
-                last_error_class=c.error_class,
-                last_error_code=c.code,
-                next_attempt_at=timezone.now(),
+            effect.next_attempt_at = effect.enqueued_for = Now()
+            failed.append(effect)
+            events.append(
+                _event_row(
+                    effect, worker, EffectEvent.Action.SEND, error_class=c.error_class, code=c.code
+                )
             )
+            _log(effect, "apply_failed", worker, error_class=c.error_class, code=c.code)
             continue
         refs.append(effect)
-        events.append(_event_row(effect, worker, EffectEvent.Action.SEND, State.APPLIED))
+        events.append(_event_row(effect, worker, EffectEvent.Action.SEND))
         _log(effect, "applied", worker, ref=effect.provider_ref, with_publish=True)
     if refs:
         Effect.objects.bulk_update(refs, ["provider_ref"])
-    EffectEvent.objects.bulk_create(events)
+    if failed:
+        fields = ["state", "applied_at", "version", "last_error_class", "last_error_code"]
+        Effect.objects.bulk_update(failed, [*fields, "next_attempt_at", "enqueued_for"])
+    return events
 
 
 _cas = compare_and_swap
 
 
-def claim_send(effect: Effect, worker: str, *, own_publish: bool = False) -> bool:
-    """Lease the effect to one sender: pending/unknown when due, or sending whose lease expired."""
-    now = timezone.now()
-    due = effect.next_attempt_at is None or effect.next_attempt_at <= now
-    if effect.state == State.PENDING:
-        ok = own_publish or due
-    elif effect.state == State.UNKNOWN:
-        ok = due
+def _event_row(
+    effect: Effect, actor: str, action: str, outcome: str = "", *, error_class="", code="", note=""
+) -> EffectEvent:
+    return EffectEvent(
+        effect=effect,
+        provider=effect.provider,
+        action=action,
+        attempt=effect.attempts,
+        version=effect.version,
+        actor=actor[:200],
+        outcome=outcome or effect.state,
+        error_class=str(error_class),
+        error_code=str(code)[:64],
+        note=str(note)[:300],
+    )
+
+
+def _move(
+    effect: Effect,
+    actor: str,
+    action: str,
+    *,
+    owner: str | None = None,
+    where: Q | None = None,
+    error_class: str = "",
+    code: str = "",
+    note: str = "",
+    **changes,
+) -> bool:
+    """One ledger arrow: the CAS and its event commit together, or neither does."""
+    with transaction.atomic():
+        if not _cas(effect, owner=owner, where=where, **changes):
+            return False
+        _event_row(effect, actor, action, error_class=error_class, code=code, note=note).save()
+    return True
+
+
+def claim_send(effect: Effect, worker: str) -> str:
+    """Lease the effect to one sender: pending/unknown when due, or sending whose lease expired.
+
+    Due-ness is part of the UPDATE's WHERE, judged by the server's clock. Returns
+    ``claimed``, ``skipped`` (not due, or another sender moved first) or
+    ``needs_review`` (the send budget is spent: no further send, an operator decides).
+    """
+    if effect.state in (State.PENDING, State.UNKNOWN):
+        due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=Now())
     elif effect.state == State.SENDING:
-        ok = effect.lease_expires_at is not None and effect.lease_expires_at <= now
+        due = Q(lease_expires_at__lte=Now())
     else:
-        ok = False
-    if not ok:
-        return False
+        return "skipped"
+    if effect.attempts >= effect.max_attempts:
+        won = _move(
+            effect,
+            worker,
+            EffectEvent.Action.STOP,
+            where=due,
+            code="budget_spent",
+            state=State.NEEDS_REVIEW,
+            reason=f"send attempts exhausted ({effect.attempts} of {effect.max_attempts})",
+            lease_expires_at=None,
+            next_attempt_at=None,
+            last_error_code="budget_spent",
+        )
+        if won:
+            _log(effect, State.NEEDS_REVIEW, worker, code="budget_spent")
+        return State.NEEDS_REVIEW if won else "skipped"
     lease = float(conf.get("JOBS_EFFECT_LEASE_SECONDS"))
-    return _cas(
+    won = _move(
         effect,
+        worker,
+        EffectEvent.Action.CLAIM,
+        where=due,
         state=State.SENDING,
         attempts=effect.attempts + 1,
         lease_owner=worker,
-        lease_expires_at=now + timedelta(seconds=lease),
-        now=now,
+        lease_expires_at=clock.after(lease),
     )
+    return "claimed" if won else "skipped"
 
 
 def withhold_reason(effect: Effect) -> str | None:
@@ -215,27 +304,7 @@ class _LostSend(Exception):
     """Our sending lease was taken over while the transactional apply ran."""
 
 
-def _event_row(
-    effect: Effect, actor: str, action: str, outcome: str, *, error_class="", code="", note=""
-) -> EffectEvent:
-    return EffectEvent(
-        effect=effect,
-        provider=effect.provider,
-        action=action,
-        attempt=effect.attempts,
-        actor=actor[:200],
-        outcome=outcome,
-        error_class=str(error_class),
-        error_code=str(code)[:64],
-        note=str(note)[:300],
-    )
-
-
-def _event(effect: Effect, actor: str, action: str, outcome: str, **fields) -> None:
-    _event_row(effect, actor, action, outcome, **fields).save()
-
-
-def release(effect: Effect, worker: str, *, own_publish: bool = False) -> str:
+def release(effect: Effect, worker: str) -> str:
     """Recheck authorization and deliver one effect; returns the state it ended in.
 
     Besides an effect state it may return ``skipped`` (not ours to send now),
@@ -243,8 +312,9 @@ def release(effect: Effect, worker: str, *, own_publish: bool = False) -> str:
     ``lease_lost`` (another sender took over after our lease ran out).
     """
     prior = effect.state
-    if not claim_send(effect, worker, own_publish=own_publish):
-        return "skipped"
+    claimed = claim_send(effect, worker)
+    if claimed != "claimed":
+        return claimed
     provider = registry.get_provider(effect.provider)
     if provider.transactional:
         return _release_transactional(effect, worker, provider)
@@ -254,78 +324,91 @@ def release(effect: Effect, worker: str, *, own_publish: bool = False) -> str:
         return _sender_lost(effect, worker)
 
     wait = float(conf.get("JOBS_PROVIDER_SLOT_WAIT_SECONDS"))
-    ref = failure = None
-    with bounds.in_flight(provider.name, provider.in_flight_limit(), wait=wait) as slot:
-        if slot is None:
-            return _defer(effect, worker, prior)
-        # Current policy, asked inside the slot: nothing stands between it and the call.
-        reason = withhold_reason(effect)
-        if not reason:
-            try:
-                ref = provider.send(effect)
-            except Exception as exc:  # the retry table decides, not this except
-                failure = exc
+    slot = reason = ref = None
+    called = False
+    try:
+        with bounds.in_flight(provider.name, provider.in_flight_limit(), wait=wait) as slot:
+            if slot is not None:
+                # Current policy, asked inside the slot: nothing stands between it and the call.
+                reason = withhold_reason(effect)
+                if not reason:
+                    called = True
+                    ref = provider.send(effect)
+    except Exception as exc:  # the retry table decides, not this except
+        return _record_failure(effect, worker, provider, exc, called=called, prior=prior)
+    if slot is None:
+        return _defer(effect, worker, prior)
     if reason:
         return _withhold(effect, worker, reason)
-    if failure is not None:
-        return _record_failure(effect, worker, provider, failure)
-    if not _applied(effect, worker, ref):
-        # Another sender took over after our lease ran out; the provider
-        # deduplicates by key, and the ledger keeps the first outcome.
-        _event(effect, worker, EffectEvent.Action.SEND, "lease_lost", note=f"ref {ref}")
-        _log(effect, "lease_lost", worker)
-        return "lease_lost"
-    _event(effect, worker, EffectEvent.Action.SEND, State.APPLIED)
-    _log(effect, "applied", worker, ref=effect.provider_ref)
-    return State.APPLIED
+    return _applied(effect, worker, ref)
 
 
 def _release_transactional(effect: Effect, worker: str, provider) -> str:
-    reason = withhold_reason(effect)
-    if reason:
-        return _withhold(effect, worker, reason)
     try:
-        with transaction.atomic():
-            ref = provider.apply(effect)
-            if not _applied(effect, worker, ref):
-                raise _LostSend
-            _event(effect, worker, EffectEvent.Action.SEND, State.APPLIED)
+        reason = withhold_reason(effect)
+        if not reason:
+            with transaction.atomic():
+                ref = provider.apply(effect)
+                if _applied(effect, worker, ref) != State.APPLIED:
+                    raise _LostSend
     except _LostSend:
+        return "lease_lost"
+    except Exception as exc:  # the retry table decides; the apply rolled back: nothing landed
+        return _record_failure(effect, worker, provider, exc, called=False, prior=State.PENDING)
+    return _withhold(effect, worker, reason) if reason else State.APPLIED
+
+
+def _applied(effect: Effect, worker: str, ref) -> str:
+    won = _move(
+        effect,
+        worker,
+        EffectEvent.Action.SEND,
+        owner=worker,
+        state=State.APPLIED,
+        provider_ref=str(ref)[:200],
+        applied_at=Now(),
+        lease_expires_at=None,
+        reason="",
+        last_error_class="",
+        last_error_code="",
+    )
+    if not won:
+        # Another sender took over after our lease ran out; the provider
+        # deduplicates by key, and the ledger keeps the first outcome.
+        _event_row(effect, worker, EffectEvent.Action.SEND, "lease_lost", note=f"ref {ref}").save()
         _log(effect, "lease_lost", worker)
         return "lease_lost"
-    except Exception as exc:  # the retry table decides, not this except
-        return _record_failure(effect, worker, provider, exc)
     _log(effect, "applied", worker, ref=effect.provider_ref)
     return State.APPLIED
 
 
 def _withhold(effect: Effect, worker: str, reason: str) -> str:
-    if _cas(
+    won = _move(
         effect,
+        worker,
+        EffectEvent.Action.WITHHOLD,
         owner=worker,
+        error_class=ErrorClass.AUTHORIZATION,
+        code="recipient_not_authorized",
+        note=reason,
         state=State.WITHHELD,
         reason=reason[:300],
         lease_expires_at=None,
         last_error_class=ErrorClass.AUTHORIZATION,
         last_error_code="recipient_not_authorized",
-    ):
-        _event(
-            effect,
-            worker,
-            EffectEvent.Action.WITHHOLD,
-            State.WITHHELD,
-            error_class=ErrorClass.AUTHORIZATION,
-            code="recipient_not_authorized",
-            note=reason,
-        )
-    _log(effect, "withheld", worker)
-    return State.WITHHELD
+    )
+    _log(effect, "withheld" if won else "lease_lost", worker)
+    return State.WITHHELD if won else "lease_lost"
 
 
 def _sender_lost(effect: Effect, worker: str) -> str:
-    _cas(
+    won = _move(
         effect,
+        worker,
+        EffectEvent.Action.STOP,
         owner=worker,
+        error_class=ErrorClass.PROVIDER_TIMEOUT,
+        code="sender_lost",
         state=State.NEEDS_REVIEW,
         attempts=max(0, effect.attempts - 1),  # this claim sent nothing
         lease_expires_at=None,
@@ -333,155 +416,134 @@ def _sender_lost(effect: Effect, worker: str) -> str:
         last_error_class=ErrorClass.PROVIDER_TIMEOUT,
         last_error_code="sender_lost",
     )
-    _log(effect, State.NEEDS_REVIEW, worker, code="sender_lost")
-    return State.NEEDS_REVIEW
+    _log(effect, State.NEEDS_REVIEW if won else "lease_lost", worker, code="sender_lost")
+    return State.NEEDS_REVIEW if won else "lease_lost"
 
 
 def _defer(effect: Effect, worker: str, prior: str) -> str:
     """No in-flight slot freed in time: hand the effect back, spending no attempt."""
-    now = timezone.now()
     # A re-driven expired send may have landed: it goes back as unknown, not pending.
     state = prior if prior in (State.PENDING, State.UNKNOWN) else State.UNKNOWN
     delay = float(conf.get("JOBS_PROVIDER_DEFER_SECONDS")) * (1 + random.random())
-    _cas(
+    won = _move(
         effect,
+        worker,
+        EffectEvent.Action.DEFER,
         owner=worker,
+        code="provider_busy",
         state=state,
         attempts=max(0, effect.attempts - 1),
         lease_expires_at=None,
-        next_attempt_at=now + timedelta(seconds=delay),
-        now=now,
+        next_attempt_at=clock.after(delay),
     )
     _log(effect, "deferred", worker, reason="provider_busy", delay=f"{delay:.2f}")
-    return "deferred"
+    return "deferred" if won else "lease_lost"
 
 
-def _applied(effect: Effect, worker: str, ref: str) -> bool:
-    now = timezone.now()
-    return _cas(
-        effect,
-        owner=worker,
-        state=State.APPLIED,
-        provider_ref=str(ref)[:200],
-        applied_at=now,
-        lease_expires_at=None,
-        reason="",
-        last_error_class="",
-        last_error_code="",
-        now=now,
-    )
-
-
-def _failure_state(effect: Effect, provider, c, exc: BaseException) -> tuple[str, str]:
-    """The state a failed send leads to, and the reason an operator reads."""
-    out_of_budget = effect.attempts >= int(conf.get("JOBS_EFFECT_MAX_ATTEMPTS"))
-    if c.code == "provider_not_configured":
-        return State.NEEDS_REVIEW, c.detail or str(exc)
-    if c.error_class == ErrorClass.VALIDATION:
-        if c.code == "http_409":
-            return State.FAILED, "provider saw this idempotency key with a different body (409)"
-        return State.FAILED, f"provider rejected the notice as invalid ({c.code})"
-    if c.error_class == ErrorClass.AUTHORIZATION:
-        return State.NEEDS_REVIEW, f"provider refused our credentials ({c.code})"
-    if c.error_class == ErrorClass.PROVIDER_TIMEOUT and not provider.supports_idempotency:
-        return State.NEEDS_REVIEW, "sent without an answer; provider cannot deduplicate"
-    if out_of_budget:
-        return State.NEEDS_REVIEW, f"send attempts exhausted (last: {c.code})"
-    if c.error_class == ErrorClass.PROVIDER_TIMEOUT:
-        return State.UNKNOWN, "sent without an answer; will retry with the same key"
-    return State.PENDING, ""
-
-
-def _record_failure(effect: Effect, worker: str, provider, exc: BaseException) -> str:
+def _record_failure(
+    effect: Effect, worker: str, provider, exc: BaseException, *, called: bool, prior: str
+) -> str:
+    """Write what the retry table says a failed release means."""
     c = classify(exc)
-    now = timezone.now()
-    state, reason = _failure_state(effect, provider, c, exc)
-    changes = {"state": state, "reason": reason[:300], "lease_expires_at": None}
-    if state in (State.PENDING, State.UNKNOWN):
+    verdict = effect_outcome(
+        c,
+        attempts=effect.attempts,
+        max_attempts=effect.max_attempts,
+        called=called,
+        dedupes=provider.supports_idempotency,
+        unsure=prior == State.UNKNOWN,
+    )
+    changes = {"state": verdict.state, "reason": verdict.reason[:300], "lease_expires_at": None}
+    if verdict.retry:
         # Floor + full jitter: senders that failed together in an outage do not
         # come back together; Retry-After from the provider is a lower bound.
         delay = conf.backoff(effect.attempts, retry_after=c.retry_after)
-        changes["next_attempt_at"] = now + timedelta(seconds=delay)
-    won = _cas(
+        changes["next_attempt_at"] = clock.after(delay)
+    action = EffectEvent.Action.SEND if called else EffectEvent.Action.CHECK
+    fields = {"error_class": c.error_class, "code": c.code}
+    won = _move(
         effect,
+        worker,
+        action,
         owner=worker,
         last_error_class=c.error_class,
         last_error_code=c.code,
-        now=now,
+        **fields,
         **changes,
     )
-    _event(
-        effect,
-        worker,
-        EffectEvent.Action.SEND,
-        state if won else "lease_lost",
-        error_class=c.error_class,
-        code=c.code,
-    )
-    _log(effect, state if won else "lease_lost", worker, error_class=c.error_class, code=c.code)
-    return state if won else "lease_lost"
+    if not won:
+        _event_row(effect, worker, action, "lease_lost", **fields).save()
+    outcome = verdict.state if won else "lease_lost"
+    _log(effect, outcome, worker, error_class=c.error_class, code=c.code)
+    return outcome
 
 
-def release_published(effects: list[Effect], worker: str) -> dict[str, str]:
-    """Release the pending effects this worker just published (external providers)."""
+# --- operator actions: change the row and enqueue in one transaction, return at once ---
+
+
+def _operator_move(effect: Effect, operator: str, action: str, *, enqueue: bool, **fields) -> bool:
+    with transaction.atomic():
+        if not _move(effect, f"operator:{operator}", action, **fields):
+            return False
+        if enqueue:
+            queue.enqueue_effect(effect)
+    _log(effect, action, f"operator:{operator}")
+    return True
+
+
+def _resend_fields(effect: Effect) -> dict:
+    """Back to pending, due now, its message enqueued with it, and a fresh send budget."""
     return {
-        e.effect_id: release(e, worker, own_publish=True)
-        for e in effects
-        if e.state == State.PENDING
+        "state": State.PENDING,
+        "reason": "",
+        "next_attempt_at": Now(),
+        "enqueued_for": Now(),
+        "lease_expires_at": None,
+        "max_attempts": effect.attempts + conf.effect_max_attempts(),
     }
 
 
-def recheck_withheld(effect: Effect, *, operator: str = "operator") -> bool:
-    """Operator: put a withheld effect back to pending so release rechecks policy."""
+def recheck_withheld(effect: Effect, *, operator: str, note: str = "") -> bool:
+    """Operator: a worker rechecks a withheld effect's recipient and releases it if allowed."""
     if effect.state != State.WITHHELD:
         return False
-    won = _cas(
-        effect, state=State.PENDING, reason="", next_attempt_at=timezone.now(), enqueued_for=None
+    return _operator_move(
+        effect,
+        operator,
+        EffectEvent.Action.RECHECK,
+        enqueue=True,
+        note=note,
+        **_resend_fields(effect),
     )
-    if won:
-        _event(effect, f"operator:{operator}", EffectEvent.Action.RECHECK, State.PENDING)
-    return won
+
+
+def send_again(effect: Effect, *, operator: str, note: str = "") -> bool:
+    """Operator: a worker sends a needs_review effect once more (same key; e-mail may repeat)."""
+    if effect.state != State.NEEDS_REVIEW:
+        return False
+    return _operator_move(
+        effect,
+        operator,
+        EffectEvent.Action.SEND_AGAIN,
+        enqueue=True,
+        note=note,
+        **_resend_fields(effect),
+    )
 
 
 def mark_sent(effect: Effect, *, operator: str, note: str = "") -> bool:
     """Operator: a needs_review effect is known to have arrived (checked out of band)."""
     if effect.state != State.NEEDS_REVIEW:
         return False
-    now = timezone.now()
-    won = _cas(
+    return _operator_move(
         effect,
+        operator,
+        EffectEvent.Action.MARK_SENT,
+        enqueue=False,
+        note=note,
         state=State.APPLIED,
-        applied_at=now,
+        applied_at=Now(),
         provider_ref=effect.provider_ref or "marked-sent",
         reason=f"marked sent by operator {operator}"[:300],
         lease_expires_at=None,
-        now=now,
     )
-    if won:
-        _event(
-            effect, f"operator:{operator}", EffectEvent.Action.MARK_SENT, State.APPLIED, note=note
-        )
-        _log(effect, "marked_sent", f"operator:{operator}")
-    return won
-
-
-def send_again(effect: Effect, *, operator: str, note: str = "") -> bool:
-    """Operator: send a needs_review effect once more (same key; e-mail may arrive twice)."""
-    if effect.state != State.NEEDS_REVIEW:
-        return False
-    now = timezone.now()
-    won = _cas(
-        effect,
-        state=State.PENDING,
-        reason="",
-        next_attempt_at=now,
-        enqueued_for=None,
-        lease_expires_at=None,
-        now=now,
-    )
-    if won:
-        _event(
-            effect, f"operator:{operator}", EffectEvent.Action.SEND_AGAIN, State.PENDING, note=note
-        )
-        _log(effect, "send_again", f"operator:{operator}")
-    return won

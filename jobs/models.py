@@ -9,32 +9,33 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 
 class JobQuerySet(models.QuerySet):
     def due(self, now=None):
-        """Queued or waiting jobs whose next attempt time has come."""
-        now = now or timezone.now()
+        """Queued or waiting jobs whose next attempt time has come (server clock by default)."""
+        now = now or Now()
         return self.filter(
             state__in=[Job.State.QUEUED, Job.State.RETRY_WAIT], next_attempt_at__lte=now
         )
 
     def lease_expired(self, now=None):
         """Running jobs whose worker stopped extending its lease."""
-        now = now or timezone.now()
+        now = now or Now()
         return self.filter(state=Job.State.RUNNING, lease_expires_at__lte=now)
 
     def live_running(self, now=None):
         """Running jobs whose lease still holds: they count against the tenant bound."""
-        now = now or timezone.now()
+        now = now or Now()
         return self.filter(state=Job.State.RUNNING, lease_expires_at__gt=now)
 
 
 class EffectQuerySet(models.QuerySet):
     def due_for_release(self, now=None):
         """Effects a sender may take now: due pending/unknown ones and expired sending leases."""
-        now = now or timezone.now()
+        now = now or Now()
         return self.filter(
             Q(state__in=[Effect.State.PENDING, Effect.State.UNKNOWN], next_attempt_at__lte=now)
             | Q(state=Effect.State.SENDING, lease_expires_at__lte=now)
@@ -80,6 +81,9 @@ class Job(models.Model):
     last_error_class = models.CharField(max_length=32, blank=True, default="")
     last_error_code = models.CharField(max_length=64, blank=True, default="")
     last_error_detail = models.CharField(max_length=300, blank=True, default="")
+    outage_since = models.DateTimeField(
+        null=True, blank=True, help_text="a dependency outage has held this job up since"
+    )
 
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
@@ -199,7 +203,8 @@ class Effect(models.Model):
     data = models.JSONField(default=dict, blank=True, help_text="references only")
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     version = models.PositiveBigIntegerField(default=0)
-    attempts = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveIntegerField(default=0, help_text="sends claimed so far")
+    max_attempts = models.PositiveIntegerField(default=8, help_text="the send budget")
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     enqueued_for = models.DateTimeField(null=True, blank=True)
     lease_owner = models.CharField(max_length=200, blank=True, default="")
@@ -221,6 +226,9 @@ class Effect(models.Model):
             models.CheckConstraint(
                 condition=Q(state__in=EFFECT_STATES), name="jobs_effect_state_valid"
             ),
+            models.CheckConstraint(
+                condition=Q(attempts__lte=F("max_attempts")), name="jobs_effect_attempts_bounded"
+            ),
             models.UniqueConstraint(fields=["effect_id"], name="jobs_effect_one_per_identity"),
             models.UniqueConstraint(fields=["idempotency_key"], name="jobs_effect_one_per_key"),
         ]
@@ -239,7 +247,11 @@ class EffectEvent(models.Model):
     """
 
     class Action(models.TextChoices):
-        SEND = "send"  # one call to the provider
+        CLAIM = "claim"  # a sender took the effect (its sending lease)
+        SEND = "send"  # one call to the provider (or a failure on the way to it)
+        DEFER = "defer"  # no in-flight slot freed in time: handed back, no attempt spent
+        CHECK = "check"  # the release check before the call failed (nothing was sent)
+        STOP = "stop"  # the send budget was spent, or a sender was lost mid-send
         WITHHOLD = "withhold"  # policy refused the release right before the call
         MARK_SENT = "mark_sent"  # operator confirmed delivery out of band
         SEND_AGAIN = "send_again"  # operator asked for another send
@@ -249,6 +261,9 @@ class EffectEvent(models.Model):
     provider = models.CharField(max_length=64)
     action = models.CharField(max_length=16, choices=Action.choices)
     attempt = models.PositiveIntegerField(default=0, help_text="Effect.attempts at the time")
+    version = models.PositiveBigIntegerField(
+        default=0, help_text="Effect.version this event recorded (0: born with the publish)"
+    )
     actor = models.CharField(max_length=200, help_text="worker identity or operator:<username>")
     outcome = models.CharField(max_length=16, blank=True, default="", help_text="state after")
     error_class = models.CharField(max_length=32, blank=True, default="")

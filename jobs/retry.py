@@ -7,6 +7,8 @@ testable on its own and lives in exactly one place.
 from __future__ import annotations
 
 import email.utils
+import errno
+import os
 import random
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,44 +26,129 @@ class ErrorClass(StrEnum):
     UNKNOWN = "unknown"
 
 
-class Action(StrEnum):
-    RETRY = "retry"  # back off with jitter, up to max_attempts, then dead
-    RETRY_SAME_KEY = "retry_same_key"  # the call may have landed: same idempotency key
-    FAIL = "fail"  # permanent: failed at once, no retry
-    WITHHOLD = "withhold"  # not allowed any more: nothing released, operator sees why
-
-
 @dataclass(frozen=True)
 class Rule:
-    action: Action
-    safe_to_retry: bool
-    operator_review: bool
+    """One row of the table: what a failure of this class means for a job and for an effect."""
+
+    retry: bool  # another try may succeed, within the attempt budget
+    may_have_landed: bool  # a failed call may still have taken effect: retry under the same key
+    job_final: str  # the job's state when it is not retried: "failed" or "dead"
+    effect_final: str  # the effect's state when it is not retried
     meaning: str
+
+    @property
+    def safe_to_retry(self) -> bool:
+        return self.retry
 
 
 POLICY: dict[ErrorClass, Rule] = {
     ErrorClass.TRANSPORT: Rule(
-        Action.RETRY, True, False, "connection reset, DNS, TLS: nothing was processed"
+        True, False, "dead", "needs_review", "connection reset, DNS, TLS: nothing was processed"
     ),
     ErrorClass.TEMPORARY: Rule(
-        Action.RETRY, True, False, "HTTP 429/503, database unavailable, deadlock, serialization"
-    ),
-    ErrorClass.PROVIDER_TIMEOUT: Rule(
-        Action.RETRY_SAME_KEY,
         True,
         False,
+        "dead",
+        "needs_review",
+        "HTTP 429/503, database unavailable, deadlock, serialization",
+    ),
+    ErrorClass.PROVIDER_TIMEOUT: Rule(
+        True,
+        True,
+        "dead",
+        "needs_review",
         "sent, no answer: retry with the same key; without key support, operator review",
     ),
     ErrorClass.VALIDATION: Rule(
-        Action.FAIL, False, True, "malformed payload or HTTP 400/409/422: permanent"
+        False, False, "failed", "failed", "malformed payload or HTTP 400/409/422: permanent"
     ),
     ErrorClass.AUTHORIZATION: Rule(
-        Action.WITHHOLD, False, True, "access revoked or HTTP 401/403: nothing released"
+        False, False, "failed", "withheld", "access revoked or HTTP 401/403: nothing released"
     ),
     ErrorClass.UNKNOWN: Rule(
-        Action.RETRY, True, True, "anything else: retried up to max_attempts, then dead"
+        True, True, "dead", "needs_review", "anything else: retried up to the budget, then review"
     ),
 }
+
+# Codes whose meaning is narrower than their class (looked up before POLICY).
+CODE_RULES: dict[str, Rule] = {
+    # A missing setting is no refusal by the other side: fix it, then "send again".
+    "provider_not_configured": Rule(
+        False, False, "failed", "needs_review", "a provider setting is missing"
+    ),
+}
+
+# What an operator reads on an effect that stopped, by code or class (the code is appended).
+_EFFECT_REASONS = {
+    "http_409": "the provider saw this idempotency key with a different body",
+    ErrorClass.VALIDATION: "the provider rejected the notice as invalid",
+    ErrorClass.AUTHORIZATION: "not released: the provider refused our credentials or the "
+    "recipient's access",
+}
+
+
+def job_outcome(
+    c: Classified,
+    *,
+    attempts: int,
+    max_attempts: int,
+    outage_for: float | None = None,
+    outage_window: float = 0.0,
+) -> str:
+    """The job's next state after a failed attempt.
+
+    ``retry_wait``, ``failed``, ``dead``, or ``outage_wait``: a retry_wait that does
+    not spend the attempt, because a dependency (database, artifact storage) is
+    down. Outages are budgeted by time, not attempts: ``outage_for`` seconds since
+    this outage began (None: it begins now), against ``outage_window``; past the
+    window the attempt counts again.
+    """
+    rule = c.rule
+    if not rule.retry:
+        return rule.job_final
+    if c.outage and (outage_for or 0.0) < outage_window:
+        return "outage_wait"
+    return "retry_wait" if attempts < max_attempts else "dead"
+
+
+@dataclass(frozen=True)
+class EffectOutcome:
+    state: str  # pending | unknown | failed | withheld | needs_review
+    reason: str
+
+    @property
+    def retry(self) -> bool:
+        return self.state in ("pending", "unknown")
+
+
+def effect_outcome(
+    c: Classified, *, attempts: int, max_attempts: int, called: bool, dedupes: bool, unsure: bool
+) -> EffectOutcome:
+    """An effect's next state after a failed release, from the same table as the job's.
+
+    ``called``: the provider was called (not a failure before the call);
+    ``dedupes``: the provider deduplicates by idempotency key;
+    ``unsure``: an earlier send may already have landed (the effect was ``unknown``).
+    """
+    rule = c.rule
+    landed = unsure or (called and rule.may_have_landed)
+    if not rule.retry:
+        why = c.detail or _EFFECT_REASONS.get(c.code) or _EFFECT_REASONS.get(c.error_class)
+        why = why or rule.meaning
+        return EffectOutcome(rule.effect_final, f"{why} ({c.code})")
+    if landed and not dedupes:
+        return EffectOutcome(
+            "needs_review", f"sent without an answer; the provider cannot deduplicate ({c.code})"
+        )
+    if attempts >= max_attempts:
+        return EffectOutcome("needs_review", f"send attempts exhausted (last: {c.code})")
+    if landed:
+        return EffectOutcome("unknown", f"no answer; will retry with the same key ({c.code})")
+    return EffectOutcome("pending", "")
+
+
+# Storage errors that mean "the disk is full or read-only for now": an outage, not a bug.
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.ENFILE, errno.EMFILE}
 
 # SQLSTATEs that mean "the same statement may succeed if tried again".
 _RETRYABLE_SQLSTATES = {
@@ -77,10 +164,11 @@ class Classified:
     code: str
     detail: str = ""
     retry_after: float | None = None
+    outage: bool = False  # a dependency is down (database, storage): wait, budgeted by time
 
     @property
     def rule(self) -> Rule:
-        return POLICY[self.error_class]
+        return CODE_RULES.get(self.code) or POLICY[self.error_class]
 
 
 def classify_status(status: int, retry_after: float | None = None) -> Classified:
@@ -119,8 +207,22 @@ def classify(exc: BaseException) -> Classified:
         if sqlstate:
             if sqlstate in _RETRYABLE_SQLSTATES:
                 return Classified(ErrorClass.TEMPORARY, f"pg_{sqlstate}")
-            if sqlstate.startswith(("08", "57P")):  # connection exception, operator shutdown
-                return Classified(ErrorClass.TEMPORARY, f"pg_{sqlstate}")
+            if sqlstate.startswith(("08", "57P", "53")):  # connection, shutdown, resources
+                return Classified(
+                    ErrorClass.TEMPORARY,
+                    f"pg_{sqlstate}",
+                    detail=f"database unavailable (SQLSTATE {sqlstate})",
+                    outage=True,
+                )
+        if isinstance(err, OSError) and err.errno in _STORAGE_ERRNOS:
+            name = errno.errorcode[err.errno]
+            # strerror only: the exception's text may name a file, and names may be private.
+            return Classified(
+                ErrorClass.TEMPORARY,
+                f"storage_{name.lower()}",
+                detail=f"storage unavailable: {os.strerror(err.errno)} ({name})",
+                outage=True,
+            )
         http = _classify_httpx(err)
         if http is not None:
             return http
@@ -130,7 +232,12 @@ def classify(exc: BaseException) -> Classified:
             ("django.db", "psycopg", "sqlite3")
         ):
             # Connection lost or database locked: the database is temporarily unavailable.
-            return Classified(ErrorClass.TEMPORARY, "db_unavailable")
+            return Classified(
+                ErrorClass.TEMPORARY,
+                "db_unavailable",
+                detail=f"database unavailable ({name})",
+                outage=True,
+            )
         if isinstance(err, TimeoutError):
             return Classified(ErrorClass.PROVIDER_TIMEOUT, "timeout")
         if isinstance(err, ConnectionError):

@@ -1,4 +1,4 @@
-"""One delivery of one job: claim → produce → publish → release.
+"""One delivery of one job: claim → produce → publish (external effects get their own message).
 
 Returns only after every outcome is committed, so django-q2 acknowledges the
 message only then. A worker that lost its lease publishes nothing; a second
@@ -12,12 +12,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django.db import transaction
-
-from jobs import artifacts, conf, ledger, registry, transitions
+from jobs import artifacts, clock, conf, ledger, queue, registry, transitions
 from jobs.exceptions import LeaseLost
 from jobs.models import Artifact, Attempt, Job
-from jobs.retry import Action, classify
+from jobs.retry import classify, job_outcome
 
 log = logging.getLogger("jobs.runner")
 
@@ -94,6 +92,7 @@ def run_delivery(
         kind = registry.get_kind(job.kind)
         specs = kind.handler(ctx) or []
         ctx.stage("before_publish")
+        ctx.heartbeat()  # a lease more than a third spent is extended before the fenced publish
     except LeaseLost:
         transitions.finish_attempt(attempt, Outcome.LEASE_LOST)
         log.info("job=%s worker=%s lease lost during work", job.pk, worker)
@@ -102,48 +101,76 @@ def run_delivery(
         return _handle_failure(ctx, exc)
 
     effects = []
-    with transaction.atomic():
+    with clock.worker_transaction():
         if not transitions.publish(job, worker):
             published = False
         else:
             published = True
             effects = ledger.record(job, specs, worker)
             transitions.finish_attempt(attempt, Outcome.SUCCEEDED)
+            # External sends leave this task: each gets its own message, committed with
+            # the publish, so a slow provider never holds the job's delivery open.
+            for effect in effects:
+                if effect.state == ledger.State.PENDING:
+                    queue.enqueue_effect(effect)
     if not published:
         transitions.finish_attempt(attempt, Outcome.LEASE_LOST)
         log.info("job=%s worker=%s publish lost: another worker owns the job", job.pk, worker)
         return DeliveryResult(job_id, Outcome.LEASE_LOST, worker)
     ctx.stage("published")
-    results = {e.effect_id: e.state for e in effects}
-    results.update(ledger.release_published(effects, worker))
-    ctx.stage("released")
-    return DeliveryResult(job_id, Outcome.SUCCEEDED, worker, results)
+    return DeliveryResult(
+        job_id, Outcome.SUCCEEDED, worker, {e.effect_id: e.state for e in effects}
+    )
 
 
 def _handle_failure(ctx: JobContext, exc: Exception) -> DeliveryResult:
     job, worker, attempt = ctx.job, ctx.worker, ctx.attempt
     c = classify(exc)
-    rule = c.rule
     fields = {"error_class": c.error_class.value, "error_code": c.code}
     # The outcome and its attempt row commit together: a crash cannot leave a blank attempt.
-    with transaction.atomic():
-        if rule.action in (Action.RETRY, Action.RETRY_SAME_KEY) and job.attempts < job.max_attempts:
-            delay = conf.backoff(job.attempts, retry_after=c.retry_after)
+    with clock.worker_transaction():
+        state = job_outcome(
+            c,
+            attempts=job.attempts,
+            max_attempts=job.max_attempts,
+            outage_for=_outage_for(job),
+            outage_window=conf.outage_window_seconds(),
+        )
+        if state in ("retry_wait", "outage_wait"):
+            outage = state == "outage_wait"
+            delay = (
+                conf.outage_backoff(job.attempts)
+                if outage
+                else conf.backoff(job.attempts, retry_after=c.retry_after)
+            )
             won = transitions.schedule_retry(
-                job, worker, delay=delay, error_class=c.error_class, code=c.code, detail=c.detail
+                job,
+                worker,
+                delay=delay,
+                error_class=c.error_class,
+                code=c.code,
+                detail=c.detail,
+                outage=outage,
             )
             outcome, fields["retry_delay_seconds"] = Outcome.RETRY, delay
-        elif rule.action in (Action.RETRY, Action.RETRY_SAME_KEY):
-            won = transitions.bury(
-                job, worker, error_class=c.error_class, code=c.code, detail=c.detail
-            )
-            outcome = Outcome.DEAD
         else:
-            won = transitions.fail(
-                job, worker, error_class=c.error_class, code=c.code, detail=c.detail
+            write, outcome = (
+                (transitions.fail, Outcome.FAILED)
+                if state == "failed"
+                else (transitions.bury, Outcome.DEAD)
             )
-            outcome = Outcome.FAILED
+            won = write(job, worker, error_class=c.error_class, code=c.code, detail=c.detail)
         if not won:
             outcome = Outcome.LEASE_LOST
         transitions.finish_attempt(attempt, outcome, **fields)
     return DeliveryResult(job.pk, outcome, worker)
+
+
+def _outage_for(job: Job) -> float | None:
+    """Seconds this job has been held up by an outage, by the server's clock at the claim."""
+    if job.outage_since is None:
+        return None
+    db_now = getattr(job, "db_now", None)
+    if db_now is None:
+        return None
+    return (db_now - job.outage_since).total_seconds()

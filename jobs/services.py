@@ -7,24 +7,18 @@ commit together or not at all.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.db import transaction
 from django.db.models import F, Q
+from django.db.models.functions import Now
 from django.utils import timezone
-from django_q.tasks import async_task
 
-from jobs import conf, ledger, registry, transitions
+from jobs import clock, conf, ledger, registry, transitions
 from jobs.models import Effect, Job
+from jobs.queue import enqueue_effect, enqueue_job
 
-
-def enqueue_job(job: Job) -> None:
-    """Put one message for ``job`` on the queue (call inside the marking transaction)."""
-    async_task("jobs.tasks.run_job", job.pk, task_name=f"job-{job.pk}")
-
-
-def enqueue_effect(effect: Effect) -> None:
-    async_task("jobs.tasks.release_effect", effect.pk, task_name=f"effect-{effect.pk}")
+__all__ = ["enqueue_effect", "enqueue_job", "request_job"]
 
 
 def request_job(
@@ -38,7 +32,7 @@ def request_job(
 ) -> tuple[Job, bool]:
     """Return the one job for (kind, subject, revision), creating and enqueueing it once."""
     job_kind = registry.get_kind(kind)
-    now = timezone.now()
+    now = timezone.now()  # shown to people; the due time is the server's clock
     with transaction.atomic():
         job, created = Job.objects.get_or_create(
             kind=kind,
@@ -49,26 +43,28 @@ def request_job(
                 "tenant_key": tenant_key,
                 "params": params or {},
                 "max_attempts": job_kind.max_attempts or conf.max_attempts(),
-                "next_attempt_at": now,
-                "enqueued_for": now,
+                "next_attempt_at": Now(),
+                "enqueued_for": Now(),
                 "created_at": now,
                 "updated_at": now,
             },
         )
         if created:
             enqueue_job(job)
+            job.refresh_from_db(fields=["next_attempt_at", "enqueued_for"])
     return job, created
 
 
-def needs_message(due_field: str, now: datetime) -> Q:
+def needs_message(due_field: str) -> Q:
     """No message yet for this due time, or the last one is presumed lost.
 
     ``enqueued_for`` holds when the last message was sent. A message older than
     the re-drive window (the broker's redelivery time, twice) that left the job
     still due was lost or is stuck in a dead cluster: one more is sent. A spare
-    message costs one duplicate delivery; a lost one would cost the job.
+    message costs one duplicate delivery; a lost one would cost the job. Judged
+    by the server's clock.
     """
-    lost_before = now - timedelta(seconds=conf.redrive_after_seconds())
+    lost_before = clock.before(conf.redrive_after_seconds())
     return (
         Q(enqueued_for__isnull=True)
         | Q(enqueued_for__lt=F(due_field))
@@ -76,20 +72,25 @@ def needs_message(due_field: str, now: datetime) -> Q:
     )
 
 
-def mark_enqueued(model, pk: int, due_field: str, due_at: datetime, states) -> bool:
-    """Claim the right to enqueue ``pk`` now: one message per due time (and per lost one)."""
-    now = timezone.now()
-    return (
-        model.objects.filter(pk=pk, state__in=states, **{due_field: due_at})
-        .filter(needs_message(due_field, now))
-        .update(enqueued_for=now)
-        == 1
-    )
+def mark_enqueued(model, pk: int, due_field: str, due_at: datetime | None, states) -> bool:
+    """Claim the right to enqueue ``pk`` now: one message per due time (and per lost one).
+
+    The row is locked with SKIP LOCKED first: a row held by a worker's open
+    transaction (even a frozen one) is passed over, never waited for; the next
+    sweep tries again. ``due_at`` None: whatever the due time is now.
+    """
+    rows = model.objects.filter(pk=pk, state__in=states)
+    if due_at is not None:
+        rows = rows.filter(**{due_field: due_at})
+    rows = rows.filter(needs_message(due_field))
+    if not rows.select_for_update(skip_locked=True).values_list("pk", flat=True):
+        return False
+    return rows.update(enqueued_for=Now()) == 1
 
 
 def _after_operator_change(job: Job) -> None:
     with transaction.atomic():
-        if mark_enqueued(Job, job.pk, "next_attempt_at", job.next_attempt_at, [job.state]):
+        if mark_enqueued(Job, job.pk, "next_attempt_at", None, [job.state]):
             enqueue_job(job)
 
 
@@ -114,10 +115,9 @@ def retry_job_now(job: Job) -> bool:
     return True
 
 
-def recheck_and_release(effect: Effect) -> bool:
-    """Operator: recheck a withheld effect's recipient and release it if now allowed."""
-    if not ledger.recheck_withheld(effect):
-        return False
-    effect.refresh_from_db()
-    ledger.release(effect, transitions.worker_identity())
-    return True
+def recheck_and_release(effect: Effect, *, operator: str) -> bool:
+    """Operator: a worker rechecks a withheld effect's recipient and releases it if allowed.
+
+    Returns at once: the row change and its message commit together.
+    """
+    return ledger.recheck_withheld(effect, operator=operator)

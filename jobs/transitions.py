@@ -23,10 +23,11 @@ import zlib
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import connection, transaction
-from django.utils import timezone
+from django.db import connection
+from django.db.models import F
+from django.db.models.functions import Coalesce, Now
 
-from jobs import conf
+from jobs import clock, conf
 from jobs.cas import compare_and_swap
 from jobs.models import Attempt, Job
 
@@ -88,12 +89,13 @@ def claim(job_id: int, worker: str, *, lease_seconds: float | None = None) -> Cl
     duplicate deliveries can be counted apart.
     """
     lease = conf.lease_seconds() if lease_seconds is None else lease_seconds
-    with transaction.atomic():
-        now = timezone.now()
-        job = Job.objects.filter(pk=job_id).first()
+    with clock.worker_transaction():
+        # The server's clock, read with the row: every decision and write below uses it.
+        job = Job.objects.annotate(db_now=Now()).filter(pk=job_id).first()
         if job is None:
             log.warning("job=%s delivery for a job that does not exist", job_id)
             return Claim("missing")
+        now = job.db_now
 
         def record(outcome: str, **fields) -> Attempt:
             return Attempt.objects.create(
@@ -129,7 +131,6 @@ def claim(job_id: int, worker: str, *, lease_seconds: float | None = None) -> Cl
                 last_error_class=error_class,
                 last_error_code=code,
                 last_error_detail="attempt budget spent",
-                now=now,
             ):
                 return Claim("duplicate", job, record(Outcome.DUPLICATE_DELIVERY))
             _close_open_attempts(job, now)
@@ -154,7 +155,6 @@ def claim(job_id: int, worker: str, *, lease_seconds: float | None = None) -> Cl
             lease_expires_at=now + timedelta(seconds=lease),
             next_attempt_at=None,
             started_at=job.started_at or now,
-            now=now,
         ):
             _log(job, "duplicate_delivery", worker, reason="claim_race")
             return Claim("duplicate", job, record(Outcome.DUPLICATE_DELIVERY))
@@ -176,7 +176,7 @@ def _defer(job: Job, worker: str, now, record, reclaiming: bool) -> Claim:
     """Tenant at its bound: push the due time a little, spend no attempt."""
     delay = float(conf.get("JOBS_TENANT_DEFER_SECONDS")) * (1 + random.random())
     due = now + timedelta(seconds=delay)
-    changes = {"next_attempt_at": due, "enqueued_for": None, "now": now}
+    changes = {"next_attempt_at": due, "enqueued_for": None}
     if reclaiming:
         changes.update(state=State.RETRY_WAIT, lease_expires_at=None)
     if not _cas(job, **changes):
@@ -190,14 +190,7 @@ def _defer(job: Job, worker: str, now, record, reclaiming: bool) -> Claim:
 def heartbeat(job: Job, worker: str, *, lease_seconds: float | None = None) -> bool:
     """Extend our lease; False when the job is no longer ours."""
     lease = conf.lease_seconds() if lease_seconds is None else lease_seconds
-    now = timezone.now()
-    return _cas(
-        job,
-        owner=worker,
-        state=State.RUNNING,
-        lease_expires_at=now + timedelta(seconds=lease),
-        now=now,
-    )
+    return _cas(job, owner=worker, state=State.RUNNING, lease_expires_at=clock.after(lease))
 
 
 def still_owner(job: Job, worker: str) -> bool:
@@ -207,23 +200,27 @@ def still_owner(job: Job, worker: str) -> bool:
         version=job.version,
         lease_owner=worker,
         state=State.RUNNING,
-        lease_expires_at__gt=timezone.now(),
+        lease_expires_at__gt=Now(),
     ).exists()
 
 
 def publish(job: Job, worker: str) -> bool:
-    """running → succeeded; call inside the transaction that records the effects."""
-    now = timezone.now()
+    """running → succeeded; call inside the transaction that records the effects.
+
+    The lease must outlast the transaction's idle timeout, so this transaction can
+    only commit while the lease still holds (``clock.worker_transaction``).
+    """
     won = _cas(
         job,
         owner=worker,
+        margin=conf.transaction_idle_seconds(),
         state=State.SUCCEEDED,
         lease_expires_at=None,
-        finished_at=now,
+        finished_at=Now(),
         last_error_class="",
         last_error_code="",
         last_error_detail="",
-        now=now,
+        outage_since=None,
     )
     if won:
         _log(job, "publish", worker)
@@ -231,38 +228,61 @@ def publish(job: Job, worker: str) -> bool:
 
 
 def schedule_retry(
-    job: Job, worker: str, *, delay: float, error_class: str, code: str, detail: str = ""
+    job: Job,
+    worker: str,
+    *,
+    delay: float,
+    error_class: str,
+    code: str,
+    detail: str = "",
+    outage: bool = False,
 ) -> bool:
-    """running → retry_wait, due after ``delay`` seconds."""
-    now = timezone.now()
+    """running → retry_wait, due after ``delay`` seconds.
+
+    ``outage``: a dependency is down; the budget grows by the attempt this claim
+    cost (the retry table decides while the outage window lasts), and the
+    outage's start is kept, so the window is measured from it.
+    """
+    changes = {"outage_since": None}
+    if outage:
+        changes = {
+            "max_attempts": F("max_attempts") + 1,
+            "outage_since": Coalesce("outage_since", Now()),
+        }
     won = _cas(
         job,
         owner=worker,
         state=State.RETRY_WAIT,
         lease_expires_at=None,
-        next_attempt_at=now + timedelta(seconds=delay),
+        next_attempt_at=clock.after(delay),
         last_error_class=error_class,
         last_error_code=code,
         last_error_detail=detail[:300],
-        now=now,
+        **changes,
     )
     if won:
-        _log(job, "retry", worker, error_class=error_class, code=code, delay=f"{delay:.2f}")
+        _log(
+            job,
+            "retry",
+            worker,
+            error_class=error_class,
+            code=code,
+            delay=f"{delay:.2f}",
+            outage=outage,
+        )
     return won
 
 
 def _finish(job: Job, worker: str, state: str, error_class: str, code: str, detail: str) -> bool:
-    now = timezone.now()
     won = _cas(
         job,
         owner=worker,
         state=state,
         lease_expires_at=None,
-        finished_at=now,
+        finished_at=Now(),
         last_error_class=error_class,
         last_error_code=code,
         last_error_detail=detail[:300],
-        now=now,
     )
     if won:
         _log(job, state, worker, error_class=error_class, code=code)
@@ -283,7 +303,7 @@ def cancel(job: Job) -> bool:
     """Operator: queued/retry_wait → cancelled."""
     if job.state not in (State.QUEUED, State.RETRY_WAIT):
         return False
-    won = _cas(job, state=State.CANCELLED, finished_at=timezone.now())
+    won = _cas(job, state=State.CANCELLED, finished_at=Now())
     if won:
         _log(job, "cancel", "operator")
     return won
@@ -293,16 +313,14 @@ def requeue(job: Job) -> bool:
     """Operator: failed/dead → queued with a fresh attempt budget."""
     if job.state not in (State.FAILED, State.DEAD):
         return False
-    now = timezone.now()
     won = _cas(
         job,
         state=State.QUEUED,
         attempts=0,
-        next_attempt_at=now,
+        next_attempt_at=Now(),
         enqueued_for=None,
         finished_at=None,
         lease_expires_at=None,
-        now=now,
     )
     if won:
         _log(job, "requeue", "operator")
@@ -313,14 +331,14 @@ def retry_now(job: Job) -> bool:
     """Operator: make a waiting job due at once."""
     if job.state not in (State.QUEUED, State.RETRY_WAIT):
         return False
-    now = timezone.now()
-    return _cas(job, next_attempt_at=now, enqueued_for=None, now=now)
+    return _cas(job, next_attempt_at=Now(), enqueued_for=None)
 
 
 def finish_attempt(attempt: Attempt, outcome: str, **fields) -> None:
     """Record how a delivery ended (attempts are history, not state: no CAS needed)."""
-    fields.setdefault("finished_at", timezone.now())
+    fields.setdefault("finished_at", Now())
     for name, value in fields.items():
-        setattr(attempt, name, value)
+        if not hasattr(value, "resolve_expression"):
+            setattr(attempt, name, value)
     attempt.outcome = outcome
     Attempt.objects.filter(pk=attempt.pk).update(outcome=outcome, **fields)

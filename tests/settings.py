@@ -22,10 +22,14 @@ JOBS_LEASE_SECONDS = float(os.environ.get("JOBS_LEASE_SECONDS", "2"))
 JOBS_BACKOFF_FLOOR_SECONDS = 0.2
 JOBS_BACKOFF_BASE_SECONDS = 0.2
 JOBS_BACKOFF_CAP_SECONDS = 2.0
-JOBS_EFFECT_LEASE_SECONDS = 2.0
+JOBS_EFFECT_LEASE_SECONDS = float(os.environ.get("JOBS_EFFECT_LEASE_SECONDS", "2"))
+JOBS_EFFECT_MAX_ATTEMPTS = int(os.environ.get("JOBS_EFFECT_MAX_ATTEMPTS", "8"))
 JOBS_TENANT_DEFER_SECONDS = 0.2
 Q_CLUSTER = {**Q_CLUSTER, "workers": 1, "timeout": 5, "retry": 7, "poll": 0.1}
 
 # Several suites may share one server (developers, helpers, CI): let each pick its test database.
 if os.environ.get("TEST_DATABASE_NAME"):
     DATABASES["default"].setdefault("TEST", {})["NAME"] = os.environ["TEST_DATABASE_NAME"]  # noqa: F405
+
+# Outages (database, artifact storage) wait instead of dying: short caps for the tests.
+JOBS_OUTAGE_BACKOFF_CAP_SECONDS = float(os.environ.get("JOBS_OUTAGE_BACKOFF_CAP_SECONDS", "2"))

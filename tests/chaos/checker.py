@@ -263,6 +263,7 @@ def check(inp: Inputs) -> Report:
     from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, Notice
     from jobs.providers.webhook import BODY_FIELDS
     from permits import reports
+    from tests.chaos.faults import release_check_fault
     from tests.chaos.soak import PRIVATE_MARKER
 
     cfg, world = inp.cfg, inp.world
@@ -510,9 +511,12 @@ def check(inp: Inputs) -> Report:
         if fx.state == Effect.State.WITHHELD and was_revoked:
             withheld += 1
             continue
+        if fx.state == Effect.State.NEEDS_REVIEW and release_check_fault(fx.effect_id) == "always":
+            continue  # checked below (invariant 5)
         states.append(f"{fx.effect_id} {fx.provider} {fx.state} ({fx.reason})")
     r.check(
-        "2 every effect applied, or withheld because its reviewer was revoked",
+        "2 every effect applied, withheld because its reviewer was revoked, or stopped by a "
+        "release check that always failed",
         not states,
         _few(states),
     )
@@ -564,6 +568,60 @@ def check(inp: Inputs) -> Report:
         not agree and not stray,
         _few(agree + [f"stray {s}" for s in stray]),
     )
+    # --- invariant 5 for effects: the send budget; invariant 10: one event per arrow ------
+    over_budget, not_stopped, not_retried, unlogged = [], [], [], []
+    versions = defaultdict(set)
+    for effect_pk, version in EffectEvent.objects.values_list("effect", "version"):
+        versions[effect_pk].add(version)
+    sent_effects = set(
+        EffectEvent.objects.filter(action=EffectEvent.Action.SEND, error_class="")
+        .exclude(outcome="lease_lost")
+        .values_list("effect", flat=True)
+    )
+    hit = Counter()
+    for fx in effects:
+        if fx.attempts > fx.max_attempts:
+            over_budget.append(f"{fx.effect_id}: {fx.attempts} of {fx.max_attempts}")
+        missing = [v for v in range(1, fx.version + 1) if v not in versions[fx.pk]]
+        if fx.version == 0 and fx.state != Effect.State.PENDING and 0 not in versions[fx.pk]:
+            missing.append(0)  # born applied or withheld in the publish, with its event
+        if missing:
+            unlogged.append(f"{fx.effect_id} ({fx.state} v{fx.version}): no event for {missing}")
+        fault = release_check_fault(fx.effect_id)
+        if fault is None:
+            continue
+        hit[fault] += 1
+        if fault == "always" and not (
+            fx.state == Effect.State.NEEDS_REVIEW
+            and fx.attempts == fx.max_attempts
+            and fx.pk not in sent_effects
+            and fx.effect_id not in sends_by_effect
+        ):
+            not_stopped.append(f"{fx.effect_id}: {fx.state} {fx.attempts}/{fx.max_attempts}")
+        revoked_here = fx.job.subject_id.isdigit() and (
+            (int(fx.job.subject_id), fx.recipient) in revoked
+        )
+        if fault == "transient" and not revoked_here and fx.state != Effect.State.APPLIED:
+            not_retried.append(f"{fx.effect_id}: {fx.state} ({fx.reason})")
+    r.check(
+        "5 no effect spent more sends than its budget; a release check that always fails "
+        "stops at the budget in needs_review, never sent",
+        not over_budget and not not_stopped and hit["always"] > 0,
+        _few(over_budget + not_stopped)
+        or f"{hit['always']} effects hit by an always-failing check, all stopped at the budget",
+    )
+    r.check(
+        "5 a release check that failed transiently was retried by the table and released",
+        not not_retried and hit["transient"] > 0,
+        _few(not_retried) or f"{hit['transient']} effects hit, all applied (or revoked)",
+    )
+    r.check(
+        "10 every state change of every effect committed with its event",
+        not unlogged,
+        _few(unlogged)
+        or f"{len(effects)} effects, {sum(len(v) for v in versions.values())} event versions",
+    )
+
     keys = defaultdict(set)
     for req in requests:
         if req["effect_id"]:

@@ -24,3 +24,6 @@ Q_CLUSTER = {
     "timeout": 6,
     "retry": 9,
 }
+
+# A kind's release check raises for some effects (tests/chaos/faults.py).
+SOAK_RELEASE_CHECK_FAULTS = True

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from django.core.management import call_command
+from django.db.models import Q
 from django_q.models import OrmQ
 
 from jobs import artifacts, ledger, registry, services
@@ -18,7 +19,7 @@ from jobs.dispatch import dispatch_once
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
 from jobs.runner import run_delivery
 from jobs.tasks import release_effect
-from tests.jobs.helpers import Crash, expire_lease, make_due, new_job
+from tests.jobs.helpers import Crash, expire_lease, make_due, new_job, run_queued_effects
 
 pytestmark = pytest.mark.django_db
 
@@ -160,8 +161,8 @@ def test_crash_after_publish_before_ack__the_in_app_notice_committed_with_publis
     assert Notice.objects.count() == 1
 
 
-def test_published_effect_left_pending__is_redriven_once_by_the_dispatcher(make_user):
-    """A transactional apply that failed at publish waits pending; the dispatcher re-drives it."""
+def test_published_effect_left_pending__is_sent_by_its_own_message_once(make_user):
+    """A transactional apply that failed at publish goes pending with its own message."""
     user = make_user()
     job = new_job(user)
     inapp = registry.get_provider("inapp")
@@ -171,6 +172,7 @@ def test_published_effect_left_pending__is_redriven_once_by_the_dispatcher(make_
         raise ConnectionResetError("notice store unavailable")
 
     inapp.apply = flaky_apply
+    job_messages = list(OrmQ.objects.values_list("pk", flat=True))
     try:
         run_delivery(job.pk, worker="w1")
     finally:
@@ -178,12 +180,13 @@ def test_published_effect_left_pending__is_redriven_once_by_the_dispatcher(make_
     effect = Effect.objects.get(job=job)
     assert effect.state == Effect.State.PENDING and Notice.objects.count() == 0
     assert Job.objects.get(pk=job.pk).state == Job.State.SUCCEEDED
-    OrmQ.objects.all().delete()
-    assert dispatch_once()["effects"] == 0, "backing off after the failed sends"
-    Effect.objects.filter(pk=effect.pk).update(next_attempt_at=job.created_at)
-    assert dispatch_once()["effects"] == 1
-    assert dispatch_once()["effects"] == 0, "one message per due time"
-    assert OrmQ.objects.get().task["func"] == "jobs.tasks.release_effect"
+    assert list(effect.events.values_list("action", "outcome", "version")) == [
+        ("send", "pending", 1)
+    ], "the failed apply is recorded"
+    message = OrmQ.objects.filter(~Q(pk__in=job_messages)).get()
+    assert message.task["func"] == "jobs.tasks.release_effect"
+    assert message.task["args"] == (effect.pk,)
+    assert dispatch_once()["effects"] == 0, "its message is already on the queue"
     assert release_effect(effect.pk) == "applied"
     assert release_effect(effect.pk) == "skipped"
     assert Notice.objects.count() == 1
@@ -220,8 +223,10 @@ def test_revoked_recipient__effect_withheld_then_released_once_after_regrant(mak
     assert effect.state == Effect.State.WITHHELD and "inactive" in effect.reason
     assert Notice.objects.count() == 0
     type(user).objects.filter(pk=user.pk).update(is_active=True)
-    assert services.recheck_and_release(effect)
-    assert services.recheck_and_release(Effect.objects.get(pk=effect.pk)) is False
+    assert services.recheck_and_release(effect, operator="op1")
+    assert services.recheck_and_release(Effect.objects.get(pk=effect.pk), operator="op1") is False
+    assert Effect.objects.get(pk=effect.pk).state == Effect.State.PENDING, "a worker sends"
+    assert run_queued_effects() == {effect.pk: "applied"}
     assert Effect.objects.get(pk=effect.pk).state == Effect.State.APPLIED
     assert Notice.objects.count() == 1
 

@@ -29,8 +29,9 @@ pytestmark = pytest.mark.django_db
 #   INSERT jobs_job
 #   RELEASE SAVEPOINT
 #   INSERT django_q_ormq                           -- the message, same transaction
+#   SELECT next_attempt_at, enqueued_for           -- written by the server's clock (issue 10)
 #   COMMIT
-REQUEST_JOB = 7
+REQUEST_JOB = 8
 
 # run_delivery of a test.steps job (no stages) with one in-app recipient.
 #   claim (one transaction):

@@ -11,7 +11,16 @@ import pytest
 from django.db import OperationalError
 
 from jobs.exceptions import NotAuthorized, PayloadInvalid, TemporaryFailure
-from jobs.retry import POLICY, Action, ErrorClass, backoff_delay, classify, parse_retry_after
+from jobs.retry import (
+    POLICY,
+    Classified,
+    ErrorClass,
+    backoff_delay,
+    classify,
+    effect_outcome,
+    job_outcome,
+    parse_retry_after,
+)
 
 
 def _status_error(status: int, retry_after: str | None = None) -> httpx.HTTPStatusError:
@@ -75,10 +84,65 @@ def test_parse_retry_after__http_date():
 
 
 def test_policy__permanent_classes_do_not_retry():
-    assert POLICY[ErrorClass.VALIDATION].action == Action.FAIL
-    assert POLICY[ErrorClass.AUTHORIZATION].action == Action.WITHHOLD
-    assert POLICY[ErrorClass.PROVIDER_TIMEOUT].action == Action.RETRY_SAME_KEY
+    assert not POLICY[ErrorClass.VALIDATION].retry
+    assert not POLICY[ErrorClass.AUTHORIZATION].retry
+    assert POLICY[ErrorClass.PROVIDER_TIMEOUT].may_have_landed
     assert all(POLICY[c].safe_to_retry for c in (ErrorClass.TRANSPORT, ErrorClass.TEMPORARY))
+
+
+def _c(cls: ErrorClass, code: str = "x") -> Classified:
+    return Classified(cls, code)
+
+
+@pytest.mark.parametrize(
+    ("cls", "attempts", "expected"),
+    [
+        (ErrorClass.TRANSPORT, 1, "retry_wait"),
+        (ErrorClass.TRANSPORT, 5, "dead"),
+        (ErrorClass.UNKNOWN, 4, "retry_wait"),
+        (ErrorClass.UNKNOWN, 5, "dead"),
+        (ErrorClass.VALIDATION, 1, "failed"),
+        (ErrorClass.AUTHORIZATION, 1, "failed"),
+    ],
+)
+def test_job_outcome__one_table_decides(cls, attempts, expected):
+    assert job_outcome(_c(cls), attempts=attempts, max_attempts=5) == expected
+
+
+@pytest.mark.parametrize(
+    ("cls", "attempts", "called", "dedupes", "unsure", "expected"),
+    [
+        (ErrorClass.TRANSPORT, 1, True, True, False, "pending"),
+        (ErrorClass.TRANSPORT, 1, True, True, True, "unknown"),  # an earlier send may have landed
+        (ErrorClass.TRANSPORT, 8, True, True, False, "needs_review"),  # budget spent
+        (ErrorClass.PROVIDER_TIMEOUT, 1, True, True, False, "unknown"),  # same key next time
+        (ErrorClass.PROVIDER_TIMEOUT, 1, True, False, False, "needs_review"),  # e-mail: no keys
+        (ErrorClass.PROVIDER_TIMEOUT, 8, True, True, False, "needs_review"),
+        (ErrorClass.UNKNOWN, 1, False, False, False, "pending"),  # failed before the call
+        (ErrorClass.UNKNOWN, 1, True, False, False, "needs_review"),  # after hand-over, no keys
+        (ErrorClass.UNKNOWN, 8, False, True, False, "needs_review"),
+        (ErrorClass.VALIDATION, 1, True, True, False, "failed"),
+        (ErrorClass.AUTHORIZATION, 1, True, True, False, "withheld"),
+    ],
+)
+def test_effect_outcome__one_table_decides(cls, attempts, called, dedupes, unsure, expected):
+    verdict = effect_outcome(
+        _c(cls), attempts=attempts, max_attempts=8, called=called, dedupes=dedupes, unsure=unsure
+    )
+    assert verdict.state == expected
+    assert verdict.retry == (expected in ("pending", "unknown"))
+
+
+def test_effect_outcome__missing_provider_setting_waits_for_an_operator():
+    verdict = effect_outcome(
+        _c(ErrorClass.VALIDATION, "provider_not_configured"),
+        attempts=1,
+        max_attempts=8,
+        called=False,
+        dedupes=True,
+        unsure=False,
+    )
+    assert verdict.state == "needs_review"
 
 
 def test_backoff_delay__has_floor_cap_and_growing_jittered_window():
@@ -96,3 +160,21 @@ def test_backoff_delay__has_floor_cap_and_growing_jittered_window():
 
 def test_backoff_delay__retry_after_is_a_lower_bound():
     assert backoff_delay(1, floor=0.1, base=0.1, cap=1, retry_after=30, rng=random.Random(1)) == 30
+
+
+def test_classify__full_or_read_only_storage_is_an_outage_named_by_errno():
+    import errno
+
+    c = classify(OSError(errno.ENOSPC, "No space left on device", "/srv/private-name.pdf"))
+    assert (c.error_class, c.code, c.outage) == (ErrorClass.TEMPORARY, "storage_enospc", True)
+    assert c.detail == "storage unavailable: No space left on device (ENOSPC)"
+    assert classify(OSError(errno.EROFS, "x")).code == "storage_erofs"
+    assert not classify(OSError(errno.ENOENT, "x")).outage, "a missing file is no outage"
+
+
+def test_job_outcome__an_outage_waits_by_time_not_by_attempts():
+    c = Classified(ErrorClass.TEMPORARY, "storage_enospc", outage=True)
+    kwargs = {"attempts": 5, "max_attempts": 5, "outage_window": 3600}
+    assert job_outcome(c, outage_for=None, **kwargs) == "outage_wait"
+    assert job_outcome(c, outage_for=3599, **kwargs) == "outage_wait"
+    assert job_outcome(c, outage_for=3600, **kwargs) == "dead", "past the window it counts"

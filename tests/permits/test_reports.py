@@ -18,6 +18,7 @@ from permits import selectors
 from permits.models import PermitRequest, Tenant
 from permits.reports import compute_fees, render_report
 from permits.services import assign_reviewer, report_request, revoke_reviewer
+from tests.jobs.helpers import run_queued_effects
 from tests.permits import factories
 
 pytestmark = pytest.mark.django_db
@@ -89,8 +90,11 @@ def test_revocation_mid_job__job_finishes_notice_withheld_download_refused(make_
         selectors.request_for(reviewer, permit.pk)
 
     assign_reviewer(permit, reviewer)
-    assert job_services.recheck_and_release(effect)
-    assert job_services.recheck_and_release(Effect.objects.get(pk=effect.pk)) is False
+    assert job_services.recheck_and_release(effect, operator="op1")
+    assert (
+        job_services.recheck_and_release(Effect.objects.get(pk=effect.pk), operator="op1") is False
+    )
+    assert run_queued_effects() == {effect.pk: Effect.State.APPLIED}, "a worker releases it"
     assert Notice.objects.filter(recipient=reviewer).count() == 1
     assert Effect.objects.get(pk=effect.pk).state == Effect.State.APPLIED
 

@@ -13,8 +13,9 @@ from django.utils import timezone
 
 from jobs.dispatch import dispatch_once
 from jobs.models import Effect, EffectEvent
-from jobs.runner import run_delivery
 from jobs.tasks import release_effect
+from tests.jobs.helpers import deliver as run_delivery
+from tests.jobs.helpers import run_queued_effects
 from tests.providers.conftest import notify_job
 
 pytestmark = pytest.mark.django_db
@@ -164,6 +165,9 @@ def test_email_admin__operator_marks_sent_or_sends_again_and_each_is_recorded(
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"  # server fixed
     admin_client.post(changelist, {"action": "send_again", "_selected_action": [resent.pk]})
     resent.refresh_from_db()
+    assert resent.state == State.PENDING and mail.outbox == [], "the request only enqueues"
+    run_queued_effects()  # a worker sends
+    resent.refresh_from_db()
     assert resent.state == State.APPLIED and len(mail.outbox) == 1
     assert resent.attempts == 2
 
@@ -176,20 +180,24 @@ def test_email_admin__operator_marks_sent_or_sends_again_and_each_is_recorded(
 
     worker = history(kept)[0][1]
     assert history(kept) == [
+        ("claim", worker, "sending"),
         ("send", worker, "needs_review"),
         ("mark_sent", "operator:admin", "applied"),
     ]
     assert [(a, o) for a, _, o in history(resent)] == [
+        ("claim", "sending"),
         ("send", "needs_review"),
         ("send_again", "pending"),
+        ("claim", "sending"),
         ("send", "applied"),
     ]
-    assert history(resent)[1][1] == "operator:admin"
+    assert history(resent)[2][1] == "operator:admin"
 
     # Neither action applies twice or to a settled effect.
     admin_client.post(changelist, {"action": "mark_sent", "_selected_action": [kept.pk]})
     admin_client.post(changelist, {"action": "send_again", "_selected_action": [resent.pk]})
-    assert EffectEvent.objects.count() == 5 and len(mail.outbox) == 1
+    run_queued_effects()
+    assert EffectEvent.objects.count() == 8 and len(mail.outbox) == 1
     detail = admin_client.get(reverse("admin:jobs_effect_change", args=[resent.pk]))
     assert detail.status_code == 200 and b"send_again" in detail.content
 
@@ -213,9 +221,10 @@ def test_email__sender_lost_mid_send_goes_to_review_instead_of_a_blind_resend(ma
     with pytest.raises(Crash):
         run_delivery(job.pk, worker="w1", on_stage=die_after_publish)
     effect = effect_of(job)
-    assert ledger.claim_send(effect, "w1", own_publish=True)  # then dies inside the SMTP call
+    assert ledger.claim_send(effect, "w1") == "claimed"  # then dies inside the SMTP call
     Effect.objects.filter(pk=effect.pk).update(
-        lease_expires_at=timezone.now() - timedelta(seconds=1)
+        lease_expires_at=timezone.now() - timedelta(seconds=1),
+        enqueued_for=timezone.now() - timedelta(seconds=2),  # its message came before
     )
     assert dispatch_once()["effects"] == 1
     assert release_effect(effect.pk) == "needs_review"

@@ -11,8 +11,8 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from jobs.models import Effect
-from jobs.runner import run_delivery
 from jobs.tasks import release_effect
+from tests.jobs.helpers import deliver as run_delivery
 from tests.providers.conftest import notify_job
 
 pytestmark = pytest.mark.django_db

@@ -20,8 +20,8 @@ from jobs.models import Effect, EffectEvent
 from jobs.providers import ProviderNotConfigured
 from jobs.providers.webhook import BODY_FIELDS, WebhookProvider
 from jobs.registry import EffectSpec
-from jobs.runner import run_delivery
 from jobs.tasks import release_effect
+from tests.jobs.helpers import deliver as run_delivery
 from tests.providers.conftest import notify_job, wait_for
 
 pytestmark = pytest.mark.django_db
@@ -49,7 +49,7 @@ def test_webhook__accepted_then_timeout_is_retried_with_the_same_key_and_applied
 
     result = run_delivery(job.pk, worker="w1")
     effect = effect_of(job)
-    assert result.effects == {effect.effect_id: "unknown"}
+    assert result.effects == {effect.effect_id: "pending"}, "published; its own message sends"
     assert effect.state == State.UNKNOWN
     assert (effect.last_error_class, effect.last_error_code) == ("provider_timeout", "readtimeout")
     assert effect.next_attempt_at > timezone.now(), "backs off before asking again"
@@ -93,9 +93,10 @@ def test_webhook__an_existing_effect_never_gets_a_new_key(make_user, webhook):
     effect.refresh_from_db()
     make_due(effect)
     effect.refresh_from_db()
-    assert ledger.claim_send(effect, "crashed-sender")
+    assert ledger.claim_send(effect, "crashed-sender") == "claimed"
     Effect.objects.filter(pk=effect.pk).update(
-        lease_expires_at=timezone.now() - timedelta(seconds=1)
+        lease_expires_at=timezone.now() - timedelta(seconds=1),
+        enqueued_for=timezone.now() - timedelta(seconds=2),  # its message came before
     )
     assert dispatch_once()["effects"] == 1
     assert release_effect(effect.pk) == "applied"
@@ -132,14 +133,14 @@ def test_webhook__422_fails_once_and_is_never_retried(make_user, webhook):
     assert webhook.record.sends() == []
 
 
-def test_webhook__401_goes_to_needs_review(make_user, webhook, settings):
+def test_webhook__401_is_withheld_until_an_operator_rechecks(make_user, webhook, settings):
     settings.NOTICE_PROVIDER_TOKEN = "a-revoked-token"
     user = make_user()
     job = notify_job(user)
 
     run_delivery(job.pk, worker="w1")
     effect = effect_of(job)
-    assert effect.state == State.NEEDS_REVIEW and effect.attempts == 1
+    assert effect.state == State.WITHHELD and effect.attempts == 1
     assert (effect.last_error_class, effect.last_error_code) == ("authorization", "http_401")
     assert "credentials" in effect.reason
     assert dispatch_once()["effects"] == 0
@@ -179,7 +180,10 @@ def test_webhook__revoked_recipient_is_withheld_and_the_provider_sees_nothing(
     assert effect.state == State.WITHHELD and "inactive" in effect.reason
     assert effect.last_error_class == "authorization"
     assert webhook.record.requests() == [], "not a single call reached the provider"
-    assert list(EffectEvent.objects.values_list("action", "outcome")) == [("withhold", "withheld")]
+    assert list(EffectEvent.objects.values_list("action", "outcome")) == [
+        ("claim", "sending"),
+        ("withhold", "withheld"),
+    ]
 
 
 def test_webhook__recipient_revoked_between_attempts_is_withheld_before_the_resend(

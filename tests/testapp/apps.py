@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.conf import settings
 
 
 class TestAppConfig(AppConfig):
@@ -9,3 +10,7 @@ class TestAppConfig(AppConfig):
         from tests.testapp import kinds
 
         kinds.register()
+        if getattr(settings, "SOAK_RELEASE_CHECK_FAULTS", False):
+            from tests.chaos.faults import install_release_check_faults
+
+            install_release_check_faults()

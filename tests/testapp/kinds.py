@@ -46,3 +46,24 @@ def steps(ctx: JobContext) -> list[EffectSpec]:
 def register() -> None:
     register_kind("test.steps", steps)
     register_kind("test.short", steps, max_attempts=3)
+    register_effect_kinds()
+
+
+def notify(ctx: JobContext) -> list[EffectSpec]:
+    """Store a small artifact; notify ``params.recipient`` through each of ``params.providers``."""
+    ctx.check_owner()
+    ctx.store_artifact(b"notify", content_type="text/plain", extension="txt")
+    recipient = str(ctx.params["recipient"])
+    return [
+        EffectSpec(f"notice-{name}", name, recipient, {"report_key": f"job-{ctx.job.pk}"})
+        for name in ctx.params.get("providers", ["inapp"])
+    ]
+
+
+def _release_check_raises(effect) -> str | None:
+    raise RuntimeError("the release policy service is unavailable")
+
+
+def register_effect_kinds() -> None:
+    register_kind("test.release_check_raises", notify, authorize_release=_release_check_raises)
+    register_kind("test.notify_only", notify)

@@ -1,0 +1,54 @@
+"""One clock: the database server's.
+
+Every lease, due time and expiry is written and compared inside the SQL
+statement with the server's ``now()``, never with a worker's clock, so workers
+on machines whose clocks disagree still agree on who holds what. (Timestamps
+that are only shown to people may come from anywhere.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+
+from django.db import connection, transaction
+from django.db.models import DateTimeField, ExpressionWrapper
+from django.db.models.functions import Now
+
+__all__ = ["Now", "after", "before", "worker_transaction"]
+
+
+def after(seconds: float) -> ExpressionWrapper:
+    """The server's clock plus ``seconds``, evaluated in the statement that writes it."""
+    return ExpressionWrapper(Now() + timedelta(seconds=seconds), output_field=DateTimeField())
+
+
+def before(seconds: float) -> ExpressionWrapper:
+    """The server's clock minus ``seconds``, evaluated in the statement that compares it."""
+    return ExpressionWrapper(Now() - timedelta(seconds=seconds), output_field=DateTimeField())
+
+
+@contextmanager
+def worker_transaction() -> Iterator[None]:
+    """A worker's transaction that the database ends before the worker's lease ends.
+
+    On PostgreSQL an outermost worker transaction carries a server-side idle timeout
+    and a lock timeout (``SET LOCAL``: they end with it). A worker frozen inside it
+    (SIGSTOP, a stalled VM) is cut off by the server, so its commit fails; the owner
+    CAS in it demands at least that much lease left (``compare_and_swap(margin=)``).
+    Nested in a caller's transaction it changes nothing: the caller owns its timeouts.
+    """
+    from jobs import conf
+
+    outermost = not connection.in_atomic_block
+    with transaction.atomic():
+        if outermost and connection.vendor == "postgresql":
+            idle = max(1, int(conf.transaction_idle_seconds() * 1000))
+            lock = max(1, int(conf.lock_timeout_seconds() * 1000))
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"SET LOCAL idle_in_transaction_session_timeout = {idle}; "
+                    f"SET LOCAL lock_timeout = {lock}"
+                )
+        yield

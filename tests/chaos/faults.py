@@ -1,0 +1,42 @@
+"""Faults the soak injects inside the workers (installed by tests.testapp when the soak runs).
+
+A kind's release check that raises: for about one effect in twenty it fails on the
+first two attempts and then answers (the retry table must retry it, within the
+budget), and for another one in twenty it always fails (the effect must stop at
+its budget in ``needs_review``, never sent). The choice is a pure function of the
+effect's identity, so the checker knows which effects were hit.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+TRANSIENT_FAILS = 2  # a transiently failing check raises on attempts 1 and 2
+
+
+def release_check_fault(effect_id: str) -> str | None:
+    """``transient``, ``always`` or None for the effect with this identity."""
+    bucket = zlib.crc32(effect_id.encode()) % 20
+    return {3: "transient", 7: "always"}.get(bucket)
+
+
+class ReleaseCheckFault(RuntimeError):
+    """Raised by the soak's release check fault (the class name is the error code)."""
+
+
+def install_release_check_faults(kind_name: str = "permits.report") -> None:
+    """Wrap ``kind_name``'s release check so that it raises for the chosen effects."""
+    from jobs import registry
+
+    kind = registry.get_kind(kind_name)
+    check = kind.authorize_release
+
+    def faulty(effect) -> str | None:
+        fault = release_check_fault(effect.effect_id)
+        if fault == "always" or (fault == "transient" and effect.attempts <= TRANSIENT_FAILS):
+            raise ReleaseCheckFault("soak: the release check is failing")
+        return check(effect) if check is not None else None
+
+    registry.register_kind(
+        kind.name, kind.handler, authorize_release=faulty, max_attempts=kind.max_attempts
+    )

@@ -1,0 +1,135 @@
+"""Workers whose clocks are 30 s wrong: no early reclaim, no send re-driven while in flight.
+
+Real processes with skewed clocks (``tests/e2e/skewed_clock/sitecustomize.py``): one
+qcluster 30 s behind, one 30 s ahead, and the dispatcher 30 s ahead, the harshest
+place for a wrong clock (it decides what has expired). Every lease and due time is
+the database server's (``jobs.clock``), so none of that may matter. django-q2's own
+message locks do use the process clock: a cluster ahead may take a message early,
+which is recorded as a duplicate delivery, never as a second outcome.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
+from django_q.models import OrmQ
+
+from jobs.fakeprovider import Faults, start_in_thread
+from jobs.models import Attempt, Effect, EffectEvent, Job
+from jobs.services import request_job
+from tests.e2e.processes import wait_until
+
+SKEW_DIR = Path(__file__).parent / "skewed_clock"
+TOKEN = "e2e-skew-token-0123"
+
+
+def _skewed(env: dict, seconds: int) -> dict:
+    path = os.pathsep.join(p for p in (str(SKEW_DIR), env.get("PYTHONPATH", "")) if p)
+    return {**env, "PYTHONPATH": path, "TEST_CLOCK_SKEW_SECONDS": str(seconds)}
+
+
+def _clock_offset(env: dict) -> float:
+    code = "import time, django.utils.timezone as tz; print(time.time(), tz.now().timestamp())"
+    theirs = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    wall, django_now = (float(v) for v in theirs.stdout.split())
+    now = time.time()
+    assert abs((wall - now) - (django_now - now)) < 1
+    return wall - now
+
+
+@pytest.fixture
+def provider(tmp_path):
+    server = start_in_thread(tmp_path / "provider.sqlite3", token=TOKEN, faults=Faults(delay=1.0))
+    yield server
+    server.stop()
+
+
+def test_workers_30s_behind_and_ahead__no_early_reclaim_and_no_send_redriven_in_flight(
+    procs, provider
+):
+    procs.env.update(
+        NOTICE_PROVIDER_URL=provider.url,
+        NOTICE_PROVIDER_TOKEN=TOKEN,
+        NOTICE_PROVIDER_CONNECT_TIMEOUT="0.5",
+        NOTICE_PROVIDER_READ_TIMEOUT="2",
+        JOBS_EFFECT_LEASE_SECONDS="5",
+    )
+    behind, ahead = _skewed(procs.env, -30), _skewed(procs.env, 30)
+    assert _clock_offset(behind) < -29 and _clock_offset(ahead) > 29, "faketime is in effect"
+
+    user = User.objects.create_user(username="e2e-skew")
+    for n in range(6):  # longer than the 2 s lease: heartbeats keep it
+        request_job(
+            "test.steps",
+            subject_type="auth.user",
+            subject_id=n,
+            tenant_key=f"t{n}",
+            params={"recipients": [user.pk], "stages": 1, "after_stages": 5, "stage_sleep": 0.5},
+        )
+    for n in range(6):  # webhook sends that take 1 s, under a 5 s sending lease
+        request_job(
+            "test.notify_only",
+            subject_type="auth.user",
+            subject_id=100 + n,
+            tenant_key=f"n{n}",
+            params={"recipient": user.pk, "providers": ["webhook"]},
+        )
+    # Messages the test enqueued carry its clock: make them due for the late clock too.
+    OrmQ.objects.update(lock=timezone.now() - timedelta(seconds=60))
+    base = procs.env
+    try:
+        procs.env = behind
+        late = procs.start("qcluster-behind", "qcluster")
+        wait_until(
+            procs,
+            "the cluster 30 s behind to claim work",
+            lambda: _claims_by(procs, late) >= 2,
+            timeout=60,
+        )
+        procs.env = ahead
+        procs.start("qcluster-ahead", "qcluster")
+        procs.start("dispatcher-ahead", "jobs_dispatcher", "--interval", "0.2")
+    finally:
+        procs.env = base
+    wait_until(
+        procs,
+        "every job succeeded and every notice applied",
+        lambda: (
+            Job.objects.filter(state=Job.State.SUCCEEDED).count() == 12
+            and Effect.objects.filter(provider="webhook", state=Effect.State.APPLIED).count() == 6
+        ),
+        timeout=90,
+    )
+    outcomes = Counter(Attempt.objects.values_list("outcome", flat=True))
+    assert not outcomes[Attempt.Outcome.CRASHED] and not outcomes[Attempt.Outcome.LEASE_LOST], (
+        f"no lease was taken early: {outcomes}"
+    )
+    assert set(Job.objects.values_list("attempts", flat=True)) == {1}, "one claim per job"
+    claims = Counter(
+        EffectEvent.objects.filter(action=EffectEvent.Action.CLAIM).values_list("effect", flat=True)
+    )
+    assert set(claims.values()) == {1}, f"no send re-driven while in flight: {claims}"
+    requests = Counter(r["effect_id"] for r in provider.record.requests())
+    assert len(requests) == 6 and set(requests.values()) == {1}, requests
+    clusters = Counter()
+    for worker in Attempt.objects.exclude(outcome="").values_list("worker", flat=True):
+        owner = procs.owner_of(int(worker.rsplit(":", 2)[1]))
+        clusters[owner.name if owner else "?"] += 1
+    print(f"attempts by cluster: {dict(clusters)}")
+    assert clusters["qcluster-behind"] and clusters["qcluster-ahead"], "both clocks did work"
+
+
+def _claims_by(procs, proc) -> int:
+    workers = Attempt.objects.filter(number__gt=0).values_list("worker", flat=True)
+    return sum(procs.owner_of(int(w.rsplit(":", 2)[1])) is proc for w in workers)

@@ -1,0 +1,178 @@
+"""The effect path keeps the job path's promises: a budget, an atomic history, no inline sends."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.utils import timezone
+from django_q.models import OrmQ
+
+from jobs import ledger
+from jobs.dispatch import dispatch_once
+from jobs.models import Effect, EffectEvent, Job
+from jobs.services import request_job
+from jobs.tasks import release_effect
+from tests.jobs.helpers import deliver, run_queued_effects
+
+State = Effect.State
+Action = EffectEvent.Action
+
+
+def missing_event_versions(effect: Effect) -> list[int]:
+    """Versions of ``effect`` that no event recorded (invariant 10 says: none)."""
+    seen = set(effect.events.values_list("version", flat=True))
+    return [v for v in range(1, effect.version + 1) if v not in seen]
+
+
+def _job(user, *providers: str, kind: str = "test.release_check_raises", subject=None) -> Job:
+    job, _ = request_job(
+        kind,
+        subject_type="auth.user",
+        subject_id=subject or user.pk,
+        params={"recipient": user.pk, "providers": list(providers)},
+    )
+    return job
+
+
+def _time_passes(effect: Effect) -> None:
+    """Skip the backoff: the effect is due, and its last message predates that."""
+    now = timezone.now()
+    Effect.objects.filter(pk=effect.pk, state__in=[State.PENDING, State.UNKNOWN]).update(
+        next_attempt_at=now - timedelta(seconds=1), enqueued_for=now - timedelta(seconds=2)
+    )
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_release_check_that_always_raises__stops_at_the_budget_in_needs_review(make_user, settings):
+    settings.JOBS_EFFECT_MAX_ATTEMPTS = 4
+    user = make_user()
+    job = _job(user, "inapp", "email")
+    deliver(job.pk, worker="w1")
+    assert Job.objects.get(pk=job.pk).state == Job.State.SUCCEEDED, "publish is not undone"
+    rounds = 0
+    while Effect.objects.filter(job=job, state__in=[State.PENDING, State.UNKNOWN]).exists():
+        rounds += 1
+        assert rounds < 20, "the effect path retries forever"
+        for effect in Effect.objects.filter(job=job):
+            _time_passes(effect)
+        dispatch_once()  # the dispatcher sends the retries' messages
+        run_queued_effects()
+    for effect in Effect.objects.filter(job=job):
+        assert effect.state == State.NEEDS_REVIEW, effect.reason
+        assert effect.attempts == effect.max_attempts == 4
+        assert "exhausted" in effect.reason and effect.last_error_code == "RuntimeError"
+        actions = list(effect.events.values_list("action", flat=True))
+        assert actions.count(Action.CHECK) == 4 and Action.SEND not in actions, "nothing sent"
+        assert missing_event_versions(effect) == []
+    assert dispatch_once()["effects"] == 0, "a spent budget is never re-driven"
+    from django.core import mail
+
+    assert mail.outbox == []
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_sender_that_keeps_dying__the_claim_stops_at_the_budget(make_user, settings):
+    settings.JOBS_EFFECT_MAX_ATTEMPTS = 3
+    user = make_user()
+    job = _job(user, "email", kind="test.notify_only")
+    deliver_without_effects(job)
+    effect = Effect.objects.get(job=job)
+    for n in range(1, 4):
+        assert ledger.claim_send(effect, f"sender-{n}") == "claimed"  # then the process dies
+        Effect.objects.filter(pk=effect.pk).update(
+            lease_expires_at=timezone.now() - timedelta(seconds=1)
+        )
+        effect.refresh_from_db()
+    assert effect.attempts == 3
+    assert ledger.claim_send(effect, "sender-4") == State.NEEDS_REVIEW
+    effect.refresh_from_db()
+    assert effect.state == State.NEEDS_REVIEW and effect.attempts == 3
+    assert effect.events.last().action == Action.STOP
+    assert missing_event_versions(effect) == []
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Effect.objects.filter(pk=effect.pk).update(attempts=4)  # the database backstop
+
+
+def deliver_without_effects(job: Job) -> None:
+    from jobs.runner import run_delivery
+
+    run_delivery(job.pk, worker="w1")
+    OrmQ.objects.filter(pk__in=[m.pk for m in OrmQ.objects.all() if "release" in m.func()]).delete()
+
+
+# --- each arrow commits with its event, or not at all ----------------------------------------
+
+
+@pytest.fixture
+def events_refused(db):
+    """Make every EffectEvent INSERT fail in the database: the arrow before it must roll back."""
+    if connection.vendor != "postgresql":
+        pytest.skip("needs PostgreSQL triggers")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION test_refuse_event() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'event refused by the test'; END $$"
+        )
+        cursor.execute(
+            "CREATE TRIGGER test_refuse_event BEFORE INSERT ON jobs_effectevent "
+            "FOR EACH ROW EXECUTE FUNCTION test_refuse_event()"
+        )
+    yield  # the test's transaction rolls the trigger back
+
+
+def _effect_in(user, state: str, *, subject: int) -> Effect:
+    job = _job(user, "email", kind="test.notify_only", subject=subject)
+    deliver_without_effects(job)
+    effect = Effect.objects.get(job=job)
+    Effect.objects.filter(pk=effect.pk).update(state=state)
+    effect.refresh_from_db()
+    return effect
+
+
+ARROWS = {
+    "claim": (State.PENDING, lambda e: ledger.claim_send(e, "w1")),
+    "release": (State.PENDING, lambda e: ledger.release(e, "w1")),
+    "send_again": (State.NEEDS_REVIEW, lambda e: ledger.send_again(e, operator="op")),
+    "recheck": (State.WITHHELD, lambda e: ledger.recheck_withheld(e, operator="op")),
+    "mark_sent": (State.NEEDS_REVIEW, lambda e: ledger.mark_sent(e, operator="op")),
+}
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("arrow", sorted(ARROWS))
+def test_ledger_arrow__rolls_back_when_its_event_cannot_be_written(
+    arrow, make_user, events_refused
+):
+    state, move = ARROWS[arrow]
+    effect = _effect_in(make_user(), state, subject=1)
+    before = Effect.objects.filter(pk=effect.pk).values().get()
+    messages = OrmQ.objects.count()
+    with pytest.raises(DatabaseError, match="event refused"):
+        move(effect)
+    assert Effect.objects.filter(pk=effect.pk).values().get() == before, "no arrow without event"
+    assert OrmQ.objects.count() == messages, "nor its message"
+    assert not EffectEvent.objects.exists()
+
+
+# --- operator actions enqueue and return; a worker sends --------------------------------------
+
+
+@pytest.mark.django_db
+def test_send_again__enqueues_with_a_fresh_budget_and_the_operator_named(make_user, settings):
+    settings.JOBS_EFFECT_MAX_ATTEMPTS = 2
+    effect = _effect_in(make_user(email="r@example.org"), State.NEEDS_REVIEW, subject=1)
+    Effect.objects.filter(pk=effect.pk).update(attempts=2, max_attempts=2)
+    effect.refresh_from_db()
+    assert ledger.send_again(effect, operator="alice")
+    effect.refresh_from_db()
+    assert effect.state == State.PENDING and effect.max_attempts == 4
+    (message,) = [m for m in OrmQ.objects.all() if m.func() == "jobs.tasks.release_effect"]
+    assert message.task["args"] == (effect.pk,)
+    assert effect.events.get().actor == "operator:alice"
+    assert release_effect(effect.pk) == State.APPLIED
+    effect.refresh_from_db()
+    assert effect.attempts == 3 and missing_event_versions(effect) == []
