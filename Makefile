@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PORT ?= 8000
 
-.PHONY: install demo test lint format clean bench soak
+.PHONY: install demo serve test lint format clean bench soak
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -19,6 +19,12 @@ install: $(STAMP)
 ## make demo: SQLite in var/, migrate, seed, then worker + dispatcher + web server.
 demo: $(STAMP)
 	PORT=$(PORT) bash scripts/demo.sh
+
+## make serve: production web process: DEBUG=0, migrate, collectstatic, gunicorn + whitenoise.
+## Needs SECRET_KEY, ALLOWED_HOSTS, DATABASE_URL; workers and dispatcher run apart
+## (docs/production.md).
+serve: $(STAMP)
+	PORT=$(PORT) bash scripts/serve.sh
 
 ## make test: the whole suite; DATABASE_URL=postgres://... selects PostgreSQL.
 test: $(STAMP)

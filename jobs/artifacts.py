@@ -34,10 +34,31 @@ class AtomicFileSystemStorage(FileSystemStorage):
     readers never see a partial file.
     """
 
+    def _make_folder(self, folder: str) -> None:
+        """Create ``folder`` and missing parents with ``directory_permissions_mode``.
+
+        The mode is set explicitly (``mkdir`` alone is filtered by the process umask, and
+        a umask of 000 would leave folders world-writable).
+        """
+        mode = self.directory_permissions_mode
+        if mode is None:
+            os.makedirs(folder, exist_ok=True)
+            return
+        missing = []
+        while not os.path.isdir(folder):
+            missing.append(folder)
+            folder = os.path.dirname(folder)
+        for path in reversed(missing):
+            try:
+                os.mkdir(path, mode)
+            except FileExistsError:
+                continue
+            os.chmod(path, mode)
+
     def _write_temp(self, name: str, data: bytes) -> tuple[str, str]:
         path = self.path(name)
         folder = os.path.dirname(path)
-        os.makedirs(folder, exist_ok=True)
+        self._make_folder(folder)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".part")
         try:
             with os.fdopen(fd, "wb") as fh:
@@ -177,10 +198,21 @@ def verify(
     return True
 
 
+def read_verified(artifact: Artifact) -> bytes:
+    """The stored bytes, only if they match the recorded sha256; else ArtifactCorrupt."""
+    stored = _read(get_storage(), artifact.storage_name)
+    if stored is None or sha256_hex(stored) != artifact.sha256:
+        raise ArtifactCorrupt(f"artifact {artifact.pk} ({artifact.key}) is missing or corrupt")
+    return stored
+
+
 def is_intact(artifact: Artifact) -> bool:
     """Whether the stored bytes match the recorded sha256 (no repair)."""
-    stored = _read(get_storage(), artifact.storage_name)
-    return stored is not None and sha256_hex(stored) == artifact.sha256
+    try:
+        read_verified(artifact)
+    except ArtifactCorrupt:
+        return False
+    return True
 
 
 def open_artifact(artifact: Artifact):

@@ -3,6 +3,9 @@
 Operators (model-wide permissions, e.g. the ``operators`` group) see every
 request. Reviewers see only the requests they hold ``review_permitrequest`` on,
 read-only; assignments are managed with guardian's object-permission screen.
+Applicant contacts appear (and can be edited) only for holders of
+``permits.view_applicant_contact``, and each page that shows them is recorded.
+Nothing per request is kept on the shared ModelAdmin instances.
 """
 
 from __future__ import annotations
@@ -16,7 +19,15 @@ from guardian.shortcuts import get_objects_for_user
 
 from jobs.models import Job
 from permits import selectors
-from permits.models import REVIEW_PERM, PermitRequest, ReviewDecision, Tenant
+from permits.models import (
+    CONTACT_PERM,
+    PRIVATE_FIELDS,
+    REVIEW_PERM,
+    ApplicantContactView,
+    PermitRequest,
+    ReviewDecision,
+    Tenant,
+)
 
 
 def _is_operator(request, model=PermitRequest) -> bool:
@@ -26,6 +37,11 @@ def _is_operator(request, model=PermitRequest) -> bool:
 
 def _is_reviewer(request) -> bool:
     return request.user.is_active and request.user.groups.filter(name="reviewers").exists()
+
+
+def sees_contacts(request) -> bool:
+    """Whether the admin shows this user the applicant contacts (their own permission)."""
+    return request.user.is_active and request.user.has_perm(CONTACT_PERM)
 
 
 class DecisionInline(admin.TabularInline):
@@ -57,18 +73,15 @@ class PermitRequestAdmin(GuardedModelAdmin):
             "Site and work",
             {"fields": ("site_address", "parcel", "work_type", "description", "valuation")},
         ),
-        (
-            "Applicant (confidential)",
-            {
-                "fields": (
-                    "applicant_name",
-                    "applicant_phone",
-                    "applicant_email",
-                    "applicant_id_number",
-                )
-            },
-        ),
+        ("Applicant (confidential)", {"fields": PRIVATE_FIELDS}),
     ]
+
+    def get_fieldsets(self, request, obj=None):
+        # The form is built from these fieldsets, so without the permission the contact
+        # fields are neither shown nor accepted from a POST.
+        if sees_contacts(request):
+            return self.fieldsets
+        return [fs for fs in self.fieldsets if not set(fs[1]["fields"]) & set(PRIVATE_FIELDS)]
 
     def get_queryset(self, request):
         qs = super().get_queryset(request).select_related("tenant")
@@ -78,8 +91,11 @@ class PermitRequestAdmin(GuardedModelAdmin):
 
     def get_changelist_instance(self, request):
         changelist = super().get_changelist_instance(request)
-        # One query for every row's current report instead of one per row.
-        self._reports = selectors.report_jobs_by_permit(changelist.result_list)
+        # One query for every row's current report instead of one per row, kept on this
+        # request's row objects (this ModelAdmin instance is shared by every request).
+        reports = selectors.report_jobs_by_permit(changelist.result_list)
+        for permit in changelist.result_list:
+            permit._report_job = reports.get(permit.pk)
         return changelist
 
     def has_module_permission(self, request):
@@ -94,7 +110,7 @@ class PermitRequestAdmin(GuardedModelAdmin):
 
     @admin.display(description="report")
     def report_state(self, obj):
-        job = getattr(self, "_reports", {}).get(obj.pk)
+        job = getattr(obj, "_report_job", None)
         return job.get_state_display() if job else "—"
 
     @admin.display(description="current report")
@@ -112,22 +128,44 @@ class PermitRequestAdmin(GuardedModelAdmin):
             '<a href="{}">{}</a>', reverse("admin:jobs_job_change", args=[job.pk]), text
         )
 
-    def change_view(self, request, object_id, form_url="", extra_context=None):
-        # Answer 404, not the admin's "does not exist" redirect, for what a user may not see.
-        if not self.get_queryset(request).filter(pk=object_id).exists():
-            raise Http404("No such permit request")
-        return super().change_view(request, object_id, form_url, extra_context)
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        if obj is not None and sees_contacts(request):  # this page shows the contacts
+            ApplicantContactView.objects.create(viewer=request.user, request=obj)
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
     def get_object(self, request, object_id, from_field=None):
         obj = super().get_object(request, object_id, from_field)
-        if obj is not None:  # readonly-field callables get the object, not the request
-            obj._viewer_sees_jobs = _is_operator(request, Job)
+        if obj is None:
+            # 404, not the admin's "does not exist" redirect, for what a user may not see
+            # (change, history and delete alike).
+            raise Http404("No such permit request")
+        # Readonly-field callables get the object, not the request.
+        obj._viewer_sees_jobs = _is_operator(request, Job)
         return obj
 
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
     list_display = ("key", "name")
+
+
+@admin.register(ApplicantContactView)
+class ApplicantContactViewAdmin(admin.ModelAdmin):
+    """Who saw which request's applicant contacts in the admin, and when (read-only)."""
+
+    list_display = ("viewed_at", "viewer", "request")
+    list_filter = ("viewed_at",)
+    search_fields = ("viewer__username", "request__reference")
+    readonly_fields = ("viewed_at", "viewer", "request")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(ReviewDecision)

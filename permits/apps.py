@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.contrib.admin.apps import AdminConfig
 from django.db.models.signals import post_migrate
 
 
@@ -13,3 +14,9 @@ class PermitsConfig(AppConfig):
         jobkinds.register()
         # After every app's migrate, so all permissions exist.
         post_migrate.connect(create_groups, dispatch_uid="permits.create_groups")
+
+
+class SiteAdminConfig(AdminConfig):
+    """``django.contrib.admin`` whose default site is ``permits.adminsite.SiteAdmin``."""
+
+    default_site = "permits.adminsite.SiteAdmin"

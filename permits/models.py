@@ -11,6 +11,8 @@ from django.db import models
 from django.utils import timezone
 
 REVIEW_PERM = "permits.review_permitrequest"
+# Reading applicant contacts in the admin is its own duty, apart from running jobs.
+CONTACT_PERM = "permits.view_applicant_contact"
 PRIVATE_FIELDS = ("applicant_name", "applicant_phone", "applicant_email", "applicant_id_number")
 
 
@@ -68,7 +70,10 @@ class PermitRequest(models.Model):
 
     class Meta:
         ordering = ["-submitted_at", "-id"]
-        permissions = [("review_permitrequest", "Can review this permit request")]
+        permissions = [
+            ("review_permitrequest", "Can review this permit request"),
+            ("view_applicant_contact", "Can see applicant contacts in the admin"),
+        ]
 
     def __str__(self) -> str:
         return self.reference
@@ -96,3 +101,17 @@ class ReviewDecision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_decision_display()} on {self.request} r{self.revision}"
+
+
+class ApplicantContactView(models.Model):
+    """One admin page view that showed a request's applicant contacts (the audit trail)."""
+
+    viewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT)
+    request = models.ForeignKey(PermitRequest, on_delete=models.CASCADE, related_name="+")
+    viewed_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-viewed_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.viewer} viewed the applicant contacts of {self.request}"

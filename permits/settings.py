@@ -1,15 +1,24 @@
-"""Site settings, read from environment variables with safe demo defaults.
+"""Site settings, read from environment variables; safe for production by default.
 
-Production sets DEBUG=0, SECRET_KEY, ALLOWED_HOSTS and DATABASE_URL; a missing
-required value stops start-up with the variable's name.
+DEBUG is off unless DEBUG=1 (only ``make demo`` and the tests set it). With DEBUG
+off, SECRET_KEY (strong, as ``check --deploy`` judges) and ALLOWED_HOSTS are
+required: a missing or weak value stops start-up with the variable's name.
+docs/production.md lists the rest.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONE, SELF
+from django.core.checks.security.base import (
+    SECRET_KEY_INSECURE_PREFIX,
+    SECRET_KEY_MIN_LENGTH,
+    SECRET_KEY_MIN_UNIQUE_CHARACTERS,
+)
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -47,28 +56,56 @@ def env_float(name: str, default: float) -> float:
         raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
 
 
-DEBUG = env_bool("DEBUG", True)
+DEBUG = env_bool("DEBUG", False)
+
+DEMO_SECRET_KEY = "demo-only-insecure-key-do-not-use-in-production"
+_DEMO_HINT = " (for the demo on this machine, set DEBUG=1 as `make demo` does)"
+
+
+def secret_key_weakness(key: str) -> str | None:
+    """Why ``key`` is too weak for production, by the rule ``check --deploy`` applies."""
+    if key == DEMO_SECRET_KEY:
+        return "is the public demo key"
+    if key.startswith(SECRET_KEY_INSECURE_PREFIX):
+        return f"starts with {SECRET_KEY_INSECURE_PREFIX!r}"
+    if len(key) < SECRET_KEY_MIN_LENGTH:
+        return f"is shorter than {SECRET_KEY_MIN_LENGTH} characters"
+    if len(set(key)) < SECRET_KEY_MIN_UNIQUE_CHARACTERS:
+        return f"has fewer than {SECRET_KEY_MIN_UNIQUE_CHARACTERS} different characters"
+    return None
+
 
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG:
-        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
-    SECRET_KEY = "demo-only-insecure-key-do-not-use-in-production"
+if DEBUG:
+    SECRET_KEY = SECRET_KEY or DEMO_SECRET_KEY
+elif not SECRET_KEY:
+    raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off" + _DEMO_HINT)
+elif weakness := secret_key_weakness(SECRET_KEY):
+    raise ImproperlyConfigured(
+        f"SECRET_KEY {weakness}: use a random value of at least {SECRET_KEY_MIN_LENGTH} "
+        "characters when DEBUG is off (docs/production.md)"
+    )
 
-ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "").split(",") if h]
+ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "").split(",") if h.strip()]
 if not ALLOWED_HOSTS:
     if not DEBUG:
-        raise ImproperlyConfigured("ALLOWED_HOSTS must be set when DEBUG is off")
+        raise ImproperlyConfigured("ALLOWED_HOSTS must be set when DEBUG is off" + _DEMO_HINT)
     ALLOWED_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
 
+# Set BEHIND_PROXY=1 only when a proxy that sets X-Forwarded-Proto (and appends the client
+# to X-Forwarded-For) is the only way in: then, and only then, those headers are trusted.
+BEHIND_PROXY = env_bool("BEHIND_PROXY", False)
+
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "permits.apps.SiteAdminConfig",  # django.contrib.admin with the site's AdminSite
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "guardian",
+    "axes",
+    "csp",
     "django_q",
     "jobs",
     "permits.apps.PermitsConfig",
@@ -76,12 +113,16 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",  # static files, before anything else
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "permits.security.PrivatePagesNotStored",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes requires
 ]
 
 ROOT_URLCONF = "permits.urls"
@@ -137,6 +178,7 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses locked-out logins before any check
     "django.contrib.auth.backends.ModelBackend",
     "guardian.backends.ObjectPermissionBackend",
 ]
@@ -162,15 +204,38 @@ STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", VAR_DIR / "static"))
 MEDIA_ROOT = Path(os.environ.get("MEDIA_ROOT", VAR_DIR / "media"))
 MEDIA_URL = "media/"  # never served directly: downloads go through permission checks
 
+
+def env_mode(name: str, default: int) -> int:
+    """An octal permission mode that gives others no write access."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        mode = int(raw, 8)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an octal file mode, got {raw!r}") from None
+    if mode & 0o002 or not 0 <= mode <= 0o777:
+        raise ImproperlyConfigured(f"{name} must be a mode nobody else may write, got {raw!r}")
+    return mode
+
+
+# Artifact folders get this mode whatever the process umask (never world-writable).
+ARTIFACT_DIR_MODE = env_mode("ARTIFACT_DIR_MODE", 0o750)
+
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    # collectstatic writes hashed, compressed copies that whitenoise serves with far-future
+    # cache headers; with DEBUG on, templates name the unhashed files.
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
     # Report artifacts: write-once, atomic. Swap for an S3-compatible backend to scale out.
     "artifacts": {
         "BACKEND": os.environ.get(
             "ARTIFACT_STORAGE_BACKEND", "jobs.artifacts.AtomicFileSystemStorage"
         ),
-        "OPTIONS": {"location": str(Path(os.environ.get("ARTIFACT_ROOT", VAR_DIR / "artifacts")))},
+        "OPTIONS": {
+            "location": str(Path(os.environ.get("ARTIFACT_ROOT", VAR_DIR / "artifacts"))),
+            "directory_permissions_mode": ARTIFACT_DIR_MODE,
+        },
     },
 }
 
@@ -179,14 +244,44 @@ LOGIN_REDIRECT_URL = "queue"
 LOGOUT_REDIRECT_URL = "login"
 
 # --- Production hardening (manage.py check --deploy is clean with DEBUG=0) ------
+if BEHIND_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 if not DEBUG:
+    # TLS is required: at gunicorn itself, or at the proxy (BEHIND_PROXY=1).
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000)
-    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
-    SECURE_HSTS_PRELOAD = True
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+
+# Content-Security-Policy (django-csp 4): nothing inline, nothing from elsewhere, no framing.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],  # the admin's icons include data: URLs
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
+}
+
+# Login throttling (django-axes), on the site login and the admin login alike: a username
+# is locked from one address after LOGIN_FAILURE_LIMIT failures, for LOGIN_LOCKOUT_MINUTES
+# (0: until an operator unlocks it with `manage.py axes_reset_username` or the admin).
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
+if AXES_FAILURE_LIMIT < 1:
+    raise ImproperlyConfigured(f"LOGIN_FAILURE_LIMIT must be at least 1, got {AXES_FAILURE_LIMIT}")
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_LOCKOUT_MINUTES", 30)) or None
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/lockout.html"
+AXES_CLIENT_IP_CALLABLE = "permits.security.client_ip"
 
 # Prometheus scrapes /metrics with "Authorization: Bearer $METRICS_TOKEN"; operators too.
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")

@@ -1,4 +1,8 @@
-"""Groups exist after migrate: ``reviewers`` (object permissions only) and ``operators``."""
+"""Groups exist after migrate: ``reviewers`` (object permissions only) and ``operators``.
+
+Operators run jobs; reading applicant contacts (``view_applicant_contact``) is a separate
+duty that is granted to people one by one, never through the ``operators`` group.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,9 @@ OPERATOR_MODELS = {
     "jobs": ["job", "attempt", "artifact", "effect", "notice"],
     "permits": ["tenant", "permitrequest", "reviewdecision"],
     "guardian": ["userobjectpermission", "groupobjectpermission"],
+    "axes": ["accessattempt"],  # deleting a lockout's row unlocks that login
 }
+NOT_FOR_OPERATORS = {"view_applicant_contact"}
 
 
 def create_groups(sender=None, **kwargs) -> None:
@@ -19,5 +25,10 @@ def create_groups(sender=None, **kwargs) -> None:
     perms = Permission.objects.filter(
         content_type__app_label__in=OPERATOR_MODELS.keys()
     ).select_related("content_type")
-    wanted = [p for p in perms if p.content_type.model in OPERATOR_MODELS[p.content_type.app_label]]
+    wanted = [
+        p
+        for p in perms
+        if p.content_type.model in OPERATOR_MODELS[p.content_type.app_label]
+        and p.codename not in NOT_FOR_OPERATORS
+    ]
     operators.permissions.add(*wanted)

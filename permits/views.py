@@ -8,6 +8,7 @@ so a revoked reviewer loses the report at once, also through a copied link.
 
 from __future__ import annotations
 
+import io
 import logging
 from dataclasses import dataclass
 
@@ -21,8 +22,10 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from jobs.artifacts import open_artifact
+from jobs.artifacts import read_verified
+from jobs.exceptions import ArtifactCorrupt
 from jobs.models import Attempt, Job, Notice
+from jobs.queue import enqueue_restore
 from permits import selectors, services
 from permits.forms import DecisionForm, NewRevisionForm
 from permits.models import PermitRequest
@@ -267,8 +270,13 @@ def report_status(request: HttpRequest, pk: int) -> HttpResponse:
 @never_cache
 @login_required
 @require_GET
-def report_download(request: HttpRequest, pk: int) -> FileResponse:
-    """Stream the report; the object permission is checked again on every download."""
+def report_download(request: HttpRequest, pk: int) -> HttpResponse:
+    """Send the report; the object permission is checked again on every download.
+
+    The stored bytes are checked against the artifact's sha256 first: a missing or
+    corrupt file is never sent; the reader gets a clear page and the engine is asked
+    to restore the file (``jobs.restore``).
+    """
     permit = selectors.request_for(request.user, pk)
     revision = permit.output_revision
     if "revision" in request.GET:
@@ -280,15 +288,20 @@ def report_download(request: HttpRequest, pk: int) -> FileResponse:
     if artifact is None:
         raise Http404("No finished report for this revision")
     try:
-        stream = open_artifact(artifact)
-    except OSError:
+        data = read_verified(artifact)  # the bytes served are the bytes checked
+    except ArtifactCorrupt:
         log.warning(
-            "artifact=%s key=%s missing from storage at download", artifact.pk, artifact.key
+            "artifact=%s key=%s failed its sha256 check at download", artifact.pk, artifact.key
         )
-        raise Http404("The report file is not available") from None
+        enqueue_restore(artifact)
+        response = _render(
+            request, "permits/report_unavailable.html", {"permit": permit}, status=503
+        )
+        response["Retry-After"] = "60"
+        return response
     log.info("permit=%s artifact=%s user=%s download", permit.pk, artifact.pk, request.user.pk)
     return FileResponse(
-        stream,
+        io.BytesIO(data),
         as_attachment=True,
         filename=_report_filename(permit, revision),
         content_type=artifact.content_type or "application/pdf",

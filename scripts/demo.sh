@@ -7,6 +7,8 @@ PY=.venv/bin/python
 PORT="${PORT:-8000}"
 PROVIDER_PORT="${PROVIDER_PORT:-8025}"
 unset DATABASE_URL
+# The demo, and only the demo, runs with DEBUG on (its public SECRET_KEY is refused otherwise).
+export DEBUG=1
 mkdir -p var/log
 # Webhook notices go to the loopback stand-in provider, which keeps its own record.
 export NOTICE_PROVIDER_URL="http://127.0.0.1:${PROVIDER_PORT}"

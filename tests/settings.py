@@ -2,6 +2,11 @@
 
 import os
 
+# The tests run the site with DEBUG on, as the demo does (DEBUG is off unless set); the
+# variable also reaches the subprocesses tests start. Tests of production mode set DEBUG=0
+# in their subprocess's environment.
+os.environ["DEBUG"] = "1"
+
 # Per test database, so suites running side by side do not wipe each other's files.
 _suite = os.environ.get("TEST_DATABASE_NAME", "default")
 os.environ.setdefault(
@@ -10,11 +15,21 @@ os.environ.setdefault(
 )
 
 from permits.settings import *  # noqa: E402, F403
-from permits.settings import INSTALLED_APPS, Q_CLUSTER  # noqa: E402
+from permits.settings import INSTALLED_APPS, Q_CLUSTER, STORAGES  # noqa: E402
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# Pages render without collectstatic (pytest-django turns DEBUG off, and the manifest
+# storage would then need a manifest); whitenoise serves from the source folders.
+# tests/e2e/test_production.py runs the production storage, with collectstatic.
+STORAGES = {
+    **STORAGES,
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = True
 
 # Short leases so crash and takeover tests finish in seconds; the order
 # lease < timeout < retry is the one production uses (jobs.checks).

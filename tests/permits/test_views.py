@@ -317,14 +317,15 @@ def test_download__earlier_revision_by_query(reviewer):
     assert hashlib.sha256(body(response)).hexdigest() == Artifact.objects.get(job=first).sha256
 
 
-def test_download__missing_file_answers_404(reviewer):
+def test_download__missing_file_is_not_served(reviewer):
     p = permit(reviewer=reviewer)
     job = finished_report(p)
     artifact = Artifact.objects.get(job=job)
     from jobs.artifacts import get_storage
 
     get_storage().delete(artifact.storage_name)
-    assert client_for(reviewer).get(f"/requests/{p.pk}/report/").status_code == 404
+    # A clear page and a restore request (tests/permits/test_security.py), not a 404.
+    assert client_for(reviewer).get(f"/requests/{p.pk}/report/").status_code == 503
 
 
 # --- new revision and decisions --------------------------------------------------------
