@@ -294,7 +294,7 @@ class Options:
     stop_timeout: float = 30.0  # graceful stop, then SIGKILL of the group
     max_backoff: float = 5.0  # longest wait between database tries / restarts
     grace: float = 5.0  # a message untaken this long is waiting
-    check_every: float = 2.0  # how often the queue is looked at once idle
+    check_every: float = 2.0  # how often the database (the queue, once idle) is looked at
     quick_exit: float = 10.0  # a child that ran less than this backs off further
 
 
