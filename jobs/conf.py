@@ -33,6 +33,12 @@ DEFAULTS = {
     "JOBS_OUTAGE_BACKOFF_CAP_SECONDS": 60.0,
     # A still-due job whose message is older than this gets another (None: 2x Q retry).
     "JOBS_REDRIVE_AFTER_SECONDS": None,
+    # What the connection sizing check (jobs.W010) counts against max_connections:
+    # jobs_worker processes (each a qcluster) on all machines, dispatcher loops, and
+    # connections the web servers hold (WSGI workers x threads, all machines).
+    "JOBS_EXPECTED_WORKER_PROCESSES": 1,
+    "JOBS_EXPECTED_DISPATCHERS": 1,
+    "JOBS_EXPECTED_WEB_CONNECTIONS": 4,
 }
 
 

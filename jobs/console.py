@@ -18,7 +18,7 @@ from django.db.models import Count, Max, Q
 from django.db.models.functions import Now, TruncMinute
 from django.utils import timezone
 
-from jobs import clock
+from jobs import clock, stats
 from jobs.models import EFFECT_STATES, JOB_STATES, Attempt, Effect, EffectEvent, Job
 
 WORKER_WINDOW = timedelta(minutes=1)
@@ -52,6 +52,7 @@ class Snapshot:
     effect_retries_due_count: int
     needs_review: list[Effect]
     needs_review_count: int
+    failed_deliveries: int = 0
     timeline: list[dict] = field(default_factory=list)
 
     @property
@@ -183,6 +184,7 @@ def snapshot(now: datetime | None = None) -> Snapshot:
         ).count(),
         needs_review=list(needs_review.select_related("job")[:LIST_LIMIT]),
         needs_review_count=needs_review.count(),
+        failed_deliveries=sum(stats.failed_deliveries().values()),
         timeline=timeline(60, now=now),
     )
 

@@ -3,11 +3,14 @@
 Every process leads its own process group (``start_new_session``), so a whole
 qcluster (sentinel, pusher, monitor, workers) can be killed at once, and the
 ``procs`` fixture (conftest.py) kills them all before the database is flushed.
+``manage.py jobs_worker`` starts its qcluster in a process group of its own: killing
+one of our processes kills the groups of everything it started too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -22,6 +25,9 @@ from django.conf import settings
 from django_q.models import OrmQ
 
 from jobs.models import Attempt, Job
+from jobs.services import request_job
+from jobs.supervisor import group_members
+from tests.chaos.proctree import groups_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,14 +52,14 @@ class Processes:
     log_dir: Path
     procs: list[Proc] = field(default_factory=list)
 
-    def start(self, name: str, *args: str) -> Proc:
+    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
         log_path = self.log_dir / f"{name}.log"
         log = open(log_path, "wb")  # noqa: SIM115 - the child owns it; closed after Popen
         try:
             popen = subprocess.Popen(
                 [sys.executable, "manage.py", *args],
                 cwd=ROOT,
-                env=self.env,
+                env=self.env if env is None else env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -76,11 +82,13 @@ class Processes:
     def kill_group(self, proc: Proc) -> None:
         """SIGKILL a process and every child it forked (sentinel, pusher, monitor, workers)."""
         proc.killed = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        groups = groups_of(proc.pid)
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
         proc.popen.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and group_alive(proc.pid):
+        while time.monotonic() < deadline and any(group_alive(g) for g in groups):
             time.sleep(0.05)
 
     def check_alive(self) -> None:
@@ -105,40 +113,57 @@ class Processes:
         return "\n".join(parts)
 
     def stop_all(self) -> None:
-        for proc in self.procs:
+        # Every group first (a jobs_worker's qcluster has its own), then the kills.
+        groups = {g for proc in self.procs for g in groups_of(proc.pid)}
+        for pgid in groups:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(pgid, signal.SIGKILL)
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(group_alive(p.pid) for p in self.procs):
+        while time.monotonic() < deadline and any(group_alive(g) for g in groups):
             time.sleep(0.05)
 
 
 def group_alive(pgid: int) -> bool:
     """Whether any non-zombie process is left in the group."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after ')'
-        fields = text.rsplit(")", 1)[-1].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+    return bool(group_members(pgid))
 
 
-def subprocess_env() -> dict[str, str]:
-    """The subprocesses use the test database and artifact root of this test process."""
+def local_ports(pid: int) -> set[int]:
+    """Local TCP ports of the IPv4 sockets process ``pid`` holds (its database connections)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports = set()
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[9] in inodes:
+            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def database_address() -> tuple[str, int]:
+    """Host and port of the test database's server."""
+    db = settings.DATABASES["default"]
+    return db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432)
+
+
+def subprocess_env(*, port: int | None = None) -> dict[str, str]:
+    """The subprocesses use the test database and artifact root of this test process.
+
+    ``port``: reach the server through another port (a ``DatabaseProxy`` in front).
+    """
     db = settings.DATABASES["default"]
     assert db["ENGINE"] == "django.db.backends.postgresql", db["ENGINE"]
     user = db.get("USER") or "root"
     if db.get("PASSWORD"):
         user = f"{user}:{db['PASSWORD']}"
-    host = db.get("HOST") or "127.0.0.1"
-    port = db.get("PORT") or 5432
+    host, port = ("127.0.0.1", port) if port else database_address()
     env = dict(os.environ)
     env.update(
         DJANGO_SETTINGS_MODULE="tests.settings",
@@ -149,6 +174,35 @@ def subprocess_env() -> dict[str, str]:
     )
     env.pop("TEST_DATABASE_NAME", None)  # the subprocess uses NAME as it is
     return env
+
+
+def request_steps_job(user, revision: int, *, tenant_key: str, **params) -> Job:
+    """A new ``test.steps`` job for ``user`` (its notice goes to them); params shape the work."""
+    job, created = request_job(
+        "test.steps",
+        subject_type="auth.user",
+        subject_id=user.pk,
+        output_revision=revision,
+        tenant_key=tenant_key,
+        params={"recipients": [user.pk], **params},
+    )
+    assert created, f"job {job.pk} existed already"
+    return job
+
+
+def jobs_stats(env: dict[str, str]) -> dict:
+    """``manage.py jobs_stats --json`` run as its own process with ``env``."""
+    done = subprocess.run(
+        [sys.executable, "manage.py", "jobs_stats", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, f"jobs_stats failed:\n{done.stdout}\n{done.stderr}"
+    return json.loads(done.stdout)
 
 
 def wait_until(
