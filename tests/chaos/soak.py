@@ -107,6 +107,9 @@ class Config:
     # The database goes away (connections refused, open ones cut) this long, once.
     db_outage_seconds: float = 7.0
     db_outage_at: float | None = None  # seconds after the workers start; None: see below
+    # The artifact storage fills up (a real full tmpfs) this long, once.
+    storage_outage_seconds: float = 8.0
+    storage_outage_at: float | None = None  # None: 70% into the arrival window
     backlog: float = 0.5
     arrival_seconds: float | None = None  # None: K / 6 seconds, at least 10
     timeout: float = 420.0
@@ -126,6 +129,13 @@ class Config:
     def db_outage_due(self) -> float:
         """While requests still arrive (so the chaos is on): 40% into the arrival window."""
         return self.db_outage_at if self.db_outage_at is not None else 0.4 * self.arrival
+
+    @property
+    def storage_outage_due(self) -> float:
+        """After the database's, still inside the arrival window: 70% into it."""
+        if self.storage_outage_at is not None:
+            return self.storage_outage_at
+        return 0.7 * self.arrival
 
 
 # --- the scratch database ----------------------------------------------------------
@@ -749,6 +759,47 @@ class Outage:
     detail: str = ""
 
 
+class FullDisk:
+    """The artifact root as a small tmpfs that a ballast file can fill (needs root).
+
+    ``begin`` fills it to ENOSPC, so every artifact write fails as on a full disk;
+    ``end`` deletes the ballast. Without root (no mount) the storage outage is skipped.
+    """
+
+    def __init__(self, root: Path, size: str = "64m"):
+        self.root, self.size = root, size
+        self.ballast = root / ".ballast"
+        self.mounted = False
+
+    def mount(self) -> bool:
+        self.root.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={self.size},mode=0750", "tmpfs", str(self.root)],
+            capture_output=True,
+            text=True,
+        )
+        self.mounted = done.returncode == 0
+        return self.mounted
+
+    def begin(self) -> None:
+        fd = os.open(self.ballast, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, b"\0" * 65536)
+        finally:
+            os.close(fd)
+
+    def end(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.ballast.unlink()
+
+    def unmount(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", "-l", str(self.root)], check=False)
+            self.mounted = False
+
+
 class Outages:
     """Begin and end the planned outages on time.
 
@@ -975,9 +1026,17 @@ def run(cfg: Config) -> int:
     # (the watcher, the requests, the checker) connects directly.
     server = urlsplit(scratch)
     proxy = DatabaseProxy(server.hostname or "127.0.0.1", server.port or 5432).start()
-    outages = Outages([], {"database": (proxy.down, proxy.up)})
+    disk = FullDisk(artifacts)
+    outages = Outages([], {"database": (proxy.down, proxy.up), "storage": (disk.begin, disk.end)})
     if cfg.db_outage_seconds > 0:
         outages.plan.append(Outage("database", cfg.db_outage_due, cfg.db_outage_seconds))
+    if cfg.storage_outage_seconds > 0:
+        if disk.mount():
+            outages.plan.append(
+                Outage("storage", cfg.storage_outage_due, cfg.storage_outage_seconds)
+            )
+        else:
+            _say("storage outage skipped: mounting a tmpfs for the artifact root needs root")
     try:
         create_database(url, name)
         created = True
@@ -1174,6 +1233,7 @@ def run(cfg: Config) -> int:
             fleet.stop_all()
             fleet.stop_provider()
         proxy.close()
+        disk.unmount()
         with contextlib.suppress(Exception):
             from django.db import connections
 
@@ -1222,6 +1282,18 @@ def parse(argv: list[str] | None = None) -> Config:
         default=None,
         help="seconds after the workers start (default: 40%% into the arrival window)",
     )
+    p.add_argument(
+        "--storage-outage",
+        type=float,
+        default=d.storage_outage_seconds,
+        help="seconds the artifact storage is full once mid-run (a real full tmpfs); 0: none",
+    )
+    p.add_argument(
+        "--storage-outage-at",
+        type=float,
+        default=None,
+        help="seconds after the workers start (default: 70%% into the arrival window)",
+    )
     p.add_argument("--arrival-seconds", type=float, default=None, help="spread of late requests")
     p.add_argument("--timeout", type=float, default=d.timeout, help="deadline for the chaos phase")
     p.add_argument("--drain-timeout", type=float, default=d.drain_timeout)
@@ -1245,6 +1317,8 @@ def parse(argv: list[str] | None = None) -> Config:
         pause_fraction=a.pause_fraction,
         db_outage_seconds=a.db_outage,
         db_outage_at=a.db_outage_at,
+        storage_outage_seconds=a.storage_outage,
+        storage_outage_at=a.storage_outage_at,
         arrival_seconds=a.arrival_seconds,
         timeout=a.timeout,
         drain_timeout=a.drain_timeout,
