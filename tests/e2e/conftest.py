@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.processes import Processes, subprocess_env
+from jobs.fakeprovider import start_in_thread
+from tests.e2e.processes import PROVIDER_TOKEN, Processes, subprocess_env
 
 
 @pytest.fixture
@@ -18,3 +19,11 @@ def procs(request, transactional_db, tmp_path):
         processes.stop_all()
         if request.session.testsfailed > failed_before:
             print(f"\n===== subprocess logs (in {tmp_path}) =====\n{processes.logs(tail=400)}")
+
+
+@pytest.fixture
+def provider(tmp_path):
+    """The stand-in notice provider on loopback (token ``PROVIDER_TOKEN``); set its faults."""
+    server = start_in_thread(tmp_path / "provider.sqlite3", token=PROVIDER_TOKEN)
+    yield server
+    server.stop()

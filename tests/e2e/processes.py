@@ -30,6 +30,7 @@ from jobs.supervisor import group_members
 from tests.chaos.proctree import groups_of
 
 ROOT = Path(__file__).resolve().parents[2]
+PROVIDER_TOKEN = "e2e-token-0123"  # the stand-in provider's (conftest.provider)
 
 
 @dataclass

@@ -18,18 +18,15 @@ from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
-import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from jobs.fakeprovider import Faults, start_in_thread
 from jobs.models import Attempt, Effect, EffectEvent, Job
 from jobs.services import request_job
-from tests.e2e.processes import wait_until
+from tests.e2e.processes import PROVIDER_TOKEN, wait_until
 
 SKEW_DIR = Path(__file__).parent / "skewed_clock"
-TOKEN = "e2e-skew-token-0123"
 
 
 def _skewed(env: dict, seconds: int) -> dict:
@@ -48,19 +45,13 @@ def _clock_offset(env: dict) -> float:
     return wall - now
 
 
-@pytest.fixture
-def provider(tmp_path):
-    server = start_in_thread(tmp_path / "provider.sqlite3", token=TOKEN, faults=Faults(delay=1.0))
-    yield server
-    server.stop()
-
-
 def test_workers_30s_behind_and_ahead__no_early_reclaim_and_no_send_redriven_in_flight(
     procs, provider
 ):
+    provider.faults.delay = 1.0  # each send takes a second
     procs.env.update(
         NOTICE_PROVIDER_URL=provider.url,
-        NOTICE_PROVIDER_TOKEN=TOKEN,
+        NOTICE_PROVIDER_TOKEN=PROVIDER_TOKEN,
         NOTICE_PROVIDER_CONNECT_TIMEOUT="0.5",
         NOTICE_PROVIDER_READ_TIMEOUT="2",
         JOBS_EFFECT_LEASE_SECONDS="5",

@@ -4,32 +4,22 @@ from __future__ import annotations
 
 import time
 
-import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
 from django_q.models import OrmQ
 
 from jobs import ledger
-from jobs.fakeprovider import start_in_thread
 from jobs.models import Effect, EffectEvent, Job
 from jobs.services import request_job
-from tests.e2e.processes import wait_until
+from tests.e2e.processes import PROVIDER_TOKEN, wait_until
 
 State = Effect.State
-TOKEN = "e2e-token-0123"
-
-
-@pytest.fixture
-def provider(tmp_path):
-    server = start_in_thread(tmp_path / "provider.sqlite3", token=TOKEN)
-    yield server
-    server.stop()
 
 
 def _with_provider(procs, provider, **extra: str) -> None:
     procs.env.update(
         NOTICE_PROVIDER_URL=provider.url,
-        NOTICE_PROVIDER_TOKEN=TOKEN,
+        NOTICE_PROVIDER_TOKEN=PROVIDER_TOKEN,
         NOTICE_PROVIDER_CONNECT_TIMEOUT="0.5",
         NOTICE_PROVIDER_READ_TIMEOUT="0.5",
         JOBS_EFFECT_LEASE_SECONDS="4",

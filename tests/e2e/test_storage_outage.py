@@ -6,16 +6,15 @@ here, as CI does), filled with a ballast file; real qcluster and dispatcher proc
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-import subprocess
 import time
 
 import pytest
 
 from jobs.models import Attempt, Job
 from jobs.services import request_job
+from tests.chaos.soak import FullDisk
 from tests.e2e.processes import wait_until
 
 OUTAGE_SECONDS = float(os.environ.get("STORAGE_OUTAGE_SECONDS", "60"))
@@ -24,34 +23,22 @@ JOBS = 10
 
 @pytest.fixture
 def full_disk(tmp_path):
-    root = tmp_path / "artifacts"
-    root.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=512k,mode=0750", "tmpfs", str(root)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"cannot mount a tmpfs for the artifact root (root needed): {done.stderr}")
-    ballast = root / "ballast"
+    disk = FullDisk(tmp_path / "artifacts", size="512k")
+    if not disk.mount():
+        pytest.fail("cannot mount a tmpfs for the artifact root (root is needed, as in CI)")
     try:
-        fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            with contextlib.suppress(OSError):
-                while True:
-                    os.write(fd, b"\0" * 4096)
-        finally:
-            os.close(fd)
+        disk.begin()
         with pytest.raises(OSError) as full:
-            (root / "probe").write_bytes(b"x" * 8192)
+            (disk.root / "probe").write_bytes(b"x" * 8192)
         assert full.value.errno == errno.ENOSPC
-        yield root, ballast
+        (disk.root / "probe").unlink(missing_ok=True)
+        yield disk
     finally:
-        subprocess.run(["umount", "-l", str(root)], check=False)
+        disk.unmount()
 
 
 def test_artifact_storage_full_then_freed__every_job_succeeds_without_an_operator(procs, full_disk):
-    root, ballast = full_disk
+    root = full_disk.root
     procs.env["ARTIFACT_ROOT"] = str(root)
     for n in range(JOBS):
         request_job("test.steps", subject_type="auth.user", subject_id=n, tenant_key=f"t{n % 3}")
@@ -75,7 +62,7 @@ def test_artifact_storage_full_then_freed__every_job_succeeds_without_an_operato
     assert details == {"storage unavailable: No space left on device (ENOSPC)"}, details
     assert not Job.objects.filter(state__in=[Job.State.DEAD, Job.State.FAILED]).exists()
 
-    ballast.unlink()  # space comes back
+    full_disk.end()  # space comes back
     freed = time.monotonic()
     wait_until(
         procs,
