@@ -27,7 +27,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from bench import infra, workloads
-from jobs import burst
+from jobs.contrib.drills import burst
 from jobs.models import Effect, Job, Notice
 from jobs.services import request_job
 

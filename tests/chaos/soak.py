@@ -49,7 +49,9 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+
+from jobs.testing import scratchdb
+from jobs.testing.processes import Proc, Processes, proc_stat
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS_MODULE = "tests.chaos.settings"
@@ -112,103 +114,22 @@ class Config:
         return max(10.0, self.jobs / 6)
 
 
-# --- the scratch database ----------------------------------------------------------
+# --- the scratch database and processes: jobs.testing.scratchdb / .processes ---------
 
 
 def server_url() -> str:
     """DATABASE_URL, which must name a PostgreSQL server; Refused otherwise."""
-    url = os.environ.get("DATABASE_URL", "")
-    if not url:
-        raise Refused(
-            "the soak needs PostgreSQL, but DATABASE_URL is not set (the site would use "
-            "SQLite). Run e.g. DATABASE_URL=postgres://root@127.0.0.1:5432/postgres make soak"
-        )
-    scheme = urlsplit(url).scheme.lower()
-    if scheme not in POSTGRES_SCHEMES:
-        raise Refused(
-            f"the soak needs PostgreSQL (several worker processes, advisory locks, a real "
-            f"deadlock), but DATABASE_URL names {scheme or 'no'!r} database. Set "
-            "DATABASE_URL=postgres://USER@HOST:PORT/DB; the soak creates and drops its own "
-            "scratch database on that server."
-        )
-    return url
-
-
-def with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(scheme="postgres", path=f"/{name}"))
-
-
-def _admin(url: str):
-    """An autocommit connection to the server's maintenance database (or the URL's own)."""
-    import psycopg
-
     try:
-        return psycopg.connect(with_database(url, "postgres"), autocommit=True)
-    except psycopg.OperationalError:
-        return psycopg.connect(with_database(url, urlsplit(url).path.lstrip("/")), autocommit=True)
+        return scratchdb.server_url(purpose="the soak (several worker processes, a real deadlock)")
+    except scratchdb.NotPostgres as exc:
+        raise Refused(str(exc)) from None
 
 
-def create_database(url: str, name: str) -> None:
-    with _admin(url) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-
-
-def drop_database(url: str, name: str) -> None:
-    """Drop the scratch database this run created (never another one)."""
-    assert re.fullmatch(r"soak_[0-9a-f]{10}", name), name
-    with _admin(url) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-# --- processes ---------------------------------------------------------------------
-
-
-@dataclass
-class Proc:
-    name: str
-    role: str  # cluster | dispatcher | provider
-    popen: subprocess.Popen
-    log: Path
-    killed: bool = False  # killed on purpose: its exit is not a failure
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-
-def _proc_state(pid: int) -> str | None:
-    """The /proc state letter of ``pid`` (None when gone)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rsplit(")", 1)[-1].split()[0]
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group ``pgid``."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[-1].split()
-        except OSError:
-            continue
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-            out.append(int(stat.parent.name))
-    return out
-
-
-class Fleet:
+class Fleet(Processes):
     """Every process this soak starts; each leads its own process group."""
 
     def __init__(self, env: dict, log_dir: Path):
-        self.env = env
-        self.log_dir = log_dir
-        self.procs: list[Proc] = []
+        super().__init__(env, log_dir, command=(sys.executable, str(ROOT / "manage.py")), cwd=ROOT)
         self.clusters: dict[str, Proc] = {}
         self.incarnations: dict[str, int] = defaultdict(int)
         self.dispatcher: Proc | None = None
@@ -225,37 +146,18 @@ class Fleet:
         self.wedged: list[str] = []
         self._next_census = 0.0
 
-    def start(self, name: str, role: str, *args: str, stdout=None) -> Proc:
-        log = self.log_dir / f"{name}.log"
-        fh = open(log, "ab")  # noqa: SIM115 - the child owns it; closed after Popen
-        try:
-            popen = subprocess.Popen(
-                [sys.executable, str(ROOT / "manage.py"), *args],
-                cwd=ROOT,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=stdout if stdout is not None else fh,
-                stderr=fh if stdout is not None else subprocess.STDOUT,
-                start_new_session=True,  # pgid == pid: a whole cluster can be killed
-            )
-        finally:
-            fh.close()
-        proc = Proc(name, role, popen, log)
-        self.procs.append(proc)
-        return proc
-
     def start_cluster(self, slot: str) -> Proc:
         self._short_since.pop(slot, None)
         self._idle.pop(slot, None)
         self.incarnations[slot] += 1
-        proc = self.start(f"{slot}.{self.incarnations[slot]}", "cluster", "qcluster")
+        proc = self.start(f"{slot}.{self.incarnations[slot]}", "qcluster", role="cluster")
         self.clusters[slot] = proc
         return proc
 
     def start_dispatcher(self) -> Proc:
         n = sum(1 for p in self.procs if p.role == "dispatcher") + 1
         self.dispatcher = self.start(
-            f"dispatcher.{n}", "dispatcher", "jobs_dispatcher", "--interval", "0.5"
+            f"dispatcher.{n}", "jobs_dispatcher", "--interval", "0.5", role="dispatcher"
         )
         return self.dispatcher
 
@@ -274,7 +176,7 @@ class Fleet:
         """Take in the whole lines a cluster's log gained since the last read."""
         proc = self.clusters[slot]
         try:
-            with open(proc.log, "rb") as fh:
+            with open(proc.log_path, "rb") as fh:
                 fh.seek(self._offset[proc.pid])
                 chunk = fh.read()
         except OSError:
@@ -300,20 +202,9 @@ class Fleet:
             pid
             for pid in self._announced[proc.pid]
             if pid != proc.pid
-            and _proc_state(pid) not in (None, "Z")
+            and (proc_stat(pid) or ["Z"])[0] != "Z"
             and self.cluster_of(pid) == slot
         )
-
-    def kill_group(self, proc: Proc) -> None:
-        """SIGKILL a process and everything it forked; wait until the group is gone."""
-        proc.killed = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.popen.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and _group_members(proc.pid):
-            time.sleep(0.05)
 
     def supervise(self, workers: int, work_waiting: Callable[[], bool]) -> list[str]:
         """Restart what died without being killed on purpose, was not replaced, or wedged.
@@ -380,32 +271,15 @@ class Fleet:
             restarted.append("dispatcher")
         return restarted
 
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.role != "provider":
-                proc.killed = True
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-        for proc in self.procs:
-            if proc.role != "provider":
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.popen.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(
-            _group_members(p.pid) for p in self.procs if p.role != "provider"
-        ):
-            time.sleep(0.05)
+    def stop_all(self, procs=None) -> None:
+        """Kill every cluster and dispatcher group; the provider stops on its own (below)."""
+        others = [p for p in self.procs if p.role != "provider"]
+        super().stop_all(others if procs is None else procs)
 
     def stop_provider(self) -> None:
         for proc in self.procs:
             if proc.role == "provider" and proc.alive():
-                proc.killed = True
-                proc.popen.send_signal(signal.SIGTERM)
-                try:
-                    proc.popen.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.popen.wait(timeout=10)
+                self.terminate(proc)
 
 
 # --- the watcher -------------------------------------------------------------------
@@ -874,13 +748,12 @@ def run(cfg: Config) -> int:
     logs.mkdir(parents=True)
     record = work / "provider.sqlite3"
     artifacts = work / "artifacts"
-    scratch = with_database(url, name)
     token = secrets.token_urlsafe(16)
     created = passed = False
     fleet: Fleet | None = None
     watcher: Watcher | None = None
     try:
-        create_database(url, name)
+        scratch = scratchdb.create(url, name)
         created = True
         _say(f"soak {name}: {cfg.jobs} report jobs, scratch database {name}, folder {work}")
         env = {
@@ -930,7 +803,7 @@ def run(cfg: Config) -> int:
         ]
         if cfg.seed is not None:
             provider_args.append(f"--seed={cfg.seed}")
-        provider = fleet.start("provider", "provider", *provider_args, stdout=subprocess.PIPE)
+        provider = fleet.start("provider", *provider_args, role="provider", stdout=subprocess.PIPE)
         line = provider.popen.stdout.readline().decode()
         if "listening on " not in line:
             raise RuntimeError(f"the stand-in provider did not start: {line!r}")
@@ -1075,7 +948,7 @@ def run(cfg: Config) -> int:
 
             connections.close_all()
         if created and not cfg.keep:
-            drop_database(url, name)
+            scratchdb.drop(url, name)
         if cfg.keep or not passed:
             _say(f"kept {work}" + (f" and database {name}" if cfg.keep else ""))
         else:

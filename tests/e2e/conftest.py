@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.processes import Processes, subprocess_env
+from tests.e2e.processes import site_processes, subprocess_env
 
 
 @pytest.fixture
 def procs(request, transactional_db, tmp_path):
     """Start processes through this; all are killed before the database is flushed."""
     failed_before = request.session.testsfailed
-    processes = Processes(subprocess_env(), tmp_path)
+    processes = site_processes(subprocess_env(), tmp_path)
     try:
         yield processes
     finally:

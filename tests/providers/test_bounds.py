@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from jobs import burst
-from jobs.fakeprovider import Faults, start_in_thread
+from jobs.contrib.drills import burst
 from jobs.models import Effect, Job
 from jobs.providers import bounds
 from jobs.services import request_job
+from jobs.testing.fakeprovider import Faults, start_in_thread
 from tests.providers.conftest import TOKEN, subprocess_env, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

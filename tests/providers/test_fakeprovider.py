@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from jobs.fakeprovider import Faults, Record, start_in_thread
+from jobs.testing.fakeprovider import Faults, Record, start_in_thread
 from tests.providers.conftest import TOKEN, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
