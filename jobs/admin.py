@@ -96,6 +96,15 @@ class JobAdmin(EngineAdmin):
     inlines = [AttemptInline, ArtifactInline, EffectInline]
     actions = ["retry_now", "cancel", "requeue"]
 
+    def get_urls(self):
+        """The dashboard lives with the jobs list: no URL include needed for it."""
+        from django.urls import path
+
+        from jobs.views import dashboard_view
+
+        dashboard = self.admin_site.admin_view(dashboard_view)
+        return [path("dashboard/", dashboard, name="jobs_job_dashboard"), *super().get_urls()]
+
     @admin.action(description="Retry now (waiting jobs)")
     def retry_now(self, request, queryset):
         _report(

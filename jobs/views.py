@@ -5,7 +5,6 @@ from __future__ import annotations
 import hmac
 from datetime import timedelta
 
-from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import PermissionDenied
@@ -14,14 +13,13 @@ from django.db.models.functions import TruncMinute
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
-from prometheus_client import CONTENT_TYPE_LATEST
 
-from jobs import metrics, stats
+from jobs import conf, stats
 from jobs.models import Attempt, Effect
 
 
 def _token_ok(request: HttpRequest) -> bool:
-    token = getattr(settings, "METRICS_TOKEN", "")
+    token = conf.get("METRICS_TOKEN")
     given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
     return bool(token) and hmac.compare_digest(given.encode(), token.encode())
 
@@ -31,6 +29,10 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     user = request.user
     if not (_token_ok(request) or (user.is_active and user.has_perm("jobs.view_job"))):
         raise PermissionDenied
+    from prometheus_client import CONTENT_TYPE_LATEST  # django-jobs-ledger[metrics]
+
+    from jobs import metrics
+
     return HttpResponse(metrics.render(), content_type=CONTENT_TYPE_LATEST)
 
 

@@ -30,8 +30,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from django.conf import settings
 from django.db import connection
+
+from jobs import conf
 
 log = logging.getLogger("jobs.bounds")
 
@@ -105,7 +106,7 @@ def _try_pg(provider: str, index: int) -> Slot | None:
 
 def slot_dir() -> Path:
     """Where the SQLite demo keeps its slot files: next to the database file."""
-    configured = getattr(settings, "JOBS_PROVIDER_SLOT_DIR", None)
+    configured = conf.get("JOBS_PROVIDER_SLOT_DIR")
     if configured:
         return Path(configured)
     name = str(connection.settings_dict.get("NAME") or "")
