@@ -22,6 +22,7 @@ from pathlib import Path
 import psycopg
 
 from jobs.testing import scratchdb
+from jobs.testing.processes import Processes, group_alive
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var" / "bench"
@@ -217,33 +218,22 @@ class Cluster:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and _group_alive(self.popen.pid):
+        while time.monotonic() < deadline and group_alive(self.popen.pid):
             time.sleep(0.02)
 
 
-def _group_alive(pgid: int) -> bool:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            fields = _stat(int(entry.name))
-            if fields and int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-    return False
+def processes(workers: int | None = None, **env: str) -> Processes:
+    """The benchmarks' child processes: ``manage.py`` with ``bench.settings``, logs in VAR."""
+    VAR.mkdir(parents=True, exist_ok=True)
+    return Processes(
+        child_env(workers, **env), VAR, command=(sys.executable, "manage.py"), cwd=ROOT
+    )
 
 
 def start_cluster(workers: int, label: str, **env: str) -> Cluster:
-    VAR.mkdir(parents=True, exist_ok=True)
-    log_path = VAR / f"qcluster-{label}.log"
-    with open(log_path, "wb") as log:
-        popen = subprocess.Popen(
-            [sys.executable, "manage.py", "qcluster"],
-            cwd=ROOT,
-            env=child_env(workers, **env),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return Cluster(workers, popen, log_path, time.monotonic())
+    (VAR / f"qcluster-{label}.log").unlink(missing_ok=True)
+    proc = processes(workers, **env).start(f"qcluster-{label}", "qcluster")
+    return Cluster(workers, proc.popen, proc.log_path, time.monotonic())
 
 
 @contextlib.contextmanager
