@@ -10,9 +10,9 @@ from django.urls import reverse
 from django_q.models import OrmQ
 
 from jobs import ledger
-from jobs.fakeprovider import start_in_thread
 from jobs.models import Effect, EffectEvent, Job
 from jobs.services import request_job
+from jobs.testing.fakeprovider import start_in_thread
 from tests.e2e.processes import wait_until
 
 State = Effect.State

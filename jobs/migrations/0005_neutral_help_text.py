@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0003_lean_indexes'),
+        ('jobs', '0004_effect_budget_and_event_versions'),
     ]
 
     operations = [
