@@ -133,14 +133,19 @@ SETTINGS: tuple[Setting, ...] = (
 DEFAULTS: dict[str, Any] = {s.name: s.default for s in SETTINGS}
 
 
-def get(name: str, default: Any = None) -> Any:
-    """Return the setting ``name`` or its documented default.
+_UNSET = object()
+
+
+def get(name: str, default: Any = _UNSET) -> Any:
+    """Return the setting ``name`` or its documented default (KeyError for unknown names).
 
     ``default`` is for names outside the table that share a documented one (a
     second webhook provider's ``<PREFIX>_READ_TIMEOUT``).
     """
     if name in DEFAULTS:
         return getattr(settings, name, DEFAULTS[name])
+    if default is _UNSET:
+        raise KeyError(f"{name} is not a setting of the jobs app (jobs.conf.SETTINGS)")
     return getattr(settings, name, default)
 
 

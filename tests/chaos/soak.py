@@ -120,7 +120,7 @@ class Config:
 def server_url() -> str:
     """DATABASE_URL, which must name a PostgreSQL server; Refused otherwise."""
     try:
-        return scratchdb.server_url(purpose="the soak (several worker processes, a real deadlock)")
+        return scratchdb.server_url(purpose="the soak")
     except scratchdb.NotPostgres as exc:
         raise Refused(str(exc)) from None
 
