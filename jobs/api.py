@@ -97,7 +97,7 @@ def _as_stored(params: dict | None) -> dict:
     if not isinstance(params, dict):
         raise PayloadInvalid("params must be a dict of JSON values (ids and flags)")
     try:
-        return json.loads(json.dumps(params))
+        return json.loads(json.dumps(params, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise PayloadInvalid(f"params must be JSON-serialisable: {type(exc).__name__}") from None
 
