@@ -306,6 +306,20 @@ class _Handler(BaseHTTPRequestHandler):
         received = time.time()
         server = self.server
         key = self.headers.get("Idempotency-Key", "")[:200]
+        if len(raw) < length:
+            # The sender died while writing (a SIGKILL mid-send): no body to judge and
+            # nobody to answer. Recorded, never counted as a protocol error of the sender.
+            server.writer.request(
+                method="POST",
+                path=self.path[:200],
+                received_at=received,
+                answered_at=time.time(),
+                idempotency_key=key,
+                status=0,
+                outcome="truncated",
+            )
+            self.close_connection = True
+            return
         status, outcome, send_id, effect_id, sha = 404, "not_found", "", "", ""
         stall = False
         headers: dict[str, str] = {}
