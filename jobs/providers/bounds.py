@@ -203,8 +203,10 @@ def in_flight_now(provider: str, limit: int) -> int:
         keys = [slot_key(provider, i) for i in range(limit)]
         with connection.cursor() as cursor:
             # A bigint advisory key is stored as classid (high 32 bits) and objid (low 32).
+            # Advisory locks belong to one database: another database's slots are not ours.
             cursor.execute(
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
                 " AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = ANY(%s)",
                 [keys],
             )
