@@ -306,24 +306,15 @@ class _Handler(BaseHTTPRequestHandler):
         received = time.time()
         server = self.server
         key = self.headers.get("Idempotency-Key", "")[:200]
-        if len(raw) < length:
-            # The sender died while writing (a SIGKILL mid-send): no body to judge and
-            # nobody to answer. Recorded, never counted as a protocol error of the sender.
-            server.writer.request(
-                method="POST",
-                path=self.path[:200],
-                received_at=received,
-                answered_at=time.time(),
-                idempotency_key=key,
-                status=0,
-                outcome="truncated",
-            )
-            self.close_connection = True
-            return
         status, outcome, send_id, effect_id, sha = 404, "not_found", "", "", ""
         stall = False
         headers: dict[str, str] = {}
-        if self.path == "/notices":
+        # A body shorter than announced: the sender died while writing (a SIGKILL
+        # mid-send). Recorded, not answered, never held against it as a protocol error.
+        truncated = len(raw) < length
+        if truncated:
+            status, outcome = 0, "truncated"
+        elif self.path == "/notices":
             try:
                 body = json.loads(raw or b"null")
             except ValueError:
@@ -363,6 +354,9 @@ class _Handler(BaseHTTPRequestHandler):
             outcome=outcome,
             send_id=send_id,
         )
+        if truncated:
+            self.close_connection = True
+            return
         payload = {"id": send_id} if status in (200, 201) else {"error": outcome}
         self._answer(status, payload, headers)
 
