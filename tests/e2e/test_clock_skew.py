@@ -23,9 +23,9 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from jobs.fakeprovider import Faults, start_in_thread
 from jobs.models import Attempt, Effect, EffectEvent, Job
 from jobs.services import request_job
+from jobs.testing.fakeprovider import Faults, start_in_thread
 from tests.e2e.processes import wait_until
 
 SKEW_DIR = Path(__file__).parent / "skewed_clock"

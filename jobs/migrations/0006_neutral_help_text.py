@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0004_effect_budget_and_event_versions'),
+        ('jobs', '0005_job_outage_since'),
     ]
 
     operations = [
