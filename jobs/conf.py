@@ -124,6 +124,19 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     # --- operations ---------------------------------------------------------------
     Setting(
+        "JOBS_EXPECTED_WORKER_PROCESSES",
+        1,
+        "Connection sizing check (jobs.W010): jobs_worker processes (each a qcluster) on "
+        "all machines.",
+    ),
+    Setting("JOBS_EXPECTED_DISPATCHERS", 1, "Connection sizing check: dispatcher loops."),
+    Setting(
+        "JOBS_EXPECTED_WEB_CONNECTIONS",
+        4,
+        "Connection sizing check: connections the web servers hold (WSGI workers x threads, "
+        "all machines).",
+    ),
+    Setting(
         "METRICS_TOKEN",
         "",
         "Bearer token that may read /metrics without a session (empty: sessions only).",

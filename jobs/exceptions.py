@@ -67,3 +67,9 @@ class ArtifactCorrupt(JobError):
     """Raised when stored bytes no longer match the artifact row and nothing can restore them."""
 
     code = "artifact_corrupt"
+
+
+class DeliveryFailed(JobError):
+    """Raised to django-q2 when a delivery ended without an outcome (it is redelivered)."""
+
+    code = "delivery_failed"

@@ -39,6 +39,16 @@ class EngineCollector:
             "jobs_lease_losses", "Workers that lost their lease", value=figures["lease_losses"]
         )
 
+        failed = CounterMetricFamily(
+            "jobs_failed_deliveries",
+            "Deliveries that raised before an outcome was recorded (e.g. no database "
+            "connection for the claim), by task; redelivered after Q_CLUSTER retry",
+            labels=["task"],
+        )
+        for task, n in sorted(figures["failed_deliveries_by_task"].items()):
+            failed.add_metric([task], n)
+        yield failed
+
         retries = CounterMetricFamily(
             "jobs_retries", "Retries by error class", labels=["error_class"]
         )

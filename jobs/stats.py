@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import Count, Q
+from django.db.models import Count, Q, Sum
 
 from jobs.models import Attempt, Effect, EffectEvent, Job
 
@@ -89,6 +89,7 @@ def collect() -> dict:
     # count both anyway, so the figure is measured rather than assumed.
     providers = collect_providers()
     duplicate_effects = sum(p["duplicate_effects"] for p in providers.values())
+    failed = failed_deliveries()
     return {
         "jobs": {
             "total": Job.objects.count(),
@@ -99,6 +100,8 @@ def collect() -> dict:
         "duplicate_deliveries": outcomes.get(Attempt.Outcome.DUPLICATE_DELIVERY, 0),
         "lease_losses": outcomes.get(Attempt.Outcome.LEASE_LOST, 0),
         "crashes": outcomes.get(Attempt.Outcome.CRASHED, 0),
+        "failed_deliveries": sum(failed.values()),
+        "failed_deliveries_by_task": failed,
         "retries_by_class": retries,
         "effects": {
             "total": Effect.objects.count(),
@@ -111,6 +114,26 @@ def collect() -> dict:
         "provider_in_flight": provider_in_flight(),
         "duplicate_effects": duplicate_effects,
     }
+
+
+def failed_deliveries() -> dict[str, int]:
+    """Deliveries that raised or timed out instead of returning an outcome, per task.
+
+    Mostly failures before the claim (the database refused the connection: too
+    many clients, a restart), which leave no attempt row. django-q2 records each
+    (``Failure`` rows, one per message, ``attempt_count`` per delivery) and hands
+    the message out again after ``Q_CLUSTER['retry']``. A failure its monitor
+    could not save either (the database was gone for it too) is only in the log.
+    """
+    from django_q.models import Failure
+
+    rows = (
+        Failure.objects.filter(func__startswith="jobs.tasks.")
+        .values_list("func")
+        .annotate(n=Sum("attempt_count"))
+        .order_by()
+    )
+    return {func.removeprefix("jobs.tasks."): n for func, n in rows}
 
 
 def provider_in_flight() -> dict[str, int]:

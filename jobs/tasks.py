@@ -1,22 +1,31 @@
-"""django-q2 entry points. Messages carry only ids: nothing private in the queue."""
+"""django-q2 entry points. Messages carry only ids: nothing private in the queue.
+
+Each delivery runs inside ``supervisor.delivery``: it marks progress for
+``manage.py jobs_worker`` and reports a failure that escaped the engine (e.g. the
+database refused the claim) by class and code only; django-q2 records it and
+redelivers the message.
+"""
 
 from __future__ import annotations
 
 from jobs import dispatch, ledger, runner, transitions
 from jobs.models import Effect
+from jobs.supervisor import delivery
 
 
 def run_job(job_id: int) -> str:
     """One delivery of a job; returns after every outcome is committed (then django-q2 acks)."""
-    return runner.run_delivery(job_id).outcome
+    with delivery("run_job", job_id):
+        return runner.run_delivery(job_id).outcome
 
 
 def release_effect(effect_pk: int) -> str:
     """Re-drive one effect (crash after publish, unknown outcome, temporary failure)."""
-    effect = Effect.objects.select_related("job").filter(pk=effect_pk).first()
-    if effect is None:
-        return "missing"
-    return ledger.release(effect, transitions.worker_identity())
+    with delivery("release_effect", effect_pk):
+        effect = Effect.objects.select_related("job").filter(pk=effect_pk).first()
+        if effect is None:
+            return "missing"
+        return ledger.release(effect, transitions.worker_identity())
 
 
 def run_dispatcher() -> str:

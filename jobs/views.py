@@ -1,21 +1,17 @@
-"""Operator endpoints: Prometheus metrics and the admin dashboard."""
+"""Operator endpoints: Prometheus metrics and the operations console in the admin."""
 
 from __future__ import annotations
 
 import hmac
-from datetime import timedelta
 
 from django.contrib import admin
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count
-from django.db.models.functions import TruncMinute
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.utils import timezone
+from django.views.decorators.cache import never_cache
 
-from jobs import conf, stats
-from jobs.models import Attempt, Effect
+from jobs import conf, console, stats
 
 
 def _token_ok(request: HttpRequest) -> bool:
@@ -36,79 +32,27 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     return HttpResponse(metrics.render(), content_type=CONTENT_TYPE_LATEST)
 
 
-def timeline(minutes: int = 60, *, now=None) -> list[dict]:
-    """Deliveries and applied effects per minute, the last ``minutes`` minutes."""
-    now = (now or timezone.now()).replace(second=0, microsecond=0)
-    start = now - timedelta(minutes=minutes - 1)
-    deliveries = dict(
-        Attempt.objects.filter(started_at__gte=start)
-        .annotate(minute=TruncMinute("started_at"))
-        .values_list("minute")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    duplicates = dict(
-        Attempt.objects.filter(started_at__gte=start, outcome=Attempt.Outcome.DUPLICATE_DELIVERY)
-        .annotate(minute=TruncMinute("started_at"))
-        .values_list("minute")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    effects = dict(
-        Effect.objects.filter(applied_at__gte=start)
-        .annotate(minute=TruncMinute("applied_at"))
-        .values_list("minute")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    rows = []
-    for i in range(minutes):
-        minute = start + timedelta(minutes=i)
-        rows.append(
-            {
-                "minute": minute,
-                "deliveries": deliveries.get(minute, 0),
-                "duplicates": duplicates.get(minute, 0),
-                "effects": effects.get(minute, 0),
-            }
-        )
-    return rows
-
-
-def _chart(rows: list[dict], width: int = 720, height: int = 180) -> dict:
-    """Polyline points for an inline SVG: no JavaScript, no build step."""
-    peak = max([1] + [max(r["deliveries"], r["effects"]) for r in rows])
-    step = width / max(1, len(rows) - 1)
-
-    def points(key):
-        return " ".join(
-            f"{i * step:.1f},{height - r[key] * (height - 10) / peak:.1f}"
-            for i, r in enumerate(rows)
-        )
-
-    return {
-        "width": width,
-        "height": height,
-        "peak": peak,
-        "deliveries": points("deliveries"),
-        "duplicates": points("duplicates"),
-        "effects": points("effects"),
-    }
-
-
+@never_cache
 @staff_member_required
 def dashboard_view(request: HttpRequest) -> HttpResponse:
-    """The operator dashboard: the same figures as /metrics, and deliveries vs effects."""
+    """The operations console: live counts that link to their lists, queue, workers, chart.
+
+    ``?part=live`` answers the refreshing part alone (``jobs/console.js`` polls it).
+    """
     if not request.user.has_perm("jobs.view_job"):
         raise PermissionDenied
-    rows = timeline(60)
+    snap = console.snapshot()
+    rows = snap.timeline
     context = {
         **admin.site.each_context(request),
-        "title": "Jobs dashboard",
+        "title": "Operations console",
+        "snap": snap,
         "stats": stats.collect(),
-        "chart": _chart(rows),
+        "chart": console.chart(rows),
         "first_minute": rows[0]["minute"],
         "last_minute": rows[-1]["minute"],
-        "totals": {k: sum(r[k] for r in rows) for k in ("deliveries", "duplicates", "effects")},
+        "totals": {k: sum(r[k] for r in rows) for k in console.SERIES},
     }
+    if request.GET.get("part") == "live":
+        return TemplateResponse(request, "jobs/_console_live.html", context)
     return TemplateResponse(request, "jobs/dashboard.html", context)

@@ -17,8 +17,9 @@ from django.utils.html import format_html
 from guardian.admin import GuardedModelAdmin
 from guardian.shortcuts import get_objects_for_user
 
+from jobs.admin import register_subject
 from jobs.models import Job
-from permits import selectors
+from permits import reports, selectors
 from permits.models import (
     CONTACT_PERM,
     PRIVATE_FIELDS,
@@ -179,3 +180,22 @@ class ReviewDecisionAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+
+# The jobs admin names report jobs by their permit reference and finds them by it
+# (the jobs app never imports the site; the site tells it).
+def _permit_labels(ids: list[str]) -> dict[str, str]:
+    pks = [i for i in ids if i.isdigit()]
+    return {
+        str(pk): ref
+        for pk, ref in PermitRequest.objects.filter(pk__in=pks).values_list("pk", "reference")
+    }
+
+
+def _permit_search(term: str):
+    return PermitRequest.objects.filter(reference__icontains=term).values_list("pk", flat=True)[
+        :100
+    ]
+
+
+register_subject(reports.SUBJECT_TYPE, labels=_permit_labels, search=_permit_search)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
 
 REVIEW_PERM = "permits.review_permitrequest"
@@ -95,12 +96,35 @@ class ReviewDecision(models.Model):
     comment = models.TextField(blank=True)
     revision = models.PositiveIntegerField()
     decided_at = models.DateTimeField(default=timezone.now)
+    # A reviewer's decisions on one revision form a chain: the first has no
+    # predecessor, each change names the one it replaces (kept, never edited).
+    supersedes = models.OneToOneField(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="superseded_by",
+        help_text="the earlier decision this one changes",
+    )
 
     class Meta:
         ordering = ["-decided_at", "-id"]
+        constraints = [
+            # One first decision per reviewer and revision: a double submit cannot add a
+            # second; a change must name the decision it replaces (one change each).
+            models.UniqueConstraint(
+                fields=["request", "reviewer", "revision"],
+                condition=Q(supersedes__isnull=True),
+                name="permits_decision_one_per_reviewer_revision",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.get_decision_display()} on {self.request} r{self.revision}"
+
+    @property
+    def is_change(self) -> bool:
+        return self.supersedes_id is not None
 
 
 class ApplicantContactView(models.Model):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from django.db.models import Exists, OuterRef
 from django.http import Http404
 from guardian.shortcuts import get_objects_for_user
 
 from jobs.models import Artifact, Attempt, Job, Notice
 from permits import reports
-from permits.models import REVIEW_PERM, PermitRequest
+from permits.models import REVIEW_PERM, PermitRequest, ReviewDecision
 
 
 def requests_for(user):
@@ -95,7 +96,35 @@ def report_jobs_of(permit: PermitRequest):
 
 
 def decisions_of(permit: PermitRequest):
-    return permit.decisions.select_related("reviewer").order_by("-decided_at", "-id")
+    """Every decision on the request, newest first; changes and replaced ones marked."""
+    replaced = ReviewDecision.objects.filter(supersedes=OuterRef("pk"))
+    return (
+        permit.decisions.select_related("reviewer", "supersedes")
+        .annotate(is_replaced=Exists(replaced))
+        .order_by("-decided_at", "-id")
+    )
+
+
+def decisions_in_force(permit: PermitRequest, revision: int):
+    """Each reviewer's decision in force on ``revision`` (the last of each chain)."""
+    return (
+        permit.decisions.filter(revision=revision, superseded_by__isnull=True)
+        .select_related("reviewer")
+        .order_by("-decided_at", "-id")
+    )
+
+
+def current_decision(permit: PermitRequest, reviewer, revision: int) -> ReviewDecision | None:
+    """The reviewer's decision in force on ``revision``: the last of its chain of changes."""
+    if not reviewer.is_authenticated:
+        return None
+    return (
+        ReviewDecision.objects.filter(
+            request=permit, reviewer=reviewer, revision=revision, superseded_by__isnull=True
+        )
+        .order_by("-decided_at", "-id")
+        .first()
+    )
 
 
 def unread_notice_count(user) -> int:
@@ -108,17 +137,6 @@ def notice_for(user, pk: int) -> Notice:
     if notice is None:
         raise Http404("No such notice")
     return notice
-
-
-def effects_settling(job: Job | None) -> bool:
-    """Whether the job's notices are still on their way (published, not yet sent)."""
-    from jobs.models import Effect
-
-    if job is None:
-        return False
-    return Effect.objects.filter(
-        job=job, state__in=[Effect.State.PENDING, Effect.State.SENDING]
-    ).exists()
 
 
 def effects_for_recipient(job: Job | None, user):

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The demo: SQLite (WAL) in var/, one qcluster, the dispatcher loop and the web server.
+# The demo: SQLite (WAL) in var/, the supervised worker (jobs_worker runs qcluster), the
+# dispatcher loop and the web server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -27,7 +28,7 @@ trap cleanup EXIT INT TERM
 $PY manage.py fake_provider --port "$PROVIDER_PORT" --token "$NOTICE_PROVIDER_TOKEN" \
   --record var/provider-record.sqlite3 --stall 0.2 --stall-seconds 15 >var/log/provider.log 2>&1 &
 pids+=($!)
-$PY manage.py qcluster >var/log/qcluster.log 2>&1 &
+$PY manage.py jobs_worker >var/log/worker.log 2>&1 &
 pids+=($!)
 $PY manage.py jobs_dispatcher --interval 1 >var/log/dispatcher.log 2>&1 &
 pids+=($!)
@@ -40,7 +41,7 @@ cat <<MSG
   Admin:    http://127.0.0.1:${PORT}/admin/   (operator / operator-demo)
   Logins:   reviewer47 / reviewer-demo   reviewer52 / reviewer-demo
   Provider: http://127.0.0.1:${PROVIDER_PORT} (stand-in; 20% of sends accepted then stalled)
-  Worker:   var/log/qcluster.log    Dispatcher: var/log/dispatcher.log
+  Worker:   var/log/worker.log    Dispatcher: var/log/dispatcher.log
   Figures:  .venv/bin/python manage.py jobs_stats
   Stop:     Ctrl-C
 

@@ -1,5 +1,9 @@
-// Keep the report panel current while its report is unfinished: fetch the
-// status fragment every 1.5 s and swap it in. No framework, no build step.
+// Keep the report panel current while anything in it is still changing (the report,
+// or a notice on its way): fetch the status fragment every 1.5 s and copy what changed
+// into the parts marked data-live. The panel, its live region and every part stay the
+// same elements, so screen readers announce the new status text and focus stays put.
+// Without JavaScript the panel shows a "Check again" link instead (no auto-refresh that
+// would wipe a half-typed decision). No framework, no build step, no inline script.
 (function () {
   "use strict";
   var INTERVAL_MS = 1500;
@@ -8,20 +12,60 @@
     return document.getElementById("report-panel");
   }
 
+  function parts(root) {
+    var found = {};
+    root.querySelectorAll("[data-live]").forEach(function (el) {
+      found[el.dataset.live] = el;
+    });
+    return found;
+  }
+
   function setUnread(value) {
     var badge = document.getElementById("unread-count");
-    if (!badge || value === null) return;
+    if (!badge || value === null || badge.textContent === value) return;
     badge.textContent = value;
     badge.classList.toggle("count--zero", value === "0");
-    badge.setAttribute("aria-label", value + " unread");
+  }
+
+  function copyAttributes(from, to) {
+    Array.prototype.forEach.call(from.attributes, function (attr) {
+      if (to.getAttribute(attr.name) !== attr.value) to.setAttribute(attr.name, attr.value);
+    });
+  }
+
+  // Replace a part's content, then give focus back to the same control if it was inside.
+  function update(current, fresh) {
+    copyAttributes(fresh, current);
+    current.hidden = false;
+    if (current.innerHTML === fresh.innerHTML) return;
+    if (current.getAttribute("role") === "status") {
+      current.textContent = fresh.textContent; // text only: the region itself never changes
+      return;
+    }
+    var active = document.activeElement;
+    var focusedId = active && current.contains(active) ? active.id : "";
+    current.replaceChildren.apply(current, Array.prototype.slice.call(fresh.childNodes));
+    if (focusedId) {
+      var again = document.getElementById(focusedId);
+      if (again) again.focus();
+    }
+  }
+
+  function apply(current, fresh) {
+    current.dataset.finished = fresh.dataset.finished;
+    var now = parts(current);
+    var next = parts(fresh);
+    Object.keys(now).forEach(function (key) {
+      if (key === "check-again") return; // JavaScript polls: the link is not needed
+      if (next[key]) update(now[key], next[key]);
+      else now[key].hidden = true;
+    });
   }
 
   function stop(current, message) {
     current.dataset.finished = "true";
-    var note = document.createElement("p");
-    note.className = "report__gone";
-    note.textContent = message;
-    current.replaceChildren(note);
+    var status = document.getElementById("report-status");
+    if (status) status.textContent = message;
   }
 
   function schedule() {
@@ -58,11 +102,16 @@
         var template = document.createElement("template");
         template.innerHTML = html.trim();
         var fresh = template.content.firstElementChild;
-        if (fresh && fresh.id === "report-panel") current.replaceWith(fresh);
+        if (fresh && fresh.id === "report-panel") apply(current, fresh);
       })
       .catch(function () {})
       .then(schedule);
   }
 
+  var start = panel();
+  if (start) {
+    var link = start.querySelector('[data-live="check-again"]');
+    if (link) link.hidden = true;
+  }
   schedule();
 })();

@@ -1,8 +1,10 @@
 """Real processes for tests, drills and benchmarks: start, stop by process group, read logs.
 
 Every process leads its own process group (``start_new_session``), so a whole
-qcluster (sentinel, pusher, monitor, workers) is stopped with one ``killpg``
-and nothing it forked outlives the test.
+qcluster (sentinel, pusher, monitor, workers) is stopped with one ``killpg``.
+``manage.py jobs_worker`` runs its qcluster in a group of its own: stopping one
+of our processes stops the groups of all its descendants too (``proctree``), so
+nothing a test started outlives it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+from jobs.supervisor import group_members
+from jobs.testing.proctree import groups_of
 
 
 @dataclass
@@ -44,25 +49,18 @@ def proc_stat(pid: int) -> list[str] | None:
     return text.rsplit(")", 1)[-1].split()  # comm may hold spaces: split after ')'
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group ``pgid``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            fields = proc_stat(int(entry.name))
-            if fields and len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-                found.append(int(entry.name))
-    return found
-
-
 def group_alive(pgid: int) -> bool:
-    """Whether any non-zombie process is left in the group."""
+    """Whether any live (non-zombie) process is left in the group."""
     return bool(group_members(pgid))
 
 
-def _wait_group_gone(pgid: int, timeout: float = 10) -> None:
+def _kill_groups(groups: set[int], timeout: float = 10) -> None:
+    """SIGKILL every group, then wait until none has a live member."""
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and group_alive(pgid):
+    while time.monotonic() < deadline and any(group_alive(g) for g in groups):
         time.sleep(0.05)
 
 
@@ -80,7 +78,14 @@ class Processes:
     cwd: Path | str | None = None
     procs: list[Proc] = field(default_factory=list)
 
-    def start(self, name: str, *args: str, role: str = "", stdout: int | IO | None = None) -> Proc:
+    def start(
+        self,
+        name: str,
+        *args: str,
+        role: str = "",
+        stdout: int | IO | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Proc:
         """Start ``command *args``; output goes to ``log_dir/NAME.log`` (stdout may be a pipe)."""
         log_path = Path(self.log_dir) / f"{name}.log"
         log = open(log_path, "ab")  # noqa: SIM115 - the child owns it; closed after Popen
@@ -88,7 +93,7 @@ class Processes:
             popen = subprocess.Popen(
                 [*self.command, *args],
                 cwd=self.cwd,
-                env=self.env,
+                env=self.env if env is None else env,
                 stdin=subprocess.DEVNULL,
                 stdout=stdout if stdout is not None else log,
                 stderr=log if stdout is not None else subprocess.STDOUT,
@@ -109,25 +114,27 @@ class Processes:
         return next((p for p in self.procs if p.pid == pgid), None)
 
     def kill_group(self, proc: Proc) -> None:
-        """SIGKILL a process and every child it forked; wait until the group is gone."""
+        """SIGKILL a process and everything it started (its groups too); wait until gone."""
         proc.killed = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        groups = groups_of(proc.pid)
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.popen.wait(timeout=10)
-        _wait_group_gone(proc.pid)
+        _kill_groups(groups)
 
     def terminate(self, proc: Proc, timeout: float = 10) -> None:
         """SIGTERM (a clean stop), then SIGKILL the group if it is still there."""
         proc.killed = True
+        groups = groups_of(proc.pid)
         if proc.alive():
             with contextlib.suppress(ProcessLookupError):
                 proc.popen.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(timeout)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
+            _kill_groups(groups)
             proc.popen.wait(timeout=5)
 
     def dead(self) -> list[str]:
@@ -158,13 +165,14 @@ class Processes:
     def stop_all(self, procs: Sequence[Proc] | None = None) -> None:
         """SIGKILL every group (or the given ones) and wait until they are gone."""
         chosen = list(self.procs if procs is None else procs)
+        # Every group first (a jobs_worker's qcluster has its own), then the kills.
+        groups = {g for proc in chosen for g in groups_of(proc.pid)}
         for proc in chosen:
             proc.killed = True
+        for pgid in groups:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(pgid, signal.SIGKILL)
         for proc in chosen:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(group_alive(p.pid) for p in chosen):
-            time.sleep(0.05)
+        _kill_groups(groups)

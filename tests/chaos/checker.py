@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from tests.chaos.intervals import Slot, merge, tenant_peaks
 
 if TYPE_CHECKING:
-    from tests.chaos.soak import Config, Kill, Watcher, World
+    from tests.chaos.soak import Config, Kill, Outage, Watcher, World
 
 RETRYABLE = {"transport", "temporary", "provider_timeout", "unknown"}
 # A release passes its authorization recheck right before the call; the provider
@@ -45,7 +45,9 @@ class Inputs:
     settled: bool
     unexpected_exits: list[str]
     chaos_seconds: float
-    wedged: list[str] = field(default_factory=list)
+    # What each jobs_worker logged about restarting its qcluster: "exited", "stalled".
+    restarts: dict[str, list[str]] = field(default_factory=dict)
+    outages: list[Outage] = field(default_factory=list)
 
 
 @dataclass
@@ -81,7 +83,20 @@ class Report:
                 f"by state: {kv(f['jobs']['by_state'])}",
             ),
             ("kills (SIGKILL)", f"{f['kills']['total']} ({kv(f['kills']['by_what'])})"),
-            ("wedged clusters restarted", len(f["wedged_clusters_restarted"])),
+            (
+                "qclusters restarted by jobs_worker",
+                f"{f['cluster_restarts']['exited']} after exiting, "
+                f"{f['cluster_restarts']['stalled']} stalled (wedged)",
+            ),
+            (
+                "outages",
+                "; ".join(
+                    f"{o['what']} {o['seconds']} s, open jobs settled {o['settled_seconds']} s "
+                    "after it ended"
+                    for o in f["outages"]
+                )
+                or "none",
+            ),
             ("deliveries", f["deliveries"]),
             ("duplicate deliveries", f["duplicate_deliveries"]),
             ("lease losses", f["lease_losses"]),
@@ -749,6 +764,16 @@ def check(inp: Inputs) -> Report:
         not inp.unexpected_exits,
         _few(inp.unexpected_exits),
     )
+    outage_figures = _outages(inp, jobs)
+    database_outages = [o for o in inp.outages if o.what == "database"]
+    if database_outages:
+        begun, ended = _dispatcher_outage_lines(inp.logs)
+        r.check(
+            "the dispatcher lived through each database outage, logging its start and end once",
+            begun >= len(database_outages) and begun == ended,
+            f"{len(database_outages)} outage(s); the dispatcher logged {begun} start(s), "
+            f"{ended} end(s)",
+        )
 
     # --- figures --------------------------------------------------------------------
     answers = Counter(f"{q['status']} {q['outcome']}" for q in requests)
@@ -804,7 +829,9 @@ def check(inp: Inputs) -> Report:
         revocations=len(world.revocations),
         withheld=withheld,
         queue_left=inp.queue_left,
-        wedged_clusters_restarted=inp.wedged,
+        wedged_clusters_restarted=inp.restarts.get("stalled", []),
+        cluster_restarts={k: len(v) for k, v in sorted(inp.restarts.items())},
+        outages=outage_figures,
         chaos_seconds=round(inp.chaos_seconds, 1),
         kill_log=[
             {
@@ -819,6 +846,44 @@ def check(inp: Inputs) -> Report:
         ],
     )
     return r
+
+
+def _dispatcher_outage_lines(log_dir: Path) -> tuple[int, int]:
+    """How many database outages the dispatcher logs say began, and how many ended."""
+    begun = ended = 0
+    for path in sorted(log_dir.glob("dispatcher.*.log")):
+        text = path.read_text(errors="replace")
+        begun += text.count("jobs_dispatcher: database unavailable")
+        ended += text.count("jobs_dispatcher: database back after")
+    return begun, ended
+
+
+def _outages(inp: Inputs, jobs: dict) -> list[dict]:
+    """Each outage, and when the jobs open as it began had all ended (time to settle)."""
+    out = []
+    for o in inp.outages:
+        if o.began is None or o.ended is None:
+            out.append({"what": o.what, "seconds": o.seconds, "settled_seconds": None})
+            continue
+        caught = [
+            j
+            for j in jobs.values()
+            if _ts(j.created_at) < o.began
+            and (j.finished_at is None or _ts(j.finished_at) > o.began)
+        ]
+        finished = [_ts(j.finished_at) for j in caught if j.finished_at is not None]
+        settled = (
+            round(max(finished) - o.ended, 1) if finished and len(finished) == len(caught) else None
+        )
+        out.append(
+            {
+                "what": o.what,
+                "seconds": round(o.ended - o.began, 1),
+                "jobs_open_when_it_began": len(caught),
+                "settled_seconds": settled,
+            }
+        )
+    return out
 
 
 def _now() -> float:

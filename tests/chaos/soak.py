@@ -12,14 +12,19 @@ Jepsen-style: inject the faults, record everything, then check the history.
    attempt. Half of the reports wait in the queue before the workers start; the
    rest, and the deadlocks, arrive while the chaos runs, with a few reviewers
    revoked on the way (chosen while their notice is still on its way).
-3. Three real ``manage.py qcluster`` processes and ``manage.py jobs_dispatcher``,
-   the stand-in provider (``manage.py fake_provider``) accepting-then-stalling a
+3. Three real ``manage.py jobs_worker`` processes (each runs and supervises a
+   ``manage.py qcluster``) and ``manage.py jobs_dispatcher``, connected to the
+   database through a relay that can go down (``tests.chaos.dbproxy``), and the
+   stand-in provider (``manage.py fake_provider``) accepting-then-stalling a
    fraction of new sends past the read timeout and answering 503 to another.
 4. A chaos loop SIGKILLs a worker child every few seconds (preferably one in the
    middle of a job or a send; the cluster's sentinel starts a new one) or, now
-   and then, a whole cluster's process group (restarted here); with
-   ``--pause-fraction`` it also SIGSTOPs busy workers past their lease (zombies).
-   A watcher reads the running jobs' leases five times a second.
+   and then, a whole qcluster's process group (its jobs_worker starts another);
+   with ``--pause-fraction`` it also SIGSTOPs busy workers past their lease
+   (zombies). Once, while requests still arrive, the database goes away for
+   ``--db-outage`` seconds (7): new connections refused, open ones cut, as in a
+   restart (``Outages``; the storage outage plugs in there). A watcher reads the
+   running jobs' leases five times a second, on its own direct connection.
 5. When every request is made and every job ended, the chaos stops; when every
    effect is final too (or at the deadline), the queue drains, the processes
    stop, and ``tests.chaos.checker`` checks every invariant of DESIGN.md against
@@ -49,9 +54,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
-from jobs.testing import scratchdb
-from jobs.testing.processes import Proc, Processes, proc_stat
+from jobs.testing.proctree import children, groups_of, process_table
+from tests.chaos.dbproxy import DatabaseProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS_MODULE = "tests.chaos.settings"
@@ -98,6 +104,12 @@ class Config:
     group_kill_fraction: float = 0.15
     # SIGSTOP pauses past the lease (zombies); off by default: see the soak's report.
     pause_fraction: float = 0.0
+    # The database goes away (connections refused, open ones cut) this long, once.
+    db_outage_seconds: float = 7.0
+    db_outage_at: float | None = None  # seconds after the workers start; None: see below
+    # The artifact storage fills up (a real full tmpfs) this long, once.
+    storage_outage_seconds: float = 8.0
+    storage_outage_at: float | None = None  # None: 70% into the arrival window
     backlog: float = 0.5
     arrival_seconds: float | None = None  # None: K / 6 seconds, at least 10
     timeout: float = 420.0
@@ -113,53 +125,185 @@ class Config:
             return self.arrival_seconds
         return max(10.0, self.jobs / 6)
 
+    @property
+    def db_outage_due(self) -> float:
+        """While requests still arrive (so the chaos is on): 40% into the arrival window."""
+        return self.db_outage_at if self.db_outage_at is not None else 0.4 * self.arrival
 
-# --- the scratch database and processes: jobs.testing.scratchdb / .processes ---------
+    @property
+    def storage_outage_due(self) -> float:
+        """After the database's, still inside the arrival window: 70% into it."""
+        if self.storage_outage_at is not None:
+            return self.storage_outage_at
+        return 0.7 * self.arrival
+
+
+# --- the scratch database ----------------------------------------------------------
 
 
 def server_url() -> str:
     """DATABASE_URL, which must name a PostgreSQL server; Refused otherwise."""
+    url = os.environ.get("DATABASE_URL", "")
+    if not url:
+        raise Refused(
+            "the soak needs PostgreSQL, but DATABASE_URL is not set (the site would use "
+            "SQLite). Run e.g. DATABASE_URL=postgres://root@127.0.0.1:5432/postgres make soak"
+        )
+    scheme = urlsplit(url).scheme.lower()
+    if scheme not in POSTGRES_SCHEMES:
+        raise Refused(
+            f"the soak needs PostgreSQL (several worker processes, advisory locks, a real "
+            f"deadlock), but DATABASE_URL names {scheme or 'no'!r} database. Set "
+            "DATABASE_URL=postgres://USER@HOST:PORT/DB; the soak creates and drops its own "
+            "scratch database on that server."
+        )
+    return url
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(scheme="postgres", path=f"/{name}"))
+
+
+def via_port(url: str, port: int) -> str:
+    """``url`` with its server at 127.0.0.1:``port`` (the relay in front of it)."""
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    return urlunsplit(
+        parts._replace(netloc=f"{userinfo}@127.0.0.1:{port}" if userinfo else f"127.0.0.1:{port}")
+    )
+
+
+def _admin(url: str):
+    """An autocommit connection to the server's maintenance database (or the URL's own)."""
+    import psycopg
+
     try:
-        return scratchdb.server_url(purpose="the soak")
-    except scratchdb.NotPostgres as exc:
-        raise Refused(str(exc)) from None
+        return psycopg.connect(with_database(url, "postgres"), autocommit=True)
+    except psycopg.OperationalError:
+        return psycopg.connect(with_database(url, urlsplit(url).path.lstrip("/")), autocommit=True)
 
 
-class Fleet(Processes):
-    """Every process this soak starts; each leads its own process group."""
+def create_database(url: str, name: str) -> None:
+    with _admin(url) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def drop_database(url: str, name: str) -> None:
+    """Drop the scratch database this run created (never another one)."""
+    assert re.fullmatch(r"soak_[0-9a-f]{10}", name), name
+    with _admin(url) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# --- processes ---------------------------------------------------------------------
+
+
+@dataclass
+class Proc:
+    name: str
+    role: str  # cluster | dispatcher | provider
+    popen: subprocess.Popen
+    log: Path
+    killed: bool = False  # killed on purpose: its exit is not a failure
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+def _proc_state(pid: int) -> str | None:
+    """The /proc state letter of ``pid`` (None when gone)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[-1].split()[0]
+
+
+def _group_members(pgid: int) -> list[int]:
+    from jobs.supervisor import group_members
+
+    return group_members(pgid)
+
+
+class Fleet:
+    """Every process this soak starts; each leads its own process group.
+
+    A cluster slot is one ``manage.py jobs_worker``: it runs ``qcluster`` as a child in
+    a process group of its own and restarts it when it exits or stops making progress
+    (the django-q2 wedge). The chaos kills that child's workers, or its whole group;
+    jobs_worker brings the cluster back, and its log says when and why.
+    """
 
     def __init__(self, env: dict, log_dir: Path):
-        super().__init__(env, log_dir, command=(sys.executable, str(ROOT / "manage.py")), cwd=ROOT)
+        self.env = env
+        self.log_dir = log_dir
+        self.procs: list[Proc] = []
         self.clusters: dict[str, Proc] = {}
         self.incarnations: dict[str, int] = defaultdict(int)
         self.dispatcher: Proc | None = None
         self.unexpected: list[str] = []
-        # What each cluster's log said, read incrementally: proc pid -> read offset,
-        # the worker pids it announced, and how many deliveries its workers began.
+        # What each cluster's log said, read incrementally: proc pid -> read offset and
+        # the worker pids it announced.
         self._offset: dict[int, int] = defaultdict(int)
         self._announced: dict[int, set[int]] = defaultdict(set)
-        self._began: dict[int, int] = defaultdict(int)
         # slot -> since when it has had fewer live workers than configured
         self._short_since: dict[str, float] = {}
-        # slot -> (deliveries it had begun, since when no more, others' deliveries then)
-        self._idle: dict[str, tuple[int, float, int]] = {}
-        self.wedged: list[str] = []
         self._next_census = 0.0
+        # slot -> pid (= process group) of the qcluster its jobs_worker runs, and when read
+        self._qclusters: dict[str, int | None] = {}
+        self._qclusters_at = 0.0
+
+    def start(self, name: str, role: str, *args: str, stdout=None) -> Proc:
+        log = self.log_dir / f"{name}.log"
+        fh = open(log, "ab")  # noqa: SIM115 - the child owns it; closed after Popen
+        try:
+            popen = subprocess.Popen(
+                [sys.executable, str(ROOT / "manage.py"), *args],
+                cwd=ROOT,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout if stdout is not None else fh,
+                stderr=fh if stdout is not None else subprocess.STDOUT,
+                start_new_session=True,  # pgid == pid: a whole process group can be killed
+            )
+        finally:
+            fh.close()
+        proc = Proc(name, role, popen, log)
+        self.procs.append(proc)
+        return proc
 
     def start_cluster(self, slot: str) -> Proc:
         self._short_since.pop(slot, None)
-        self._idle.pop(slot, None)
         self.incarnations[slot] += 1
-        proc = self.start(f"{slot}.{self.incarnations[slot]}", "qcluster", role="cluster")
+        proc = self.start(
+            f"{slot}.{self.incarnations[slot]}", "cluster", "jobs_worker", "--stop-timeout=5"
+        )
         self.clusters[slot] = proc
+        self._qclusters_at = 0.0
         return proc
 
     def start_dispatcher(self) -> Proc:
         n = sum(1 for p in self.procs if p.role == "dispatcher") + 1
         self.dispatcher = self.start(
-            f"dispatcher.{n}", "jobs_dispatcher", "--interval", "0.5", role="dispatcher"
+            f"dispatcher.{n}", "dispatcher", "jobs_dispatcher", "--interval", "0.5"
         )
         return self.dispatcher
+
+    def qcluster(self, slot: str) -> int | None:
+        """The qcluster the slot's jobs_worker runs now (its pid leads its group), if any."""
+        if time.monotonic() - self._qclusters_at > 0.2:
+            table = process_table()
+            self._qclusters = {
+                s: next(iter(children(p.pid, table)), None) if p.alive() else None
+                for s, p in self.clusters.items()
+            }
+            self._qclusters_at = time.monotonic()
+        return self._qclusters.get(slot)
 
     def cluster_of(self, pid: int) -> str | None:
         """Which cluster slot ``pid`` belongs to (None when it is not one of ours)."""
@@ -167,8 +311,8 @@ class Fleet(Processes):
             pgid = os.getpgid(pid)
         except ProcessLookupError:
             return None
-        for slot, proc in self.clusters.items():
-            if proc.pid == pgid and proc.alive():
+        for slot in self.clusters:
+            if self.qcluster(slot) == pgid:
                 return slot
         return None
 
@@ -176,7 +320,7 @@ class Fleet(Processes):
         """Take in the whole lines a cluster's log gained since the last read."""
         proc = self.clusters[slot]
         try:
-            with open(proc.log_path, "rb") as fh:
+            with open(proc.log, "rb") as fh:
                 fh.seek(self._offset[proc.pid])
                 chunk = fh.read()
         except OSError:
@@ -186,41 +330,57 @@ class Fleet(Processes):
         self._announced[proc.pid] |= {
             int(m) for m in re.findall(rb"ready for work at (\d+)", complete)
         }
-        self._began[proc.pid] += len(re.findall(rb"Process-[0-9a-f]+ processing ", complete))
-
-    def began(self) -> dict[str, int]:
-        """Deliveries begun so far by each cluster slot's current incarnation."""
-        for slot in self.clusters:
-            self._read_log(slot)
-        return {slot: self._began[proc.pid] for slot, proc in self.clusters.items()}
 
     def worker_pids(self, slot: str) -> list[int]:
         """Live django-q2 worker children of a cluster, as its log announced them."""
         proc = self.clusters[slot]
         self._read_log(slot)
+        main = self.qcluster(slot)
         return sorted(
             pid
             for pid in self._announced[proc.pid]
-            if pid != proc.pid
-            and (proc_stat(pid) or ["Z"])[0] != "Z"
+            if pid not in (proc.pid, main)
+            and _proc_state(pid) not in (None, "Z")
             and self.cluster_of(pid) == slot
         )
 
-    def supervise(self, workers: int, work_waiting: Callable[[], bool]) -> list[str]:
-        """Restart what died without being killed on purpose, was not replaced, or wedged.
+    def kill_group(self, proc: Proc) -> None:
+        """SIGKILL a process and everything it started; wait until their groups are gone."""
+        proc.killed = True
+        groups = groups_of(proc.pid)
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.popen.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_group_members(g) for g in groups):
+            time.sleep(0.05)
 
-        A killed worker child is replaced by its cluster's sentinel (django-q2's
-        guard); if the cluster has fewer workers than configured twenty seconds
-        later, the whole cluster is restarted and that is reported as a fault.
+    def kill_qcluster(self, slot: str) -> int | None:
+        """SIGKILL the whole process group of a slot's qcluster (its jobs_worker restarts it)."""
+        pgid = self.qcluster(slot)
+        if pgid is None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _group_members(pgid):
+            time.sleep(0.05)
+        self._qclusters_at = 0.0
+        return pgid
 
-        Wedged: a worker killed while it waited for the next task dies holding the
-        lock of the cluster's multiprocessing task queue, and every other worker of
-        that cluster (the replacement too) then waits for that lock forever
-        (django-q2 issue #23, open upstream). The cluster looks alive and delivers
-        nothing; its pusher still takes a few messages, which come back after
-        Q_CLUSTER['retry']. A cluster that began no delivery for twelve seconds while
-        others began some, or while a message waited five seconds for any taker, is
-        restarted and counted (``wedged``): what an operator's liveness probe would do.
+    def supervise(self, workers: int) -> list[str]:
+        """Restart what died without being killed on purpose, or was not replaced.
+
+        jobs_worker is the supervisor of its cluster: it restarts a qcluster that
+        exited or stopped making progress (django-q2 issue #23, the wedge: a worker
+        killed while it waited for the next task dies holding the lock of the
+        cluster's task queue and the cluster delivers nothing; see jobs.supervisor).
+        Its own exit, or the dispatcher's, is a fault here. A killed worker child is
+        replaced by its cluster's sentinel (django-q2's guard); a cluster with fewer
+        workers than configured twenty seconds later is a fault too, and its qcluster
+        group is killed (jobs_worker starts another).
         """
         restarted = []
         for slot, proc in list(self.clusters.items()):
@@ -235,7 +395,8 @@ class Fleet(Processes):
         if now >= self._next_census:
             self._next_census = now + 1.0
             for slot, proc in list(self.clusters.items()):
-                have = len(self.worker_pids(slot)) if proc.alive() else workers
+                running = proc.alive() and self.qcluster(slot) is not None
+                have = len(self.worker_pids(slot)) if running else workers
                 if have >= workers:
                     self._short_since.pop(slot, None)
                     continue
@@ -243,25 +404,9 @@ class Fleet(Processes):
                     self.unexpected.append(
                         f"{proc.name} ran with {have} of {workers} workers for 20 s"
                     )
-                    self.kill_group(proc)
-                    self.start_cluster(slot)
-                    restarted.append(slot)
-            began = self.began()
-            total = sum(began.values())
-            for slot, n in began.items():
-                count, since, others_then = self._idle.get(slot, (-1, now, 0))
-                if n != count:  # a new delivery (or a new incarnation): not wedged
-                    self._idle[slot] = (n, now, total - n)
-                    continue
-                others = total - n - others_then
-                if now - since > 12 and (others >= 10 or work_waiting()):
-                    proc = self.clusters[slot]
-                    self.wedged.append(
-                        f"{proc.name}: no delivery for {now - since:.0f} s ({others} elsewhere)"
-                    )
-                    self.kill_group(proc)
-                    self.start_cluster(slot)
-                    restarted.append(f"{slot} (wedged)")
+                    self._short_since.pop(slot, None)
+                    self.kill_qcluster(slot)
+                    restarted.append(f"{slot} (short of workers)")
         if self.dispatcher is not None and not self.dispatcher.alive():
             if not self.dispatcher.killed:
                 self.unexpected.append(
@@ -271,15 +416,49 @@ class Fleet(Processes):
             restarted.append("dispatcher")
         return restarted
 
-    def stop_all(self, procs=None) -> None:
-        """Kill every cluster and dispatcher group; the provider stops on its own (below)."""
-        others = [p for p in self.procs if p.role != "provider"]
-        super().stop_all(others if procs is None else procs)
+    def restarts(self) -> dict[str, list[str]]:
+        """What each jobs_worker logged about restarting its qcluster, by reason."""
+        out: dict[str, list[str]] = {"exited": [], "stalled": []}
+        for proc in self.procs:
+            if proc.role != "cluster":
+                continue
+            for line in proc.log.read_text(errors="replace").splitlines():
+                if '"restart_reason"' not in line:
+                    continue
+                with contextlib.suppress(ValueError):
+                    entry = json.loads(line)  # LOG_FORMAT=json
+                    out.setdefault(entry["restart_reason"], []).append(
+                        f"{proc.name}: {entry['message'][:160]}"
+                    )
+        return out
+
+    def stop_all(self) -> None:
+        # Every group first (each jobs_worker's qcluster has its own), then the kills.
+        groups = {g for p in self.procs if p.role != "provider" for g in groups_of(p.pid)}
+        for proc in self.procs:
+            if proc.role != "provider":
+                proc.killed = True
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+        for proc in self.procs:
+            if proc.role != "provider":
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.popen.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_group_members(g) for g in groups):
+            time.sleep(0.05)
 
     def stop_provider(self) -> None:
         for proc in self.procs:
             if proc.role == "provider" and proc.alive():
-                self.terminate(proc)
+                proc.killed = True
+                proc.popen.send_signal(signal.SIGTERM)
+                try:
+                    proc.popen.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.popen.wait(timeout=10)
 
 
 # --- the watcher -------------------------------------------------------------------
@@ -565,6 +744,107 @@ def perform(action: Action, world: World, rng: random.Random) -> None:
         raise ValueError(action.kind)
 
 
+# --- outages of a dependency ------------------------------------------------------
+
+
+@dataclass
+class Outage:
+    """One dependency outage the chaos injects: what, when, how long; what happened."""
+
+    what: str  # database | storage
+    due: float  # seconds after the workers started
+    seconds: float
+    began: float | None = None  # wall clock
+    ended: float | None = None
+    detail: str = ""
+
+
+class FullDisk:
+    """The artifact root as a small tmpfs that a ballast file can fill (needs root).
+
+    ``begin`` fills it to ENOSPC, so every artifact write fails as on a full disk;
+    ``end`` deletes the ballast. Without root (no mount) the storage outage is skipped.
+    """
+
+    def __init__(self, root: Path, size: str = "64m"):
+        self.root, self.size = root, size
+        self.ballast = root / ".ballast"
+        self.mounted = False
+
+    def mount(self) -> bool:
+        self.root.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={self.size},mode=0750", "tmpfs", str(self.root)],
+            capture_output=True,
+            text=True,
+        )
+        self.mounted = done.returncode == 0
+        return self.mounted
+
+    def begin(self) -> None:
+        fd = os.open(self.ballast, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, b"\0" * 65536)
+        finally:
+            os.close(fd)
+
+    def end(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.ballast.unlink()
+
+    def unmount(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", "-l", str(self.root)], check=False)
+            self.mounted = False
+
+
+class Outages:
+    """Begin and end the planned outages on time.
+
+    ``switches`` maps what goes away to its (begin, end) pair. The database's is the
+    relay the workers connect through (``tests.chaos.dbproxy``: down refuses new
+    connections and cuts the open ones, as a restarted server does). Hook for the
+    storage outage (issue 10, item 4): add ``"storage": (begin, end)`` making the
+    artifact root unwritable (full or read-only) and freeing it again, and an
+    ``Outage("storage", ...)`` to the plan in ``run``; the checker then reports it
+    with the others and every invariant must still hold.
+    """
+
+    def __init__(self, plan: list[Outage], switches: dict[str, tuple[Callable, Callable]]):
+        self.plan = sorted(plan, key=lambda o: o.due)
+        self.switches = switches
+
+    def tick(self, elapsed: float) -> list[str]:
+        """Begin what is due, end what has lasted long enough; return what changed."""
+        said = []
+        for outage in self.plan:
+            if outage.began is None and elapsed >= outage.due:
+                self.switches[outage.what][0]()
+                outage.began = time.time()
+                said.append(f"{outage.what} outage begins ({outage.seconds:g} s)")
+            elif (
+                outage.began is not None
+                and outage.ended is None
+                and time.time() - outage.began >= outage.seconds
+            ):
+                self.switches[outage.what][1]()
+                outage.ended = time.time()
+                said.append(f"{outage.what} back after {outage.ended - outage.began:.1f} s")
+        return said
+
+    @property
+    def pending(self) -> bool:
+        return any(o.ended is None for o in self.plan)
+
+    def end_all(self) -> None:
+        for outage in self.plan:
+            if outage.began is not None and outage.ended is None:
+                self.switches[outage.what][1]()
+                outage.ended = time.time()
+
+
 # --- chaos ---------------------------------------------------------------------------
 
 
@@ -608,7 +888,7 @@ def busy_workers(fleet: Fleet) -> list[tuple[str, int, str, str]]:
     for what, owner, subject in rows:
         pid = _pid_of(owner)
         slot = fleet.cluster_of(pid) if pid else None
-        if slot is not None and pid != fleet.clusters[slot].pid:
+        if slot is not None and pid != fleet.qcluster(slot):
             out.append((what, pid, slot, subject))
     return out
 
@@ -635,21 +915,20 @@ def chaos_once(
     """Inject ``fault``; None to try again on the next tick (nobody busy yet, ``patient``).
 
     ``kill`` SIGKILLs one worker child, preferably one in the middle of a job or a
-    send (its sentinel starts another); ``cluster`` SIGKILLs a whole cluster's process
-    group and starts it again; ``pause`` SIGSTOPs a busy worker for longer than its
+    send (its sentinel starts another); ``cluster`` SIGKILLs a whole qcluster's process
+    group (its jobs_worker starts another); ``pause`` SIGSTOPs a busy worker for longer than its
     lease (SIGCONT comes from the main loop, ``paused``): a zombie that must publish
     nothing once another worker took over.
     """
-    alive = [slot for slot, proc in fleet.clusters.items() if proc.alive()]
+    alive = [slot for slot in fleet.clusters if fleet.qcluster(slot) is not None]
     if not alive:
         return None
     if fault == "cluster":
         slot = rng.choice(alive)
-        proc = fleet.clusters[slot]
-        fleet.kill_group(proc)
-        kill = Kill(time.time(), "cluster", slot, proc.pid, proc.name)
-        fleet.start_cluster(slot)  # restart what died
-        return kill
+        pgid = fleet.kill_qcluster(slot)
+        if pgid is None:
+            return None
+        return Kill(time.time(), "cluster", slot, pgid, fleet.clusters[slot].name)
     busy = [b for b in busy_workers(fleet) if b[1] not in paused]
     if fault == "pause":
         if not busy:
@@ -719,16 +998,6 @@ def progress() -> tuple[bool, bool, str]:
     return open_jobs == 0, open_effects == 0, text
 
 
-def work_waiting() -> bool:
-    """Whether a queue message has been waiting five seconds for any cluster to take it."""
-    from datetime import timedelta
-
-    from django.utils import timezone
-    from django_q.models import OrmQ
-
-    return OrmQ.objects.filter(lock__lt=timezone.now() - timedelta(seconds=5)).exists()
-
-
 def queue_left() -> int:
     """Job and effect messages not yet acknowledged (the dispatcher's schedule aside)."""
     from django_q.models import OrmQ
@@ -748,12 +1017,28 @@ def run(cfg: Config) -> int:
     logs.mkdir(parents=True)
     record = work / "provider.sqlite3"
     artifacts = work / "artifacts"
+    scratch = with_database(url, name)
     token = secrets.token_urlsafe(16)
     created = passed = False
     fleet: Fleet | None = None
     watcher: Watcher | None = None
+    # The processes reach the database through a relay that can go down; this process
+    # (the watcher, the requests, the checker) connects directly.
+    server = urlsplit(scratch)
+    proxy = DatabaseProxy(server.hostname or "127.0.0.1", server.port or 5432).start()
+    disk = FullDisk(artifacts)
+    outages = Outages([], {"database": (proxy.down, proxy.up), "storage": (disk.begin, disk.end)})
+    if cfg.db_outage_seconds > 0:
+        outages.plan.append(Outage("database", cfg.db_outage_due, cfg.db_outage_seconds))
+    if cfg.storage_outage_seconds > 0:
+        if disk.mount():
+            outages.plan.append(
+                Outage("storage", cfg.storage_outage_due, cfg.storage_outage_seconds)
+            )
+        else:
+            _say("storage outage skipped: mounting a tmpfs for the artifact root needs root")
     try:
-        scratch = scratchdb.create(url, name)
+        create_database(url, name)
         created = True
         _say(f"soak {name}: {cfg.jobs} report jobs, scratch database {name}, folder {work}")
         env = {
@@ -763,7 +1048,7 @@ def run(cfg: Config) -> int:
         }
         env.update(
             DJANGO_SETTINGS_MODULE=SETTINGS_MODULE,
-            DATABASE_URL=scratch,
+            DATABASE_URL=via_port(scratch, proxy.port),
             ARTIFACT_ROOT=str(artifacts),
             PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
             PYTHONUNBUFFERED="1",
@@ -803,7 +1088,7 @@ def run(cfg: Config) -> int:
         ]
         if cfg.seed is not None:
             provider_args.append(f"--seed={cfg.seed}")
-        provider = fleet.start("provider", *provider_args, role="provider", stdout=subprocess.PIPE)
+        provider = fleet.start("provider", "provider", *provider_args, stdout=subprocess.PIPE)
         line = provider.popen.stdout.readline().decode()
         if "listening on " not in line:
             raise RuntimeError(f"the stand-in provider did not start: {line!r}")
@@ -812,7 +1097,7 @@ def run(cfg: Config) -> int:
         # This process works on the scratch database too, with the workers' settings;
         # its own log stays quiet (the workers' logs are in the folder).
         os.environ.update({k: env[k] for k in env if k != "PYTHONPATH"})
-        os.environ.update(Q_LOG_LEVEL="WARNING", LOG_LEVEL="WARNING")
+        os.environ.update(DATABASE_URL=scratch, Q_LOG_LEVEL="WARNING", LOG_LEVEL="WARNING")
         if str(ROOT) not in sys.path:
             sys.path.insert(0, str(ROOT))
         import django
@@ -845,6 +1130,8 @@ def run(cfg: Config) -> int:
         done = False
         while time.monotonic() < deadline:
             elapsed = time.monotonic() - t0
+            for said in outages.tick(elapsed):
+                _say(f"  {elapsed:5.0f}s {said}")
             while plan and plan[0].due <= elapsed:
                 perform(plan.pop(0), world, rng)
             resume_due(paused)
@@ -858,7 +1145,7 @@ def run(cfg: Config) -> int:
                         kills.append(kill)
                     next_kill = time.monotonic() + cfg.chaos_interval * rng.uniform(0.5, 1.5)
                     fault, due_since = next_fault(cfg, rng), None
-            for what in fleet.supervise(cfg.workers, work_waiting):
+            for what in fleet.supervise(cfg.workers):
                 _say(f"  restarted {what}")
             report_due = time.monotonic() >= next_report
             if not plan or report_due:
@@ -866,18 +1153,19 @@ def run(cfg: Config) -> int:
                 if report_due:
                     next_report += 5
                     _say(f"  {elapsed:5.0f}s kills={len(kills)} {status}")
-                if not plan and jobs_done and chaos_seconds is None:
+                if not plan and jobs_done and chaos_seconds is None and not outages.pending:
                     chaos_seconds = elapsed
                     resume_due(paused, everyone=True)
                     _say(
                         f"every job ended after {elapsed:.0f} s and {len(kills)} kills; "
                         "the chaos stops, the notices settle"
                     )
-                if not plan and jobs_done and effects_done:
+                if not plan and jobs_done and effects_done and not outages.pending:
                     done = True
                     break
             time.sleep(0.1)
         resume_due(paused, everyone=True)
+        outages.end_all()
         settle_seconds = time.monotonic() - t0
         if chaos_seconds is None:
             chaos_seconds = settle_seconds
@@ -892,7 +1180,7 @@ def run(cfg: Config) -> int:
         drain_deadline = drain_started + cfg.drain_timeout
         left = queue_left()
         while left and time.monotonic() < drain_deadline:
-            fleet.supervise(cfg.workers, work_waiting)
+            fleet.supervise(cfg.workers)
             time.sleep(0.5)
             left = queue_left()
         drain_seconds = time.monotonic() - drain_started
@@ -919,7 +1207,8 @@ def run(cfg: Config) -> int:
                 queue_left=left,
                 settled=done,
                 unexpected_exits=list(fleet.unexpected),
-                wedged=list(fleet.wedged),
+                restarts=fleet.restarts(),
+                outages=list(outages.plan),
                 chaos_seconds=chaos_seconds,
             )
         )
@@ -943,12 +1232,14 @@ def run(cfg: Config) -> int:
         if fleet is not None:
             fleet.stop_all()
             fleet.stop_provider()
+        proxy.close()
+        disk.unmount()
         with contextlib.suppress(Exception):
             from django.db import connections
 
             connections.close_all()
         if created and not cfg.keep:
-            scratchdb.drop(url, name)
+            drop_database(url, name)
         if cfg.keep or not passed:
             _say(f"kept {work}" + (f" and database {name}" if cfg.keep else ""))
         else:
@@ -979,6 +1270,30 @@ def parse(argv: list[str] | None = None) -> Config:
         default=d.pause_fraction,
         help="fraction of chaos events that SIGSTOP a busy worker past its lease instead",
     )
+    p.add_argument(
+        "--db-outage",
+        type=float,
+        default=d.db_outage_seconds,
+        help="seconds the database is away once mid-run (connections refused and cut); 0: none",
+    )
+    p.add_argument(
+        "--db-outage-at",
+        type=float,
+        default=None,
+        help="seconds after the workers start (default: 40%% into the arrival window)",
+    )
+    p.add_argument(
+        "--storage-outage",
+        type=float,
+        default=d.storage_outage_seconds,
+        help="seconds the artifact storage is full once mid-run (a real full tmpfs); 0: none",
+    )
+    p.add_argument(
+        "--storage-outage-at",
+        type=float,
+        default=None,
+        help="seconds after the workers start (default: 70%% into the arrival window)",
+    )
     p.add_argument("--arrival-seconds", type=float, default=None, help="spread of late requests")
     p.add_argument("--timeout", type=float, default=d.timeout, help="deadline for the chaos phase")
     p.add_argument("--drain-timeout", type=float, default=d.drain_timeout)
@@ -1000,6 +1315,10 @@ def parse(argv: list[str] | None = None) -> Config:
         unavailable=a.unavailable,
         chaos_interval=a.chaos_interval,
         pause_fraction=a.pause_fraction,
+        db_outage_seconds=a.db_outage,
+        db_outage_at=a.db_outage_at,
+        storage_outage_seconds=a.storage_outage,
+        storage_outage_at=a.storage_outage_at,
         arrival_seconds=a.arrival_seconds,
         timeout=a.timeout,
         drain_timeout=a.drain_timeout,

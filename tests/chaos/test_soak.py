@@ -2,8 +2,8 @@
 
 ``make soak`` runs K=300; this runs K=48 with a kill every ~1.2 s, so that in
 about a minute the chaos really happens (workers and whole clusters killed, real
-deadlocks retried, provider stalls and 503s) and the checker holds every
-invariant against the history. It needs PostgreSQL (marked e2e: skipped without
+deadlocks retried, provider stalls and 503s, the database away for 7 s) and the
+checker holds every invariant against the history. It needs PostgreSQL (marked e2e: skipped without
 it locally, a failure in CI) and creates and drops its own scratch database.
 """
 
@@ -68,3 +68,9 @@ def test_soak__short_run_under_chaos_holds_every_invariant(tmp_path):
     assert figures["duplicate_effects"] == 0
     assert figures["lost_jobs"] == 0
     assert figures["jobs"]["total"] >= 48
+    # The database went away once mid-run, and every job open then still ended.
+    outages = {o["what"]: o for o in figures["outages"]}
+    assert set(outages) == {"database", "storage"}, figures["outages"]
+    assert outages["database"]["seconds"] >= 7 and outages["storage"]["seconds"] >= 8, outages
+    for outage in outages.values():
+        assert outage["jobs_open_when_it_began"] > 0 and outage["settled_seconds"] is not None

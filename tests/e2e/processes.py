@@ -1,13 +1,18 @@
 """Real processes for end-to-end tests (the harness is ``jobs.testing.processes``).
 
-Every process leads its own process group, so a whole qcluster (sentinel,
-pusher, monitor, workers) can be killed at once, and the ``procs`` fixture
-(conftest.py) kills them all before the database is flushed.
+Every process leads its own process group, so a whole qcluster (sentinel, pusher,
+monitor, workers) can be killed at once, and the ``procs`` fixture (conftest.py)
+kills them all before the database is flushed. ``manage.py jobs_worker`` starts
+its qcluster in a process group of its own: stopping one of our processes stops
+the groups of everything it started too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -18,6 +23,7 @@ from django.conf import settings
 from django_q.models import OrmQ
 
 from jobs.models import Attempt, Job
+from jobs.services import request_job
 from jobs.testing.processes import Processes
 from jobs.testing.scratchdb import url_from_settings
 
@@ -29,10 +35,37 @@ def site_processes(env: dict[str, str], log_dir: Path) -> Processes:
     return Processes(env, log_dir, command=(sys.executable, "manage.py"), cwd=ROOT)
 
 
-def subprocess_env() -> dict[str, str]:
-    """The subprocesses use the test database and artifact root of this test process."""
+def local_ports(pid: int) -> set[int]:
+    """Local TCP ports of the IPv4 sockets process ``pid`` holds (its database connections)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    ports = set()
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[9] in inodes:
+            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def database_address() -> tuple[str, int]:
+    """Host and port of the test database's server."""
+    db = settings.DATABASES["default"]
+    return db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432)
+
+
+def subprocess_env(*, port: int | None = None) -> dict[str, str]:
+    """The subprocesses use the test database and artifact root of this test process.
+
+    ``port``: reach the server through another port (a ``DatabaseProxy`` in front).
+    """
     db = settings.DATABASES["default"]
     assert db["ENGINE"] == "django.db.backends.postgresql", db["ENGINE"]
+    if port:
+        db = {**db, "HOST": "127.0.0.1", "PORT": port}
     env = dict(os.environ)
     env.update(
         DJANGO_SETTINGS_MODULE="tests.settings",
@@ -43,6 +76,35 @@ def subprocess_env() -> dict[str, str]:
     )
     env.pop("TEST_DATABASE_NAME", None)  # the subprocess uses NAME as it is
     return env
+
+
+def request_steps_job(user, revision: int, *, tenant_key: str, **params) -> Job:
+    """A new ``test.steps`` job for ``user`` (its notice goes to them); params shape the work."""
+    job, created = request_job(
+        "test.steps",
+        subject_type="auth.user",
+        subject_id=user.pk,
+        output_revision=revision,
+        tenant_key=tenant_key,
+        params={"recipients": [user.pk], **params},
+    )
+    assert created, f"job {job.pk} existed already"
+    return job
+
+
+def jobs_stats(env: dict[str, str]) -> dict:
+    """``manage.py jobs_stats --json`` run as its own process with ``env``."""
+    done = subprocess.run(
+        [sys.executable, "manage.py", "jobs_stats", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, f"jobs_stats failed:\n{done.stdout}\n{done.stderr}"
+    return json.loads(done.stdout)
 
 
 def wait_until(

@@ -18,12 +18,9 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from django.db.models import Exists, OuterRef
@@ -32,12 +29,16 @@ from django_q.models import OrmQ
 
 from jobs.artifacts import is_intact
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
-from jobs.services import request_job
-from tests.e2e.processes import Processes, job_table, wait_until
+from tests.e2e.processes import (
+    Processes,
+    job_table,
+    jobs_stats,
+    request_steps_job,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
-ROOT = Path(__file__).resolve().parents[2]
 Outcome = Attempt.Outcome
 State = Job.State
 
@@ -50,16 +51,7 @@ LONG_JOB = {"stages": 1, "after_stages": 6, "stage_sleep": 0.4}
 
 
 def _request(user, revision: int, **params) -> Job:
-    job, created = request_job(
-        "test.steps",
-        subject_type="auth.user",
-        subject_id=user.pk,
-        output_revision=revision,
-        tenant_key="e2e",
-        params={"recipients": [user.pk], **params},
-    )
-    assert created
-    return job
+    return request_steps_job(user, revision, tenant_key="e2e", **params)
 
 
 def _messages_for(job: Job) -> list[OrmQ]:
@@ -102,17 +94,7 @@ def _assert_exactly_once(job: Job, user) -> None:
 
 
 def _jobs_stats(procs: Processes) -> dict:
-    done = subprocess.run(
-        [sys.executable, "manage.py", "jobs_stats", "--json"],
-        cwd=ROOT,
-        env=procs.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, f"jobs_stats failed:\n{done.stdout}\n{done.stderr}"
-    return json.loads(done.stdout)
+    return jobs_stats(procs.env)
 
 
 # --- tests -------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.auth.models import Group
 from django.core.management import call_command
@@ -104,3 +106,191 @@ def test_groups__exist_after_migrate():
     assert set(Group.objects.values_list("name", flat=True)) >= {"reviewers", "operators"}
     operators = Group.objects.get(name="operators")
     assert operators.permissions.filter(codename="view_job").exists()
+
+
+# --- the operations console and operator actions ----------------------------------------
+
+
+def dead_job(subject_id: int = 1) -> Job:
+    """A test job that spent its 3 attempts on a temporary failure (a real worker's path)."""
+    job, _ = request_job(
+        "test.short",
+        subject_type="auth.user",
+        subject_id=subject_id,
+        params={"fail": {"always": "temporary"}},
+    )
+    for _ in range(3):
+        Job.objects.filter(pk=job.pk).update(next_attempt_at=job.created_at)
+        run_delivery(job.pk)
+    job.refresh_from_db()
+    assert job.state == Job.State.DEAD
+    return job
+
+
+def tile_counts(page: str, model: str) -> dict[str, int]:
+    pattern = rf'href="/admin/jobs/{model}/\?state__exact=(\w+)">.*?console-tile__n">(\d+)<'
+    return {state: int(n) for state, n in re.findall(pattern, page, re.S)}
+
+
+def test_console__counts_match_the_database_zeros_included(demo):
+    from django_q.models import OrmQ
+
+    from jobs.models import EFFECT_STATES, JOB_STATES, Effect
+
+    run_delivery(84)
+    dead_job()
+    request_job("test.short", subject_type="auth.user", subject_id=2)  # queued, with a message
+    Effect.objects.filter(job_id=84).update(state=Effect.State.NEEDS_REVIEW)
+    client = login(demo, "operator")
+    page = client.get("/admin/jobs/job/dashboard/").content.decode()
+    jobs = tile_counts(page, "job")
+    effects = tile_counts(page, "effect")
+    assert list(jobs) == JOB_STATES and list(effects) == EFFECT_STATES  # every state, in order
+    assert jobs == {s: Job.objects.filter(state=s).count() for s in JOB_STATES}
+    assert effects == {s: Effect.objects.filter(state=s).count() for s in EFFECT_STATES}
+    assert jobs["dead"] == 1 and jobs["running"] == 0 and effects["needs_review"] >= 1
+    depth = re.search(r'id="queue-depth"><a [^>]*>(\d+)</a>', page).group(1)
+    assert int(depth) == OrmQ.objects.count() > 0
+    assert "84:29:completion-notice:47" in page  # listed under "needs review"
+    assert 'id="workers"' in page and "<polyline" in page
+    live = client.get("/admin/jobs/job/dashboard/?part=live").content.decode()
+    assert "<html" not in live and tile_counts(live, "job") == jobs  # the refreshing part
+
+
+def test_console__no_inline_script_or_style(demo):
+    client = login(demo, "operator")
+    page = client.get("/admin/jobs/job/dashboard/").content.decode()
+    assert "<style" not in page and " style=" not in page
+    assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", page)
+
+
+def test_job_page__action_buttons_run_the_transition_and_log_who(demo):
+    from django.contrib.admin.models import LogEntry
+
+    job = dead_job()
+    client = login(demo, "operator")
+    page = client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    url = f"/admin/jobs/job/{job.pk}/operate/requeue/"
+    assert f'action="{url}"' in page and 'id="operate-requeue"' in page
+    assert "operate-cancel" not in page  # only what applies to a dead job
+    assert client.get(url).status_code == 405  # a button, never a link
+    response = client.post(url, follow=True)
+    assert "Requeue: done for job" in response.content.decode()
+    job.refresh_from_db()
+    assert job.state == Job.State.QUEUED
+    entry = LogEntry.objects.get(object_id=str(job.pk))
+    assert entry.user.username == "operator" and entry.is_change()
+    assert "Requeue: dead → queued" in entry.get_change_message()
+    assert (
+        "Requeue: dead → queued" in client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    )
+    again = client.post(url, follow=True).content.decode()  # now it is queued: said why
+    assert "not done, job" in again and "is queued; Requeue applies to failed or dead ones" in again
+    assert LogEntry.objects.filter(object_id=str(job.pk)).count() == 1
+
+
+def test_job_list_action__says_why_it_did_nothing_and_logs_what_it_did(demo):
+    from django.contrib.admin.models import LogEntry
+
+    run_delivery(84)
+    dead = dead_job()
+    client = login(demo, "operator")
+    response = client.post(
+        "/admin/jobs/job/", {"action": "requeue", "_selected_action": [84, dead.pk]}, follow=True
+    )
+    text = response.content.decode()
+    assert "Requeued 1 of 2 selected." in text
+    assert "job 84 is succeeded; Requeue applies to failed or dead ones" in text
+    assert list(LogEntry.objects.values_list("object_id", "user__username")) == [
+        (str(dead.pk), "operator")
+    ]
+
+
+def test_job_actions__need_the_change_permission(demo, make_user):
+    from django.contrib.auth.models import Permission
+
+    job = dead_job()
+    viewer = make_user(username="viewer", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_job"))
+    for user in ("reviewer47", viewer.username):
+        client = login(demo, user)
+        assert client.post(f"/admin/jobs/job/{job.pk}/operate/requeue/").status_code == 403
+        if user == viewer.username:
+            page = client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+            assert "operate-requeue" not in page and "actions need the change permission" in page
+    job.refresh_from_db()
+    assert job.state == Job.State.DEAD
+
+
+def test_job_page__attempt_numbers_continue_across_a_requeue(demo):
+    from jobs.services import requeue_job
+
+    job = dead_job()
+    requeue_job(job)
+    Job.objects.filter(pk=job.pk).update(next_attempt_at=job.created_at)
+    run_delivery(job.pk)  # the first try of the new budget: Attempt.number is 1 again
+    client = login(demo, "operator")
+    page = client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    tries = re.findall(r'<td class="field-try_number">\s*<p>(\d+)</p>', page)
+    budget = re.findall(r'<td class="field-in_budget">\s*<p>(\d+)</p>', page)
+    assert tries == ["1", "2", "3", "4"] and budget == ["1", "2", "3", "1"]
+    assert "test dependency unavailable" in page  # the last error's detail
+    assert page.count("temporary") >= 4  # each attempt's error class
+
+
+def test_job_page__links_to_its_permit_and_search_finds_it_by_reference(demo):
+    client = login(demo, "operator")
+    page = client.get("/admin/jobs/job/84/change/").content.decode()
+    assert '<a href="/admin/permits/permitrequest/7/change/">SPR-2026-0007</a> r29' in page
+    dead_job()
+    found = client.get("/admin/jobs/job/", {"q": "SPR-2026-0007"}).content.decode()
+    assert re.findall(r'<th class="field-id"><a href="/admin/jobs/job/(\d+)/change/', found) == [
+        "84"
+    ]
+    assert client.get("/admin/jobs/job/", {"q": "SPR-2026-0099"}).context["cl"].result_count == 0
+
+
+def test_effect_page__buttons_for_needs_review_and_the_history_inline(demo):
+    from django.contrib.admin.models import LogEntry
+
+    from jobs.models import Effect, EffectEvent
+
+    run_delivery(84)
+    effect = Effect.objects.get(job_id=84)
+    Effect.objects.filter(pk=effect.pk).update(state=Effect.State.NEEDS_REVIEW)
+    client = login(demo, "operator")
+    page = client.get(f"/admin/jobs/effect/{effect.pk}/change/").content.decode()
+    assert 'id="operate-mark_sent"' in page and 'id="operate-send_again"' in page
+    assert "History (sends and operator actions" in page  # the EffectEvent inline is visible
+    client.post(f"/admin/jobs/effect/{effect.pk}/operate/mark_sent/")
+    effect.refresh_from_db()
+    assert effect.state == Effect.State.APPLIED
+    assert EffectEvent.objects.filter(effect=effect, actor="operator:operator").exists()
+    assert LogEntry.objects.get(object_id=str(effect.pk)).user.username == "operator"
+
+
+def test_operators__read_effect_events_and_the_task_queue_but_change_nothing(demo):
+    run_delivery(84)
+    client = login(demo, "operator")
+    for url in (
+        "/admin/jobs/effectevent/",
+        "/admin/django_q/ormq/",
+        "/admin/django_q/success/",
+        "/admin/django_q/failure/",
+        "/admin/django_q/schedule/",
+    ):
+        assert client.get(url).status_code == 200, url
+    events = client.get("/admin/jobs/effectevent/").content.decode()
+    assert "84:29:completion-notice:47" in events
+    from django_q.models import OrmQ
+
+    request_job("test.short", subject_type="auth.user", subject_id=3)
+    message = OrmQ.objects.first()
+    response = client.post(f"/admin/django_q/ormq/{message.pk}/change/", {"key": "x"})
+    assert response.status_code == 403
+    assert client.post(f"/admin/django_q/ormq/{message.pk}/delete/").status_code == 403
+    success = client.get("/admin/django_q/success/")
+    assert "resubmit_task" not in success.content.decode()  # needs the change permission
+    reviewer = login(demo, "reviewer47")
+    assert reviewer.get("/admin/jobs/effectevent/").status_code == 403
+    assert reviewer.get("/admin/django_q/ormq/").status_code == 403

@@ -19,6 +19,7 @@ from jobs.runner import run_delivery
 from permits import selectors
 from permits.models import PermitRequest, ReviewDecision, Tenant
 from permits.services import assign_reviewer, report_request, revoke_reviewer
+from tests.jobs.helpers import run_queued_effects
 
 pytestmark = pytest.mark.django_db
 
@@ -238,15 +239,68 @@ def test_detail__superuser_sees_the_page_but_not_private_fields(make_user):
     assert "assigned to this request only" in page
 
 
-def test_detail__attempts_timeline_in_plain_words(reviewer):
+def test_detail__events_in_plain_words_without_engine_details(reviewer, settings):
+    settings.NOTICE_PROVIDER_URL = "http://127.0.0.1:9"  # nothing listens: the webhook retries
     p = permit(reviewer=reviewer)
     job = finished_report(p)
     run_delivery(job.pk, worker="web-test:99:abc")  # the queue delivers a second time
+    job.refresh_from_db()
     page = client_for(reviewer).get(f"/requests/{p.pk}/").content.decode()
-    assert re.search(r"Attempt 1 by worker [^<]+ — succeeded", page)
-    assert "A repeated queue delivery was ignored" in page
+    text = re.sub(r"<[^>]+>", " ", page)
+    for words in ("Requested", "Being prepared", "Ready", "Notice to your inbox: delivered"):
+        assert words in text, words
     assert "Download report" in page
-    assert 'data-finished="true"' in page
+    # Operators' vocabulary stays in the admin: no worker ids, keys, hashes or protocol words.
+    artifact = Artifact.objects.get(job=job)
+    for hidden in ("web-test", job.lease_owner, artifact.sha256[:8], "sha256", "worker"):
+        assert hidden not in text, hidden
+    for word in ("webhook", "same key", "idempotency", "attempt"):
+        assert word not in text.lower(), word
+
+
+def test_detail__keeps_polling_while_a_notice_is_retrying(reviewer, settings):
+    from jobs.models import Effect
+
+    settings.NOTICE_PROVIDER_URL = "http://127.0.0.1:9"  # nothing listens: the webhook retries
+    p = permit(reviewer=reviewer)
+    job = finished_report(p)
+    run_queued_effects()  # a worker tries the webhook notice once: nothing listens
+    webhook = Effect.objects.get(job=job, provider="webhook")
+    assert webhook.state == Effect.State.PENDING and webhook.attempts == 1
+    client = client_for(reviewer)
+    page = client.get(f"/requests/{p.pk}/").content.decode()
+    assert 'data-finished="false"' in page  # the report is ready, the notice is not
+    assert "Notice to your device: delivery retrying" in page
+    Effect.objects.filter(pk=webhook.pk).update(state=Effect.State.APPLIED)
+    status = client.get(f"/requests/{p.pk}/status/").content.decode()
+    assert 'data-finished="true"' in status
+    assert "Notice to your device: delivered" in status
+
+
+def test_detail__without_javascript_offers_check_again_instead_of_a_refresh(reviewer):
+    p = permit(reviewer=reviewer)
+    job, _ = report_request(p)
+    client = client_for(reviewer)
+    page = client.get(f"/requests/{p.pk}/").content.decode()
+    # No meta refresh: it would reload the page and wipe a half-typed decision.
+    assert "http-equiv" not in page.lower()
+    assert re.search(rf'<a href="/requests/{p.pk}/">Check again</a>', page)
+    run_delivery(job.pk)
+    assert "Check again" not in client.get(f"/requests/{p.pk}/").content.decode()
+
+
+def test_detail__live_region_is_stable_and_only_its_text_changes(reviewer):
+    p = permit(reviewer=reviewer)
+    job, _ = report_request(p)
+    client = client_for(reviewer)
+    region = re.compile(r'<p id="report-status"[^>]*>')
+    before = client.get(f"/requests/{p.pk}/status/").content.decode()
+    run_delivery(job.pk)
+    after = client.get(f"/requests/{p.pk}/status/").content.decode()
+    assert region.search(before).group(0) == region.search(after).group(0)
+    assert 'role="status" aria-live="polite"' in region.search(after).group(0)
+    # The panel itself is not a live region: replacing it would not be announced reliably.
+    assert "aria-live" not in re.search(r'<section id="report-panel"[^>]*>', after).group(0)
 
 
 def test_status__fragment_polls_until_finished(reviewer):
@@ -258,7 +312,7 @@ def test_status__fragment_polls_until_finished(reviewer):
     pending = client.get(f"/requests/{p.pk}/status/")
     assert pending.status_code == 200
     assert 'data-finished="false"' in pending.content.decode()
-    assert "Queued" in pending.content.decode()
+    assert "Requested" in pending.content.decode()
     assert pending["X-Unread-Notices"] == "0"
     assert "no-cache" in pending["Cache-Control"]
     run_delivery(job.pk)
@@ -340,8 +394,8 @@ def test_new_revision__double_submit_bumps_once(reviewer):
     assert p.output_revision == 2
     jobs = list(selectors.report_jobs_of(p))
     assert [j.output_revision for j in jobs] == [2]
-    assert "Revision 2 requested" in first.content.decode()
-    assert "Revision 2 was already requested" in second.content.decode()
+    assert "Rebuild started: the report is now revision 2" in first.content.decode()
+    assert "Revision 2 was already started" in second.content.decode()
 
 
 def test_new_revision__stale_form_is_refused_readably(reviewer):
@@ -402,7 +456,174 @@ def test_decision__records_and_moves_the_status(reviewer):
     assert (made.decision, made.reviewer, made.revision) == ("request_changes", reviewer, 1)
     p.refresh_from_db()
     assert p.status == PermitRequest.Status.CHANGES_REQUESTED
-    assert "Recorded: request changes." in response.content.decode()
+    assert "Decision recorded: “Request changes” on revision 1." in response.content.decode()
+
+
+def _decide(client, p, **data):
+    data.setdefault("revision", p.output_revision)
+    return client.post(f"/requests/{p.pk}/decisions/", data, follow=True)
+
+
+def test_decision__second_submit_does_not_create_a_second(reviewer):
+    p = permit(reviewer=reviewer)
+    client = client_for(reviewer)
+    first = _decide(client, p, decision="approve")
+    again = _decide(client, p, decision="approve")  # a double click, or the back button
+    assert ReviewDecision.objects.count() == 1
+    assert "Decision recorded: “Approve” on revision 1." in again.content.decode()
+    other = _decide(client, p, decision="reject", comment="Too tall.")  # a stale second window
+    assert ReviewDecision.objects.count() == 1
+    page = other.content.decode()
+    assert "There is a problem" in page and "You already recorded “Approve” on revision 1" in page
+    # The form kept the typed answers, now aimed at changing the recorded decision.
+    assert "Too tall." in page and "Save changed decision" in page
+    assert first.status_code == again.status_code == other.status_code == 200
+
+
+def test_decision__recorded_decision_replaces_the_form_until_the_reviewer_changes_it(reviewer):
+    p = permit(reviewer=reviewer)
+    client = client_for(reviewer)
+    page = _decide(client, p, decision="approve").content.decode()
+    assert 'id="decision-form"' not in page
+    assert "Change your decision" in page
+    assert 'role="alert"' in page and "data-focus-on-load" in page  # the banner takes focus
+    form = client.get(f"/requests/{p.pk}/?change=1").content.decode()
+    first = ReviewDecision.objects.get()
+    assert f'name="replaces" value="{first.pk}"' in form
+    assert re.search(r'value="approve"[^>]*checked', form)
+
+
+def test_decision__change_is_recorded_as_such_and_the_old_one_kept(reviewer):
+    p = permit(reviewer=reviewer)
+    client = client_for(reviewer)
+    _decide(client, p, decision="approve")
+    first = ReviewDecision.objects.get()
+    page = _decide(
+        client, p, decision="request_changes", comment="Add setbacks.", replaces=first.pk
+    ).content.decode()
+    assert "Decision changed to “Request changes” on revision 1." in page
+    second = ReviewDecision.objects.exclude(pk=first.pk).get()
+    assert second.supersedes == first and second.is_change
+    first.refresh_from_db()
+    assert first.decision == "approve"  # kept as it was
+    assert "changed from Approve" in page and "later changed" in page
+    p.refresh_from_db()
+    assert p.status == PermitRequest.Status.CHANGES_REQUESTED
+    # Changing the old one again (a stale change form) is refused: one change per decision.
+    stale = _decide(client, p, decision="reject", comment="No.", replaces=first.pk)
+    assert "changed in another window" in stale.content.decode()
+    assert ReviewDecision.objects.count() == 2
+
+
+def test_decision__two_reviewers_each_decide_once(reviewer, other_reviewer):
+    p = permit(reviewer=reviewer)
+    assign_reviewer(p, other_reviewer)
+    _decide(client_for(reviewer), p, decision="approve")
+    _decide(client_for(other_reviewer), p, decision="reject", comment="Height.")
+    assert ReviewDecision.objects.count() == 2
+
+
+def test_decision__errors_follow_the_error_summary_pattern(reviewer):
+    p = permit(reviewer=reviewer)
+    response = client_for(reviewer).post(
+        f"/requests/{p.pk}/decisions/", {"comment": "x" * 4001, "revision": 1}
+    )
+    page = response.content.decode()
+    assert re.search(r"<title>Error: ", page)
+    summary = re.search(r'<div class="error-summary"[^>]*>(.*?)</div>', page, re.S)
+    assert summary and 'role="alert"' in summary.group(0) and 'tabindex="-1"' in summary.group(0)
+    assert "There is a problem" in summary.group(1)
+    assert '<a href="#id_decision_0">Choose a decision' in summary.group(1)
+    assert '<a href="#id_comment">Keep the comment under 4000 characters.' in summary.group(1)
+    # The radio group's fieldset names its message; the textarea names its hint and message.
+    fieldset = re.search(r'<fieldset[^>]*id="decision-group"[^>]*>', page).group(0)
+    assert 'aria-describedby="decision-hint decision-error"' in fieldset
+    assert re.search(r'<p class="field__error" id="decision-error">.*Choose a decision', page)
+    textarea = re.search(r"<textarea[^>]*>", page).group(0)
+    assert 'aria-describedby="comment-hint comment-error"' in textarea
+    assert 'aria-invalid="true"' in textarea
+    assert 'id="comment-error"' in page
+    assert "x" * 4001 in page  # what was typed is kept
+    assert not ReviewDecision.objects.exists()
+
+
+def test_decision__refused_once_the_applicant_withdrew(reviewer):
+    p = permit(reviewer=reviewer)
+    client = client_for(reviewer)
+    from permits.services import withdraw
+
+    withdraw(p)
+    page = _decide(client, p, decision="approve").content.decode()
+    assert "The applicant withdrew this request" in page
+    assert not ReviewDecision.objects.exists()
+    p.refresh_from_db()
+    assert p.status == PermitRequest.Status.WITHDRAWN
+
+
+def test_decide__a_stale_copy_of_a_withdrawn_request_is_not_overwritten(reviewer):
+    from permits.services import RequestWithdrawn, decide, withdraw
+
+    p = permit(reviewer=reviewer, status=PermitRequest.Status.IN_REVIEW)
+    stale = PermitRequest.objects.get(pk=p.pk)  # read before the withdrawal, as a view would
+    withdraw(p)
+    with pytest.raises(RequestWithdrawn):
+        decide(stale, reviewer, decision="approve")
+    p.refresh_from_db()
+    assert p.status == PermitRequest.Status.WITHDRAWN
+    assert not ReviewDecision.objects.exists()
+
+
+# --- rebuild report ---------------------------------------------------------------------
+
+
+def test_rebuild__asks_to_confirm_and_says_what_happens_to_decisions(reviewer):
+    p = permit(reviewer=reviewer)
+    finished_report(p)
+    client = client_for(reviewer)
+    _decide(client, p, decision="approve")
+    detail = client.get(f"/requests/{p.pk}/").content.decode()
+    assert "Rebuild report" in detail and "Request a new revision" not in detail
+    page = client.get(f"/requests/{p.pk}/revisions/").content.decode()
+    assert "Rebuild the report of" in page and "as <strong>revision 2</strong>" in page
+    assert "the ones on revision 1 stay in the history" in page
+    assert "Approve" in page and "rev-a" in page  # the open decision is named
+    p.refresh_from_db()
+    assert p.output_revision == 1  # looking at the question changed nothing
+    client.post(f"/requests/{p.pk}/revisions/", {"seen_revision": 1})
+    p.refresh_from_db()
+    assert p.output_revision == 2
+    detail = client.get(f"/requests/{p.pk}/").content.decode()
+    assert 'id="decision-form"' in detail  # revision 2 starts without a decision
+    assert "Your decision on revision 2" in detail
+
+
+def test_rebuild__not_offered_before_the_first_report(reviewer):
+    p = permit(reviewer=reviewer)
+    page = client_for(reviewer).get(f"/requests/{p.pk}/").content.decode()
+    assert "Generate report for revision 1" in page
+    assert "Rebuild report" not in page
+
+
+# --- friendly errors ------------------------------------------------------------------
+
+
+def test_404__stale_link_shows_the_site_page_also_with_debug_on(reviewer, other_reviewer, settings):
+    settings.DEBUG = True
+    theirs = permit(reviewer=other_reviewer)
+    client = client_for(reviewer)
+    for url in (f"/requests/{theirs.pk}/", f"/requests/{theirs.pk}/report/", "/requests/99999/"):
+        response = client.get(url)
+        assert response.status_code == 404, url
+        page = response.content.decode()
+        assert "Back to my queue" in page and "permits.css" in page, url
+        assert "URLconf" not in page and "DEBUG" not in page, url
+
+
+def test_500__page_renders_without_a_request_context():
+    from django.template import loader
+
+    page = loader.get_template("500.html").render({})
+    assert "Sorry, something went wrong" in page and "permits.css" in page
 
 
 def test_csrf__posts_without_token_are_rejected(reviewer):
@@ -499,4 +720,5 @@ def test_detail__shows_the_delivery_state_of_each_of_my_notices(client, settings
     client.force_login(reviewer)
     body = client.get(f"/requests/{permit.pk}/").content.decode()
     assert 'data-notice-state="applied"' in body and "Inbox" in body
-    assert 'data-notice-state="pending"' in body and "Device (webhook)" in body
+    assert 'data-notice-state="pending"' in body and "Device" in body
+    assert "webhook" not in body.lower()

@@ -1,14 +1,20 @@
-"""Run the dispatcher in a loop (finer-grained than a django-q2 schedule)."""
+"""Run the dispatcher in a loop (finer-grained than a django-q2 schedule).
+
+The loop outlives the database: a sweep that fails on a connection error (refused,
+reset, server restarting, too many clients) closes the broken connection and is
+tried again with capped backoff; the outage is logged once when it begins and once,
+with its length, when it ends. The database may also be down when the loop starts.
+"""
 
 from __future__ import annotations
 
 import signal
-import time
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 
 from jobs.dispatch import dispatch_once
+from jobs.supervisor import DATABASE_ERRORS, Outage, describe, pause
 
 
 class Command(BaseCommand):
@@ -17,8 +23,14 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--interval", type=float, default=1.0, help="seconds between sweeps")
         parser.add_argument("--once", action="store_true", help="one sweep, then exit")
+        parser.add_argument(
+            "--max-backoff",
+            type=float,
+            default=5.0,
+            help="longest wait between tries while the database is unavailable (default 5)",
+        )
 
-    def handle(self, *args, interval: float, once: bool, **options):
+    def handle(self, *args, interval: float, once: bool, max_backoff: float, **options):
         stopping = False
 
         def stop(*_):
@@ -27,14 +39,18 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        while True:
-            close_old_connections()
-            sent = dispatch_once()
+        outage = Outage("jobs_dispatcher", cap=max_backoff)
+        while not stopping:
+            try:
+                close_old_connections()  # CONN_MAX_AGE and health checks, as a request would
+                sent = dispatch_once()
+            except DATABASE_ERRORS as exc:
+                if once:
+                    raise CommandError(f"database unavailable: {describe(exc)}") from None
+                pause(outage.failed(exc), lambda: stopping)
+                continue
+            outage.recovered()
             if once:
                 self.stdout.write(" ".join(f"{k}={v}" for k, v in sent.items()))
                 return
-            if stopping:
-                return
-            time.sleep(interval)
-            if stopping:
-                return
+            pause(interval, lambda: stopping)

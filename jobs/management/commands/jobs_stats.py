@@ -28,6 +28,9 @@ class Command(BaseCommand):
         w(f"duplicate deliveries  {stats['duplicate_deliveries']}")
         w(f"lease losses          {stats['lease_losses']}")
         w(f"crashes               {stats['crashes']}")
+        w(f"failed deliveries     {stats['failed_deliveries']}")
+        for task, n in sorted(stats["failed_deliveries_by_task"].items()):
+            w(f"  {task:<20}{n}")
         w("retries by class")
         for cls, n in sorted(stats["retries_by_class"].items()):
             w(f"  {cls:<20}{n}")

@@ -1,0 +1,70 @@
+"""The supervised worker: ``manage.py qcluster`` kept running through outages and wedges."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from jobs.supervisor import Options, Supervisor
+
+
+def default_stall_seconds() -> float:
+    """Halfway between Q_CLUSTER timeout and retry.
+
+    Above the timeout, so one long delivery never looks like a stall; below the
+    retry, so a message held by a wedged cluster is seen before it is handed out again.
+    """
+    q = getattr(settings, "Q_CLUSTER", {})
+    timeout, retry = float(q.get("timeout") or 60), float(q.get("retry") or 60)
+    return max(timeout + 1, (timeout + retry) / 2)
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the django-q2 cluster (manage.py qcluster) under supervision: wait for the "
+        "database, restart the cluster when it exits or stops making progress while "
+        "messages wait, stop its whole process group on SIGTERM/SIGINT."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--stall-seconds",
+            type=float,
+            default=None,
+            help="restart the cluster after this long without a delivery while messages "
+            "wait (default: halfway between Q_CLUSTER timeout and retry)",
+        )
+        parser.add_argument(
+            "--stop-timeout",
+            type=float,
+            default=30.0,
+            help="seconds a graceful stop may take before the group is killed (default 30)",
+        )
+        parser.add_argument(
+            "--max-backoff",
+            type=float,
+            default=5.0,
+            help="longest wait between database tries and between quick restarts (default 5)",
+        )
+
+    def handle(self, *args, stall_seconds, stop_timeout, max_backoff, **options):
+        q = getattr(settings, "Q_CLUSTER", {})
+        timeout, retry = float(q.get("timeout") or 0), float(q.get("retry") or 0)
+        stall = default_stall_seconds() if stall_seconds is None else stall_seconds
+        if stall <= timeout:
+            raise CommandError(
+                f"--stall-seconds ({stall:g}) must exceed Q_CLUSTER['timeout'] ({timeout:g}): "
+                "a delivery may legitimately run that long"
+            )
+        if stop_timeout < 0 or max_backoff <= 0:
+            raise CommandError("--stop-timeout must be >= 0 and --max-backoff > 0")
+        check_every = min(5.0, max(0.5, stall / 4))
+        if retry > stall:  # a message a stalled cluster holds is seen for retry - stall
+            check_every = max(0.25, min(check_every, (retry - stall) / 2))
+        options_ = Options(
+            stall_seconds=stall,
+            stop_timeout=stop_timeout,
+            max_backoff=max_backoff,
+            check_every=check_every,
+        )
+        Supervisor(options_).run()

@@ -1,0 +1,481 @@
+"""Processes that heal: database outages waited out, the django-q2 cluster supervised.
+
+``manage.py jobs_worker`` runs ``manage.py qcluster`` as a child in its own process
+group and keeps it running (:class:`Supervisor`): it waits for the database before
+(re)starting it, restarts it when it exits or makes no progress while messages wait
+(the django-q2 wedge, docs/operations.md), forwards SIGTERM/SIGINT, and on stop ends
+the child's whole process group. ``manage.py jobs_dispatcher`` wraps each sweep in an
+:class:`Outage`. :func:`delivery` wraps each django-q2 task: it marks progress for the
+supervisor and turns a failure that escaped the engine into a message without data.
+
+Log lines name processes, durations, error classes and SQLSTATEs, never payloads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
+from django.db import connections as db_connections
+
+from jobs import retry
+from jobs.exceptions import DeliveryFailed
+
+log = logging.getLogger("jobs.supervisor")
+
+# What "the database is not there" raises: refused or reset connections, a server
+# shutting down or starting up, too many clients, an administrator's terminate.
+DATABASE_ERRORS = (OperationalError, InterfaceError)
+# Set by the supervisor for its qcluster: every delivery touches this file.
+PROGRESS_FILE_ENV = "JOBS_WORKER_PROGRESS_FILE"
+
+
+def describe(exc: BaseException) -> str:
+    """``OperationalError pg_57P01``: the failure's type and the retry table's code, no data."""
+    return f"{type(exc).__name__} {retry.classify(exc).code}"
+
+
+def close_connections() -> None:
+    """Drop every open database connection (a broken one would fail the next query too)."""
+    for conn in db_connections.all(initialized_only=True):
+        with contextlib.suppress(DatabaseError):
+            conn.close()
+
+
+def pause(seconds: float, stopping: Callable[[], bool]) -> None:
+    """Sleep ``seconds`` in short steps, returning early once ``stopping()`` is true."""
+    deadline = time.monotonic() + seconds
+    while not stopping():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(0.1, left))
+
+
+class Outage:
+    """The database outage a loop is in, if any: logged when it begins and when it ends.
+
+    A loop calls :meth:`failed` for every failed try (one log line per outage, not
+    per try; the return value is the capped, jittered wait before the next try) and
+    :meth:`recovered` after a try that worked (one line with the outage's length).
+    """
+
+    def __init__(self, what: str, *, cap: float = 5.0):
+        self.what = what
+        self.cap = cap
+        self.since: float | None = None
+        self.tries = 0
+
+    @property
+    def down(self) -> bool:
+        return self.since is not None
+
+    def failed(self, exc: BaseException) -> float:
+        """Note a failed try; close the broken connections; return the wait before the next."""
+        if self.since is None:
+            self.since, self.tries = time.monotonic(), 0
+            log.warning(
+                "%s: database unavailable (%s); retrying with backoff up to %gs",
+                self.what,
+                describe(exc),
+                self.cap,
+                extra={"component": self.what, "error_code": retry.classify(exc).code},
+            )
+        self.tries += 1
+        close_connections()
+        return retry.backoff_delay(self.tries, floor=0.2, base=0.5, cap=self.cap)
+
+    def recovered(self) -> float | None:
+        """Note a try that worked; return the outage's length in seconds if one just ended."""
+        if self.since is None:
+            return None
+        seconds = time.monotonic() - self.since
+        log.warning(
+            "%s: database back after %.1f s (%d failed tries)",
+            self.what,
+            seconds,
+            self.tries,
+            extra={"component": self.what, "outage_seconds": round(seconds, 1)},
+        )
+        self.since = None
+        return seconds
+
+
+def ping_database() -> None:
+    """One round trip on the default connection; raises what the driver raises."""
+    close_old_connections()
+    with db_connections["default"].cursor() as cursor:
+        cursor.execute("SELECT 1")
+
+
+def wait_for_database(outage: Outage, stopping: Callable[[], bool]) -> bool:
+    """Block until the database answers (True) or ``stopping()`` (False)."""
+    while not stopping():
+        try:
+            ping_database()
+        except DATABASE_ERRORS as exc:
+            pause(outage.failed(exc), stopping)
+            continue
+        outage.recovered()
+        return True
+    return False
+
+
+# --- one delivery (inside the qcluster's worker processes) ---------------------------
+
+
+def _touch_progress() -> None:
+    path = os.environ.get(PROGRESS_FILE_ENV)
+    if path:
+        with contextlib.suppress(OSError):
+            os.utime(path)
+
+
+@contextlib.contextmanager
+def delivery(task: str, ref: int) -> Iterator[None]:
+    """Wrap one django-q2 delivery of ``task`` for object ``ref``.
+
+    Marks progress for the supervisor when the delivery begins and ends. An
+    exception that escaped the engine (the database refused the claim, or went
+    away before an outcome was recorded) is logged by class and code, the broken
+    connection is dropped so the worker's next delivery reconnects, and
+    ``DeliveryFailed`` is raised instead: django-q2 records the failure (counted
+    by ``jobs_stats`` as a failed delivery) and redelivers the unacknowledged
+    message after ``Q_CLUSTER['retry']``, without the original message's text.
+    """
+    _touch_progress()
+    try:
+        yield
+    except Exception as exc:
+        reason = describe(exc)
+        log.warning(
+            "%s %s: delivery failed before an outcome was recorded (%s); "
+            "the message is redelivered after Q_CLUSTER['retry']",
+            task,
+            ref,
+            reason,
+            extra={"task": task, "ref": ref, "error_code": retry.classify(exc).code},
+        )
+        if isinstance(exc, DATABASE_ERRORS):
+            close_connections()
+        raise DeliveryFailed(f"{task} {ref}: {reason}") from None
+    finally:
+        _touch_progress()
+
+
+# --- process groups ------------------------------------------------------------------
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group ``pgid`` (Linux /proc; else a probe)."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # pragma: no cover - not Linux
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return []
+        return [pgid]
+    out = []
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after ')'
+            fields = stat.read_text().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def kill_group(pgid: int, *, timeout: float = 10.0) -> bool:
+    """SIGKILL every process of group ``pgid``; True once none is left (within ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        if not group_members(pgid):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+_libc = None
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
+    """In the child, before exec: get SIGTERM if the supervisor dies (Linux prctl)."""
+    if _libc is not None:
+        _libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _preexec() -> Callable[[], None] | None:
+    global _libc
+    if not sys.platform.startswith("linux"):  # pragma: no cover
+        return None
+    with contextlib.suppress(OSError):
+        _libc = _libc or ctypes.CDLL(None, use_errno=True)
+        return _die_with_parent
+    return None  # pragma: no cover
+
+
+# --- the supervisor ------------------------------------------------------------------
+
+
+def qcluster_command() -> list[str]:
+    """How to start ``manage.py qcluster`` the way this process was started."""
+    script = os.path.abspath(sys.argv[0])
+    if script.endswith(".py") and os.path.isfile(script):
+        return [sys.executable, script, "qcluster"]
+    return [sys.executable, "-m", "django", "qcluster"]
+
+
+def messages_waiting(*, stall: float, grace: float) -> str:
+    """Why queue messages are waiting for a cluster now, or "" when none is.
+
+    Two signs: a message nobody took for ``grace`` seconds (a healthy cluster
+    polls every ``Q_CLUSTER['poll']``), or a job's message taken more than
+    ``stall`` seconds ago that no worker began (no attempt of its job since): a
+    cluster holds it without running it, the wedge. A message whose delivery began
+    and died (a killed worker) is not a sign: django-q2 hands it out again after
+    ``Q_CLUSTER['retry']``. Only the ORM broker is looked at.
+    """
+    from django.utils import timezone
+    from django_q.conf import Conf
+    from django_q.models import OrmQ
+
+    if not Conf.ORM:
+        return ""
+    retry_seconds = float(Conf.RETRY or 0)
+    queue = OrmQ.objects.using(Conf.ORM).filter(key=Conf.CLUSTER_NAME)
+    now = timezone.now()
+    untaken = queue.filter(lock__lte=now - timedelta(seconds=grace)).count()
+    if untaken:
+        return f"{untaken} message(s) untaken for over {grace:g} s"
+    if retry_seconds <= stall:
+        return ""
+    # django-q2 locks a taken message until taken + retry.
+    held = queue.filter(lock__gt=now, lock__lte=now + timedelta(seconds=retry_seconds - stall))
+    stuck = sum(1 for message in held[:50] if _never_began(message, retry_seconds))
+    if stuck:
+        return f"{stuck} job message(s) taken over {stall:g} s ago and never begun"
+    return ""
+
+
+def _never_began(message, retry_seconds: float) -> bool:
+    """Whether ``message`` delivers a job that no worker began since it was taken."""
+    from jobs.models import Attempt
+
+    try:
+        task = message.task  # the signed payload, decoded
+    except Exception:  # signed with another SECRET_KEY, say: not a sign of anything
+        return False
+    if task.get("func") != "jobs.tasks.run_job" or len(task.get("args") or ()) != 1:
+        return False  # only job deliveries leave a trace (an attempt row) to compare with
+    taken = message.lock - timedelta(seconds=retry_seconds + 2)  # 2 s: clocks of hosts
+    return not Attempt.objects.filter(job_id=task["args"][0], started_at__gte=taken).exists()
+
+
+@dataclass
+class Options:
+    stall_seconds: float  # no progress this long while messages wait: restart
+    stop_timeout: float = 30.0  # graceful stop, then SIGKILL of the group
+    max_backoff: float = 5.0  # longest wait between database tries / restarts
+    grace: float = 5.0  # a message untaken this long is waiting
+    check_every: float = 2.0  # how often the database (the queue, once idle) is looked at
+    quick_exit: float = 10.0  # a child that ran less than this backs off further
+
+
+class Supervisor:
+    """Run ``qcluster`` as a child process group and keep it running (see the module doc)."""
+
+    def __init__(self, options: Options, command: list[str] | None = None):
+        self.options = options
+        self.command = command or qcluster_command()
+        self.child: subprocess.Popen | None = None
+        self.started_at = 0.0  # wall clock, compared with the progress file's mtime
+        self.resumed_at = 0.0  # wall clock: the database came back (idle time restarts)
+        self.signals = 0
+        self.restarts = 0
+        self.outage = Outage("jobs_worker", cap=options.max_backoff)
+        self.progress = Path(
+            tempfile.mkstemp(prefix="jobs-worker-", suffix=".progress")[1]
+        )  # touched by every delivery of this supervisor's cluster
+
+    # signals -----------------------------------------------------------------------
+
+    def _on_signal(self, signum, frame) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            log.info("jobs_worker: %s received; stopping", signal.Signals(signum).name)
+        elif self.child is not None:
+            log.warning("jobs_worker: second signal; killing the cluster now")
+            kill_group(self.child.pid, timeout=0)
+
+    def stopping(self) -> bool:
+        return self.signals > 0
+
+    # the loop ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Supervise until SIGTERM/SIGINT."""
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        quick_exits, checked_connections = 0, False
+        try:
+            while not self.stopping():
+                if not wait_for_database(self.outage, self.stopping):
+                    break
+                if not checked_connections:
+                    checked_connections = True
+                    self._check_connections()
+                close_connections()  # the child opens its own; none kept open across fork
+                self._start()
+                ended = self._watch()
+                ran = time.time() - self.started_at
+                # A stalled cluster runs nothing and may hang in its own graceful stop
+                # (the wedge): it is killed at once.
+                self._stop(timeout=self.options.stop_timeout if ended is None else 0)
+                if ended is None:
+                    break
+                kind, reason = ended
+                quick_exits = quick_exits + 1 if ran < self.options.quick_exit else 0
+                delay = (
+                    retry.backoff_delay(
+                        quick_exits, floor=0.5, base=1.0, cap=self.options.max_backoff
+                    )
+                    if quick_exits
+                    else 0.0
+                )
+                self.restarts += 1
+                log.warning(
+                    "jobs_worker: qcluster pid %d %s; it ran %.0f s; restarting in %.1f s "
+                    "(restart %d)",
+                    self.child.pid,
+                    reason,
+                    ran,
+                    delay,
+                    self.restarts,
+                    extra={"restart_reason": kind, "restarts": self.restarts},
+                )
+                pause(delay, self.stopping)
+        finally:
+            if self.child is not None and self.child.poll() is None:  # pragma: no cover
+                self._stop(timeout=0)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            close_connections()
+            with contextlib.suppress(OSError):
+                self.progress.unlink()
+        log.info("jobs_worker: stopped after %d restart(s) of qcluster", self.restarts)
+
+    def _check_connections(self) -> None:
+        from jobs.checks import check_connections
+
+        try:
+            for message in check_connections(databases=["default"]):
+                log.warning("jobs_worker: %s (%s) %s", message.id, message.msg, message.hint or "")
+        except DATABASE_ERRORS as exc:  # the sizing figures are advice: never a reason to stop
+            log.warning("jobs_worker: connection sizing not checked (%s)", describe(exc))
+
+    def _start(self) -> None:
+        env = {**os.environ, PROGRESS_FILE_ENV: str(self.progress)}
+        self.child = subprocess.Popen(
+            self.command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: stopped as a whole
+            preexec_fn=_preexec(),  # no threads here; SIGTERM to the child if we die
+        )
+        self.started_at = time.time()
+        log.info(
+            "jobs_worker: started qcluster pid %d (process group %d)",
+            self.child.pid,
+            self.child.pid,
+            extra={"child_pid": self.child.pid},
+        )
+
+    def _idle_seconds(self) -> float:
+        try:
+            touched = self.progress.stat().st_mtime
+        except OSError:
+            touched = 0.0
+        return time.time() - max(touched, self.started_at, self.resumed_at)
+
+    def _watch(self) -> tuple[str, str] | None:
+        """Wait until the child exits or stalls ((kind, why)) or a signal came (None).
+
+        The database is looked at every ``check_every`` seconds, so an outage is
+        noticed while it lasts: the cluster could not work then, and its idle time
+        starts again when the database is back (django-q2's pusher also sleeps 10 s
+        after a failed pull).
+        """
+        next_check = 0.0
+        while not self.stopping():
+            code = self.child.poll()
+            if code is not None:
+                return "exited", f"exited with code {code}"
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + self.options.check_every
+                idle = self._idle_seconds()
+                waiting = self._look(stalled=idle >= self.options.stall_seconds)
+                if waiting and self._idle_seconds() >= self.options.stall_seconds:
+                    return "stalled", f"made no progress for {idle:.0f} s while {waiting}"
+            time.sleep(0.1)
+        return None
+
+    def _look(self, *, stalled: bool) -> str:
+        """Ping the database, or (``stalled``) ask whether messages wait; note outages."""
+        try:
+            if stalled:
+                waiting = messages_waiting(
+                    stall=self.options.stall_seconds, grace=self.options.grace
+                )
+            else:
+                ping_database()
+                waiting = ""
+        except DATABASE_ERRORS as exc:
+            self.outage.failed(exc)
+            return ""
+        if self.outage.recovered() is not None:
+            self.resumed_at = time.time()
+            return ""
+        return waiting
+
+    def _stop(self, *, timeout: float) -> None:
+        """SIGTERM the child (django-q2 stops gracefully), then SIGKILL the rest of its group."""
+        child = self.child
+        if child is None:
+            return
+        started = time.monotonic()
+        if child.poll() is None and timeout > 0:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                log.warning(
+                    "jobs_worker: qcluster pid %d did not stop in %g s; killing its group",
+                    child.pid,
+                    timeout,
+                )
+        if not kill_group(child.pid):
+            log.error("jobs_worker: processes of group %d outlived SIGKILL", child.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=10)
+        log.info(
+            "jobs_worker: qcluster pid %d and its process group ended in %.1f s",
+            child.pid,
+            time.monotonic() - started,
+        )

@@ -1,0 +1,378 @@
+"""Processes that heal: ``jobs_worker`` and ``jobs_dispatcher`` through database outages.
+
+Real processes against the real test database. The outages come from a
+``DatabaseProxy`` (tests/chaos/dbproxy.py) the processes connect through: down, it
+refuses connections and cuts the open ones, as a restarted server does; this test
+process observes through its own direct connection. The failure before a claim
+comes from PostgreSQL itself (``ALLOW_CONNECTIONS false`` on the test database:
+new connections refused, open ones kept, the shape of "too many clients").
+
+Timing from tests.settings: lease 2 s, Q_CLUSTER timeout 5 s, retry 7 s, one worker
+per cluster, so jobs_worker's stall threshold is 6 s. Waits are generous deadlines;
+the times to settle are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.db import connection
+from django_q.models import Failure, OrmQ
+
+from jobs.artifacts import is_intact
+from jobs.models import Artifact, Attempt, Effect, Job, Notice
+from jobs.supervisor import group_members
+from jobs.testing.proctree import children
+from tests.chaos.dbproxy import DatabaseProxy
+from tests.e2e.processes import (
+    Processes,
+    database_address,
+    jobs_stats,
+    local_ports,
+    request_steps_job,
+    subprocess_env,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+State = Job.State
+# ~1 s of heartbeated work per job: some are in flight whenever the database goes.
+WORK = {"stages": 2, "after_stages": 1, "stage_sleep": 0.3}
+
+
+@pytest.fixture
+def proxy(procs):
+    """A relay to the test database's server; closed before the processes are killed."""
+    relay = DatabaseProxy(*database_address())
+    yield relay
+    relay.close()
+
+
+def _request(user, count: int, *, first: int = 1, **params) -> list[Job]:
+    """``count`` new jobs for ``user``, revisions ``first`` onwards."""
+    return [
+        request_steps_job(user, revision, tenant_key="e2e-outage", **params)
+        for revision in range(first, first + count)
+    ]
+
+
+def _hold(procs: Processes, seconds: float) -> None:
+    """Let ``seconds`` pass while checking that no process exits."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        procs.check_alive()
+        time.sleep(0.2)
+
+
+def _settle(procs: Processes, jobs: list[Job], since: float) -> float:
+    """Wait until every job succeeded; seconds since ``since`` (monotonic)."""
+    wait_until(
+        procs,
+        "every job to succeed",
+        lambda: _states(jobs)[State.SUCCEEDED] == len(jobs),
+        timeout=90,
+    )
+    return time.monotonic() - since
+
+
+def _states(jobs: list[Job]) -> Counter:
+    return Counter(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("state", flat=True))
+
+
+def _assert_each_once(jobs: list[Job]) -> None:
+    """Every job succeeded with one intact artifact, one applied effect, one notice."""
+    for job in jobs:
+        job.refresh_from_db()
+        assert job.state == State.SUCCEEDED, (job.pk, job.state)
+        artifacts = list(Artifact.objects.filter(job=job))
+        assert len(artifacts) == 1 and is_intact(artifacts[0]), artifacts
+        assert [e.state for e in Effect.objects.filter(job=job)] == [Effect.State.APPLIED]
+        assert Notice.objects.filter(effect__job=job).count() == 1
+        outcomes = Counter(Attempt.objects.filter(job=job).values_list("outcome", flat=True))
+        assert outcomes[Attempt.Outcome.SUCCEEDED] == 1, (job.pk, outcomes)
+    assert Notice.objects.count() == len(jobs)
+
+
+def _lines(proc, pattern: str) -> list[str]:
+    return [
+        line
+        for line in proc.log_path.read_text(errors="replace").splitlines()
+        if re.search(pattern, line)
+    ]
+
+
+def _run_queue_left() -> int:
+    return sum(1 for m in OrmQ.objects.all() if m.func() == "jobs.tasks.run_job")
+
+
+def _warm_up(procs: Processes, user) -> int:
+    """Run a first job (revision 1); the pid of the django-q2 worker that ran it."""
+    [job] = _request(user, 1)
+    wait_until(
+        procs,
+        "a first job to succeed",
+        lambda: Job.objects.get(pk=job.pk).state == State.SUCCEEDED,
+        timeout=60,
+    )
+    return int(Attempt.objects.get(job=job).worker.split(":")[1])
+
+
+def _cluster_of(worker, procs: Processes, *, other_than: int | None = None) -> int:
+    """The pid of jobs_worker's qcluster child once its cluster runs (workers forked)."""
+
+    def ready():
+        kids = [k for k in children(worker.pid) if k != other_than]
+        # main + sentinel + worker + monitor + pusher, all in the child's own group
+        return kids[0] if len(kids) == 1 and len(group_members(kids[0])) >= 5 else None
+
+    return wait_until(procs, "jobs_worker's qcluster to run", ready, timeout=60, interval=0.1)
+
+
+# --- database outages ---------------------------------------------------------------
+
+
+def test_outage__database_restart_mid_run_settles_by_itself(procs, proxy, django_user_model):
+    """The database vanishes for 7 s mid-run: every job still succeeds, exactly once.
+
+    Both processes live through it; the dispatcher logs the outage once when it
+    begins and once, with its length, when it ends.
+    """
+    user = django_user_model.objects.create_user(username="e2e-restart")
+    jobs = _request(user, 10, **WORK)
+    proxy.start()
+    env = subprocess_env(port=proxy.port)
+    procs.start("jobs_worker", "jobs_worker", env=env)
+    dispatcher = procs.start("jobs_dispatcher", "jobs_dispatcher", "--interval", "0.5", env=env)
+    started = time.monotonic()
+
+    wait_until(
+        procs,
+        "three jobs to succeed before the outage",
+        lambda: _states(jobs)[State.SUCCEEDED] >= 3,
+        timeout=60,
+    )
+    before = _states(jobs)
+    assert before[State.SUCCEEDED] < len(jobs), f"every job finished before the outage: {before}"
+    proxy.down()
+    down_at = time.monotonic()
+    print(f"database down after {down_at - started:.1f} s with jobs {dict(before)}")
+    _hold(procs, 7)  # nobody dies of it
+    proxy.up()
+    up_at = time.monotonic()
+    settled = _settle(procs, jobs, up_at)
+    wait_until(
+        procs, "the run_job messages to be acknowledged", lambda: not _run_queue_left(), timeout=60
+    )
+    print(
+        f"OUTAGE_RESTART: 7 s outage; every job succeeded {settled:.1f} s after the database "
+        f"came back ({time.monotonic() - started:.1f} s in all), queue drained "
+        f"{time.monotonic() - up_at:.1f} s after; {proxy.cut} connections cut"
+    )
+    _assert_each_once(jobs)
+    stats = jobs_stats(subprocess_env())
+    print("JOBS_STATS_AFTER_RESTART: " + json.dumps(stats, sort_keys=True))
+    assert stats["duplicate_effects"] == 0, stats
+    assert stats["jobs"]["by_state"] == {"succeeded": len(jobs)}, stats
+
+    began = _lines(dispatcher, r"jobs_dispatcher: database unavailable \(OperationalError ")
+    ended = _lines(dispatcher, r"jobs_dispatcher: database back after \d+\.\d s")
+    assert len(began) == 1 and len(ended) == 1, began + ended
+    procs.check_alive()
+
+
+def test_outage__database_down_at_start_up_then_everything_settles(procs, proxy, django_user_model):
+    """Started while the database refuses connections (20 s), both wait; then all settles.
+
+    jobs_worker does not start its qcluster before the database answers (django-q2's
+    cluster would exit at once); neither process exits or logs more than once.
+    """
+    user = django_user_model.objects.create_user(username="e2e-cold-start")
+    jobs = _request(user, 8, stages=1, stage_sleep=0.1)
+    proxy.start(listening=False)
+    env = subprocess_env(port=proxy.port)
+    worker = procs.start("jobs_worker", "jobs_worker", env=env)
+    dispatcher = procs.start("jobs_dispatcher", "jobs_dispatcher", "--interval", "0.5", env=env)
+    started = time.monotonic()
+    _hold(procs, 20)
+    assert not children(worker.pid), "jobs_worker started qcluster while the database was down"
+    assert _states(jobs) == Counter({State.QUEUED: len(jobs)})
+    for proc in (worker, dispatcher):
+        assert len(_lines(proc, r"database unavailable \(OperationalError ")) == 1, proc.name
+    proxy.up()
+    up_at = time.monotonic()
+    settled = _settle(procs, jobs, up_at)
+    print(
+        f"OUTAGE_COLD_START: database down for the first {up_at - started:.1f} s; every job "
+        f"succeeded {settled:.1f} s after it came up"
+    )
+    _assert_each_once(jobs)
+    for proc in (worker, dispatcher):
+        assert len(_lines(proc, r"database back after \d+\.\d s")) == 1, proc.name
+    assert _lines(worker, r"jobs_worker: started qcluster pid \d+")
+    procs.check_alive()
+
+
+# --- supervision ----------------------------------------------------------------------
+
+
+def test_worker__restarts_a_killed_qcluster_and_stops_its_whole_group(procs, django_user_model):
+    """SIGKILL of the qcluster: a new one runs (and works); SIGTERM leaves no process behind."""
+    worker = procs.start("jobs_worker", "jobs_worker", "--stop-timeout", "10")
+    first = _cluster_of(worker, procs)
+    first_members = group_members(first)
+    os.kill(first, signal.SIGKILL)  # the child exits; its sentinel and workers would linger
+
+    second = _cluster_of(worker, procs, other_than=first)
+    assert second != first
+    assert not group_members(first), f"orphans of the killed cluster: {group_members(first)}"
+    assert _lines(worker, rf"qcluster pid {first} exited with code -9; it ran \d+ s; restarting")
+
+    user = django_user_model.objects.create_user(username="e2e-restarted")
+    [job] = _request(user, 1)
+    wait_until(
+        procs,
+        "the restarted cluster to run a job",
+        lambda: Job.objects.get(pk=job.pk).state == State.SUCCEEDED,
+        timeout=30,
+    )
+    second_members = group_members(second)
+    assert len(second_members) >= 5, second_members
+
+    worker.popen.send_signal(signal.SIGTERM)
+    assert worker.popen.wait(timeout=30) == 0, worker.popen.returncode
+    worker.killed = True  # it exited on purpose
+    left = [pid for pid in {*first_members, *second_members, worker.pid} if _alive(pid)]
+    assert not left, f"processes outlived jobs_worker's stop: {left}"
+    assert not group_members(second) and not group_members(worker.pid)
+    assert _lines(worker, r"qcluster pid \d+ and its process group ended")
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (os.kill(pid, 0) says yes to zombies)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_worker__restarts_a_cluster_that_stopped_making_progress(procs, django_user_model):
+    """A cluster whose worker froze (SIGSTOP) while messages wait is restarted (the wedge).
+
+    The cluster process stays alive, its pusher keeps taking messages, nothing runs:
+    what django-q2's wedge looks like from outside. After the stall threshold
+    jobs_worker replaces the cluster and the waiting jobs finish.
+    """
+    worker = procs.start("jobs_worker", "jobs_worker")
+    cluster = _cluster_of(worker, procs)
+    user = django_user_model.objects.create_user(username="e2e-stall")
+    frozen = _warm_up(procs, user)
+    assert frozen in group_members(cluster) and frozen != cluster
+    os.kill(frozen, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    jobs = _request(user, 2, first=2)
+    new = _cluster_of(worker, procs, other_than=cluster)
+    restarted = time.monotonic() - stopped_at
+    wait_until(
+        procs,
+        "the waiting jobs to succeed on the new cluster",
+        lambda: _states(jobs)[State.SUCCEEDED] == len(jobs),
+        timeout=60,
+    )
+    print(
+        f"STALL: cluster {cluster} restarted {restarted:.1f} s after its worker froze; the "
+        f"waiting jobs succeeded {time.monotonic() - stopped_at:.1f} s after"
+    )
+    assert not group_members(cluster), "the stalled cluster's group outlived the restart"
+    assert new != cluster
+    [line] = _lines(worker, rf"qcluster pid {cluster} made no progress for \d+ s while ")
+    print(line)
+    # The sign is normally the job messages the frozen cluster took and never began
+    # (from 6 s after it took them); once they are handed out again after the retry
+    # (7 s) and nobody takes them for 5 s, the untaken messages are the sign.
+    assert "job message(s) taken over 6 s ago and never begun" in line or (
+        "untaken for over 5 s" in line
+    ), line
+
+
+# --- failures before the claim are counted -----------------------------------------
+
+
+def _set_allow_connections(allow: bool) -> None:
+    """ALLOW_CONNECTIONS on the test database, from the server's maintenance database."""
+    host, port = database_address()
+    name = connection.settings_dict["NAME"]
+    user = connection.settings_dict.get("USER") or "root"
+    with psycopg.connect(host=host, port=port, user=user, dbname="postgres", autocommit=True) as c:
+        c.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {"true" if allow else "false"}')
+
+
+def test_worker__a_delivery_refused_its_connection_before_the_claim_is_counted(
+    procs, django_user_model
+):
+    """The worker's connection is gone and PostgreSQL refuses new ones: the claim fails.
+
+    Nothing is recorded for the job (no attempt row); django-q2 records a failed
+    task, counted by ``jobs_stats`` as a failed delivery, and redelivers the message
+    after Q_CLUSTER['retry'] once connections are allowed again: the job succeeds.
+    """
+    worker = procs.start("jobs_worker", "jobs_worker")
+    user = django_user_model.objects.create_user(username="e2e-refused")
+    worker_pid = _warm_up(procs, user)  # the worker and the monitor hold connections now
+    ports = local_ports(worker_pid)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND client_port = ANY(%s)",
+            [list(ports)],
+        )
+        backends = [row[0] for row in cursor.fetchall()]
+    assert len(backends) == 1, f"worker {worker_pid} ports {ports} backends {backends}"
+
+    _set_allow_connections(False)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [backends[0]])
+        [job] = _request(user, 1, first=2)
+        wait_until(
+            procs,
+            "django-q2 to record the refused delivery",
+            lambda: Failure.objects.filter(func="jobs.tasks.run_job").exists(),
+            timeout=30,
+        )
+    finally:
+        _set_allow_connections(True)
+    refused_at = time.monotonic()
+    assert not Attempt.objects.filter(job=job).exists(), "the refused delivery left an attempt"
+
+    wait_until(
+        procs,
+        "the redelivered message to finish the job",
+        lambda: Job.objects.get(pk=job.pk).state == State.SUCCEEDED,
+        timeout=40,
+    )
+    print(f"REFUSED: the job succeeded {time.monotonic() - refused_at:.1f} s after the refusal")
+    assert Attempt.objects.filter(job=job).count() == 1
+    [line] = _lines(worker, r"run_job \d+: delivery failed before an outcome was recorded")
+    assert f"run_job {job.pk}:" in line and "OperationalError" in line
+
+    stats = jobs_stats(subprocess_env())
+    print("JOBS_STATS_AFTER_REFUSAL: " + json.dumps(stats, sort_keys=True))
+    assert stats["failed_deliveries"] == 1, stats
+    assert stats["failed_deliveries_by_task"] == {"run_job": 1}, stats
+    assert stats["jobs"]["by_state"] == {"succeeded": 2}, stats
+    failure = Failure.objects.get(func="jobs.tasks.run_job")
+    assert failure.result.startswith(f"run_job {job.pk}: OperationalError"), failure.result

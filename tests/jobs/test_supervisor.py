@@ -1,0 +1,96 @@
+"""The pieces of jobs.supervisor that run inside one process: deliveries, outages, figures.
+
+The processes themselves (jobs_worker, jobs_dispatcher) are tested for real in
+tests/e2e/test_outages.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import pytest
+from django.db import OperationalError
+from django.utils import timezone
+from django_q.models import Task
+
+from jobs import stats
+from jobs.exceptions import DeliveryFailed
+from jobs.supervisor import PROGRESS_FILE_ENV, Outage, delivery
+
+PRIVATE = "Ada Zzprivzz"
+
+
+def test_delivery__a_failure_is_named_by_class_and_code_only(caplog):
+    caplog.set_level(logging.WARNING, logger="jobs.supervisor")
+    with pytest.raises(DeliveryFailed) as raised, delivery("run_job", 12):
+        raise OperationalError(f'duplicate key (applicant)=({PRIVATE}) already exists"')
+    assert str(raised.value) == "run_job 12: OperationalError db_unavailable"
+    assert raised.value.__suppress_context__  # django-q2's traceback text stops here
+    assert "run_job 12: delivery failed before an outcome was recorded" in caplog.text
+    assert PRIVATE not in caplog.text
+
+
+def test_delivery__marks_progress_when_it_begins_and_ends(tmp_path, monkeypatch):
+    progress = tmp_path / "progress"
+    progress.touch()
+    os.utime(progress, (0, 0))
+    monkeypatch.setenv(PROGRESS_FILE_ENV, str(progress))
+    with delivery("release_effect", 3):
+        began = progress.stat().st_mtime
+        os.utime(progress, (0, 0))
+    assert began > time.time() - 60
+    assert progress.stat().st_mtime > time.time() - 60
+
+
+def test_outage__logged_once_when_it_begins_and_once_when_it_ends(caplog):
+    caplog.set_level(logging.INFO, logger="jobs.supervisor")
+    outage = Outage("test_loop", cap=0.5)
+    assert outage.recovered() is None  # nothing to end
+    delays = [outage.failed(OperationalError("connection refused")) for _ in range(4)]
+    assert all(0 < d <= 0.5 for d in delays)
+    assert outage.down
+    seconds = outage.recovered()
+    assert seconds is not None and not outage.down
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "test_loop: database unavailable (OperationalError db_unavailable); retrying with "
+        "backoff up to 0.5s",
+        f"test_loop: database back after {seconds:.1f} s (4 failed tries)",
+    ]
+
+
+@pytest.mark.django_db
+@pytest.mark.urls("tests.testapp.urls")
+def test_failed_deliveries__counted_in_stats_metrics_and_dashboard(client, admin_user):
+    now = timezone.now()
+
+    def task(name: str, func: str, *, success: bool, attempts: int) -> None:
+        Task.objects.create(
+            id=name,
+            name=name,
+            func=func,
+            started=now,
+            stopped=now,
+            success=success,
+            attempt_count=attempts,
+            result="",
+        )
+
+    task("a", "jobs.tasks.run_job", success=False, attempts=2)
+    task("b", "jobs.tasks.run_job", success=False, attempts=1)
+    task("c", "jobs.tasks.release_effect", success=False, attempts=1)
+    task("d", "jobs.tasks.run_job", success=True, attempts=1)  # saved success: not a failure
+    task("e", "someone.else", success=False, attempts=5)  # not ours
+
+    figures = stats.collect()
+    assert figures["failed_deliveries"] == 4
+    assert figures["failed_deliveries_by_task"] == {"run_job": 3, "release_effect": 1}
+
+    client.force_login(admin_user)
+    text = client.get("/metrics").content.decode()
+    assert 'jobs_failed_deliveries_total{task="run_job"} 3.0' in text
+    assert 'jobs_failed_deliveries_total{task="release_effect"} 1.0' in text
+    page = client.get("/admin/jobs/job/dashboard/").content.decode()
+    assert "Failed deliveries<b>4</b>" in page
