@@ -110,7 +110,12 @@ def wheel(tmp_path_factory) -> Path:
     ).stdout
     tops = {line.split()[0].split("/")[0] for line in names.splitlines()[1:] if line.strip()}
     assert tops == {"jobs", built.name.split("-py3")[0] + ".dist-info"}, tops
-    for needed in ("jobs/py.typed", "jobs/templates/jobs/dashboard.html", "jobs/migrations/"):
+    for needed in (
+        "jobs/py.typed",
+        "jobs/templates/jobs/dashboard.html",
+        "jobs/static/jobs/console.js",
+        "jobs/migrations/",
+    ):
         assert needed in names, needed
     return built
 
@@ -237,5 +242,5 @@ def test_wheel__quickstart_in_a_fresh_project(variant, wheel, tmp_path, request)
     assert seen["task"] == ["SUCCESSFUL", {"order": 7, "total": "42.00"}, 1]
     assert set(seen["pages"].values()) == {200}, seen["pages"]
     commands = set(re.findall(r"^    (\w+)$", help_text, re.M))
-    assert {"qcluster", "jobs_dispatcher", "jobs_stats", "migrate"} <= commands
+    assert {"qcluster", "jobs_worker", "jobs_dispatcher", "jobs_stats", "migrate"} <= commands
     assert not commands & {"burst", "fake_provider", "drill", "seed_demo"}
