@@ -7,11 +7,11 @@ PORT ?= 8000
 
 .PHONY: install demo serve test lint format clean bench soak
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml packaging/django-jobs-ledger/pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e './packaging/django-jobs-ledger[webhook,metrics]' -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

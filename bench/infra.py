@@ -18,9 +18,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+
+from jobs.testing import scratchdb
+from jobs.testing.processes import Processes, group_alive
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var" / "bench"
@@ -47,46 +49,32 @@ class NotPostgres(SystemExit):
 
 def server_url() -> str:
     """DATABASE_URL, refused unless it is PostgreSQL."""
-    url = os.environ.get("DATABASE_URL", "")
-    scheme = urlsplit(url).scheme
-    if scheme not in ("postgres", "postgresql", "pgsql", "postgis"):
-        shown = scheme or "unset (SQLite)"
+    try:
+        return scratchdb.server_url(purpose="make bench")
+    except scratchdb.NotPostgres as exc:
         raise NotPostgres(
-            f"make bench measures PostgreSQL only; DATABASE_URL is {shown}.\n"
-            "Run e.g.: DATABASE_URL=postgres://root@127.0.0.1:5432/postgres make bench\n"
+            f"{exc}\nRun e.g.: DATABASE_URL=postgres://root@127.0.0.1:5432/postgres make bench\n"
             "(the benchmarks create and use their own bench_* databases on that server)"
-        )
-    return url
+        ) from None
 
 
 def db_url(name: str) -> str:
     """The server's URL with the database name replaced (libpq form, for psycopg)."""
-    parts = urlsplit(server_url())
-    return urlunsplit(("postgresql", parts.netloc, f"/{name}", parts.query, ""))
+    return scratchdb.with_database(server_url(), name)
 
 
 def connect(name: str, **kwargs) -> psycopg.Connection:
     return psycopg.connect(db_url(name), autocommit=True, **kwargs)
 
 
-def _maintenance_connection() -> psycopg.Connection:
-    for name in (urlsplit(server_url()).path.lstrip("/") or "postgres", "postgres"):
-        with contextlib.suppress(psycopg.OperationalError):
-            return connect(name)
-    return connect("template1")
-
-
 def ensure_database(name: str) -> None:
     assert name in OWNED, name
-    with _maintenance_connection() as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
+    scratchdb.create(server_url(), name, if_missing=True)
 
 
 def drop_database(name: str) -> None:
     assert name in OWNED, name
-    with _maintenance_connection() as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    scratchdb.drop(server_url(), name)
 
 
 def child_env(workers: int | None = None, **extra: str) -> dict[str, str]:
@@ -230,33 +218,22 @@ class Cluster:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and _group_alive(self.popen.pid):
+        while time.monotonic() < deadline and group_alive(self.popen.pid):
             time.sleep(0.02)
 
 
-def _group_alive(pgid: int) -> bool:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            fields = _stat(int(entry.name))
-            if fields and int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-    return False
+def processes(workers: int | None = None, **env: str) -> Processes:
+    """The benchmarks' child processes: ``manage.py`` with ``bench.settings``, logs in VAR."""
+    VAR.mkdir(parents=True, exist_ok=True)
+    return Processes(
+        child_env(workers, **env), VAR, command=(sys.executable, "manage.py"), cwd=ROOT
+    )
 
 
 def start_cluster(workers: int, label: str, **env: str) -> Cluster:
-    VAR.mkdir(parents=True, exist_ok=True)
-    log_path = VAR / f"qcluster-{label}.log"
-    with open(log_path, "wb") as log:
-        popen = subprocess.Popen(
-            [sys.executable, "manage.py", "qcluster"],
-            cwd=ROOT,
-            env=child_env(workers, **env),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return Cluster(workers, popen, log_path, time.monotonic())
+    (VAR / f"qcluster-{label}.log").unlink(missing_ok=True)
+    proc = processes(workers, **env).start(f"qcluster-{label}", "qcluster")
+    return Cluster(workers, proc.popen, proc.log_path, time.monotonic())
 
 
 @contextlib.contextmanager
@@ -275,7 +252,7 @@ def server_counters() -> dict[str, int]:
     to ``bench_e2e``; callers close their own connections first (a backend
     flushes its counters when it exits).
     """
-    with _maintenance_connection() as conn:
+    with scratchdb.admin_connection(server_url()) as conn:
         row = conn.execute(
             "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = %s",
             [E2E_DB],

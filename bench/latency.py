@@ -14,10 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-import signal
 import socket
-import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -27,7 +24,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from bench import infra, workloads
-from jobs import burst
+from jobs.contrib.drills import burst
 from jobs.models import Effect, Job, Notice
 from jobs.services import request_job
 
@@ -63,44 +60,24 @@ def stand_in_provider():
     """The loopback stand-in of the notice provider, as its own process."""
     port = _free_port()
     record = infra.VAR / f"provider-{uuid.uuid4().hex[:6]}.sqlite3"
-    log = open(infra.VAR / "fake-provider.log", "wb")  # noqa: SIM115 - closed below
-    popen = subprocess.Popen(
-        [
-            sys.executable,
-            "manage.py",
-            "fake_provider",
-            "--port",
-            str(port),
-            "--record",
-            str(record),
-        ],
-        cwd=infra.ROOT,
-        env=infra.child_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    (infra.VAR / "fake-provider.log").unlink(missing_ok=True)
+    procs = infra.processes()
+    proc = procs.start(
+        "fake-provider", "fake_provider", "--port", str(port), "--record", str(record)
     )
     try:
         deadline = time.monotonic() + 20
         while True:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
                 break
-            if popen.poll() is not None or time.monotonic() > deadline:
+            if not proc.alive() or time.monotonic() > deadline:
                 raise RuntimeError(
                     "the stand-in provider did not start (var/bench/fake-provider.log)"
                 )
             time.sleep(0.05)
         yield f"http://127.0.0.1:{port}"
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            popen.send_signal(signal.SIGTERM)
-        try:
-            popen.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait()
-        log.close()
+        procs.terminate(proc, timeout=5)
         with contextlib.suppress(OSError):
             for suffix in ("", "-wal", "-shm"):
                 record.with_name(record.name + suffix).unlink()

@@ -1,5 +1,85 @@
 """A reusable Django app for background jobs with one outcome per job.
 
-It imports nothing from the site; job kinds and providers register themselves
+The public API is re-exported here and loaded on first use, so ``import jobs``
+is safe before Django's apps are ready (in settings, in ``jobkinds.py``)::
+
+    import jobs
+
+    @jobs.kind("billing.invoice", max_attempts=5)
+    def invoice(ctx: jobs.JobContext) -> list[jobs.EffectSpec]: ...
+
+    handle = jobs.request("billing.invoice", order, revision=1, params={"user_id": 7})
+
+It imports nothing from the project; kinds and providers register themselves
 through ``jobs.registry``.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# name -> module that defines it
+_EXPORTS = {
+    "kind": "jobs.api",
+    "request": "jobs.api",
+    "JobHandle": "jobs.api",
+    "JobFailure": "jobs.api",
+    "JobConflict": "jobs.api",
+    "EffectSpec": "jobs.registry",
+    "register_kind": "jobs.registry",
+    "register_provider": "jobs.registry",
+    "JobContext": "jobs.runner",
+    "Provider": "jobs.providers",
+    "JobError": "jobs.exceptions",
+    "PayloadInvalid": "jobs.exceptions",
+    "NotAuthorized": "jobs.exceptions",
+    "TemporaryFailure": "jobs.exceptions",
+    "LeaseLost": "jobs.exceptions",
+}
+__all__ = [
+    "EffectSpec",
+    "JobConflict",
+    "JobContext",
+    "JobError",
+    "JobFailure",
+    "JobHandle",
+    "LeaseLost",
+    "NotAuthorized",
+    "PayloadInvalid",
+    "Provider",
+    "TemporaryFailure",
+    "kind",
+    "register_kind",
+    "register_provider",
+    "request",
+]
+assert sorted(__all__) == sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from jobs.api import JobConflict, JobFailure, JobHandle, kind, request
+    from jobs.exceptions import (
+        JobError,
+        LeaseLost,
+        NotAuthorized,
+        PayloadInvalid,
+        TemporaryFailure,
+    )
+    from jobs.providers import Provider
+    from jobs.registry import EffectSpec, register_kind, register_provider
+    from jobs.runner import JobContext
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jobs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

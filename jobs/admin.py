@@ -496,6 +496,13 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
     ]
     inlines = [AttemptInline, ArtifactInline, EffectInline]
 
+    def get_urls(self):
+        """The operations console lives with the jobs list: no URL include needed for it."""
+        from jobs.views import dashboard_view
+
+        dashboard = self.admin_site.admin_view(dashboard_view)
+        return [path("dashboard/", dashboard, name="jobs_job_dashboard"), *super().get_urls()]
+
     def has_operate_permission(self, request) -> bool:
         return request.user.has_perm("jobs.change_job")
 

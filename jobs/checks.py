@@ -1,14 +1,32 @@
-"""Start-up checks: lease < Q_CLUSTER timeout < retry, the artifact storage exists, and
-PostgreSQL allows the connections the configured processes need."""
+"""Start-up checks: each names the setting or app that is missing or out of order.
+
+``manage.py check`` (and every command that runs checks: migrate, qcluster,
+runserver) stops on an Error, so a project learns what to fix before a job runs.
+
+| id | what |
+|---|---|
+| jobs.E001, E002 | ``Q_CLUSTER['timeout']`` set; lease < timeout < retry |
+| jobs.E003 | the artifact storage alias exists in ``STORAGES`` |
+| jobs.E004 | a jobs setting has a value of the wrong type or sign |
+| jobs.E020 | ``django_q`` is in ``INSTALLED_APPS`` |
+| jobs.E021, E022 | django-q2 uses its ORM broker, on the database the jobs are written to |
+| jobs.E010 (webhook.py), E011, E012, W011 | the webhook provider: timing, httpx, URL, token |
+| jobs.W012 | an e-mail send fits inside the sending lease |
+| jobs.W013 | a job's inline release fits inside ``Q_CLUSTER['timeout']`` |
+| jobs.W010 | PostgreSQL allows the connections the configured processes need (database tag) |
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
+from django.apps import apps
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, router
 
 from jobs import conf
 
@@ -16,11 +34,17 @@ from jobs import conf
 @register()
 def check_timing(app_configs=None, **kwargs):
     errors = []
-    q = getattr(settings, "Q_CLUSTER", {})
+    q = conf.q_cluster()
     lease = conf.lease_seconds()
     timeout, retry = q.get("timeout"), q.get("retry", 60)
     if timeout is None:
-        errors.append(Error("Q_CLUSTER['timeout'] must be set", id="jobs.E001"))
+        errors.append(
+            Error(
+                "Q_CLUSTER['timeout'] must be set",
+                hint="e.g. Q_CLUSTER = {'orm': 'default', 'timeout': 120, 'retry': 180}",
+                id="jobs.E001",
+            )
+        )
     elif not (lease < timeout < retry):
         errors.append(
             Error(
@@ -30,15 +54,6 @@ def check_timing(app_configs=None, **kwargs):
                 id="jobs.E002",
             )
         )
-    if q.get("orm") is None:
-        errors.append(
-            Warning(
-                "Q_CLUSTER does not use the ORM broker: enqueue is not atomic with the job row",
-                hint="The dispatcher still re-drives due jobs, but a crash between commit and "
-                "enqueue delays a job until it is found.",
-                id="jobs.W001",
-            )
-        )
     return errors
 
 
@@ -46,7 +61,167 @@ def check_timing(app_configs=None, **kwargs):
 def check_storage(app_configs=None, **kwargs):
     alias = conf.get("JOBS_ARTIFACT_STORAGE")
     if alias not in getattr(settings, "STORAGES", {}):
-        return [Error(f"STORAGES has no {alias!r} entry (JOBS_ARTIFACT_STORAGE)", id="jobs.E003")]
+        return [
+            Error(
+                f"STORAGES has no {alias!r} entry (JOBS_ARTIFACT_STORAGE)",
+                hint="e.g. STORAGES['artifacts'] = {'BACKEND': "
+                "'jobs.artifacts.AtomicFileSystemStorage', 'OPTIONS': {'location': ...}}",
+                id="jobs.E003",
+            )
+        ]
+    return []
+
+
+@register()
+def check_setting_values(app_configs=None, **kwargs):
+    """Numbers are numbers and positive: a typo fails here, not in a worker at 3 a.m."""
+    errors = []
+    for s in conf.SETTINGS:
+        if not isinstance(s.default, (int, float)) and not (
+            s.default is None and s.name.endswith("_SECONDS")
+        ):
+            continue
+        value = conf.get(s.name)
+        if value is None and s.default is None:
+            continue
+        try:
+            ok = float(value) >= 0 and (float(value) > 0 or s.name.endswith("IN_FLIGHT"))
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            errors.append(
+                Error(f"{s.name} must be a positive number, got {value!r}", id="jobs.E004")
+            )
+    return errors
+
+
+@register()
+def check_django_q(app_configs=None, **kwargs):
+    """Jobs are enqueued through django-q2: its app (and tables) must be there."""
+    if not apps.is_installed("django_q"):
+        return [
+            Error(
+                "'django_q' must be in INSTALLED_APPS",
+                hint="jobs enqueue through django-q2; its tables come from its migrations "
+                "(without them migrate fails on django_q_schedule).",
+                id="jobs.E020",
+            )
+        ]
+    return []
+
+
+@register()
+def check_broker(app_configs=None, **kwargs):
+    """The ORM broker on the jobs' database: the job row and its message commit together."""
+    if not conf.q_cluster():
+        return []  # jobs.E001 names the missing Q_CLUSTER
+    alias = conf.q_cluster().get("orm")
+    jobs_db = router.db_for_write(apps.get_model("jobs", "Job"))
+    if not alias:
+        return [
+            Error(
+                "Q_CLUSTER['orm'] must name a database: jobs use django-q2's ORM broker",
+                hint=f"Q_CLUSTER['orm'] = {jobs_db!r}. Another broker would need its own "
+                "client library and could lose a message between the job's commit and the "
+                "enqueue.",
+                id="jobs.E021",
+            )
+        ]
+    if alias != jobs_db:
+        return [
+            Error(
+                f"Q_CLUSTER['orm'] is {alias!r} but jobs are written to {jobs_db!r}",
+                hint="The message must commit in the same transaction as the job row.",
+                id="jobs.E022",
+            )
+        ]
+    return []
+
+
+@register()
+def check_webhook(app_configs=None, **kwargs):
+    """When NOTICE_PROVIDER_URL is set: httpx installed, an http(s) URL, a token."""
+    url = conf.get("NOTICE_PROVIDER_URL")
+    if not url:
+        return []
+    if importlib.util.find_spec("httpx") is None:
+        return [
+            Error(
+                "NOTICE_PROVIDER_URL is set but httpx is not installed",
+                hint="pip install 'django-jobs-ledger[webhook]'",
+                id="jobs.E011",
+            )
+        ]
+    parts = urlsplit(str(url))
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return [
+            Error(
+                f"NOTICE_PROVIDER_URL must be an http(s) URL with a host, got {url!r}",
+                id="jobs.E012",
+            )
+        ]
+    if not conf.get("NOTICE_PROVIDER_TOKEN"):
+        return [
+            Warning(
+                "NOTICE_PROVIDER_URL is set without NOTICE_PROVIDER_TOKEN",
+                hint="The provider is called without an Authorization header.",
+                id="jobs.W011",
+            )
+        ]
+    return []
+
+
+def _send_budgets() -> dict[str, float]:
+    """Seconds one send may take, per provider in use: its timeouts plus the slot wait."""
+    wait = float(conf.get("JOBS_PROVIDER_SLOT_WAIT_SECONDS"))
+    from jobs.providers.email import send_timeout
+
+    budgets = {"email": send_timeout() + wait}
+    if conf.get("NOTICE_PROVIDER_URL"):
+        budgets["webhook"] = (
+            float(conf.get("NOTICE_PROVIDER_CONNECT_TIMEOUT"))
+            + float(conf.get("NOTICE_PROVIDER_READ_TIMEOUT"))
+            + wait
+        )
+    return budgets
+
+
+@register()
+def check_email_timing(app_configs=None, **kwargs):
+    """An SMTP send outliving its lease ends in needs_review (never a blind resend)."""
+    lease = float(conf.get("JOBS_EFFECT_LEASE_SECONDS"))
+    budget = _send_budgets()["email"]
+    if budget >= lease:
+        return [
+            Warning(
+                f"EMAIL_TIMEOUT (or NOTICE_EMAIL_TIMEOUT) + JOBS_PROVIDER_SLOT_WAIT_SECONDS "
+                f"({budget:g}) is not below JOBS_EFFECT_LEASE_SECONDS ({lease:g})",
+                hint="A slow mail server then outlives the sending lease and the e-mail "
+                "goes to needs_review for an operator.",
+                id="jobs.W012",
+            )
+        ]
+    return []
+
+
+@register()
+def check_inline_release(app_configs=None, **kwargs):
+    """A delivery releases its effects before returning: lease + one send < Q timeout."""
+    timeout = conf.q_cluster().get("timeout")
+    if timeout is None:
+        return []
+    lease = conf.lease_seconds()
+    provider, budget = max(_send_budgets().items(), key=lambda item: item[1])
+    if lease + budget >= float(timeout):
+        return [
+            Warning(
+                f"JOBS_LEASE_SECONDS ({lease:g}) + one {provider} send ({budget:g}) is not "
+                f"below Q_CLUSTER['timeout'] ({timeout})",
+                hint="django-q2 may stop the worker mid-release; the dispatcher re-drives "
+                "the effect later, but the notice is late.",
+                id="jobs.W013",
+            )
+        ]
     return []
 
 

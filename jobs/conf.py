@@ -1,50 +1,165 @@
-"""Engine settings, read at call time so tests and operators can change them."""
+"""Every setting of the app, its default and what it is for: the one place they live.
+
+Read at call time (``conf.get(name)``), never at import, so tests and operators
+can change them. ``docs/app/settings.md`` lists the same table; a test keeps the
+two in step and checks that no other module reads these settings directly.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from django.conf import settings
 
-DEFAULTS = {
-    "JOBS_LEASE_SECONDS": 60.0,
-    "JOBS_MAX_ATTEMPTS": 5,
-    "JOBS_TENANT_CONCURRENCY": 4,
-    "JOBS_BACKOFF_FLOOR_SECONDS": 1.0,
-    "JOBS_BACKOFF_BASE_SECONDS": 2.0,
-    "JOBS_BACKOFF_CAP_SECONDS": 300.0,
-    "JOBS_EFFECT_LEASE_SECONDS": 30.0,
-    "JOBS_EFFECT_MAX_ATTEMPTS": 8,
-    "JOBS_TENANT_DEFER_SECONDS": 1.0,
-    # How long a sender waits for one of a provider's in-flight slots before it
-    # defers the effect (no attempt spent). Keep connect + read timeouts + this
-    # below JOBS_EFFECT_LEASE_SECONDS (system check jobs.E010).
-    "JOBS_PROVIDER_SLOT_WAIT_SECONDS": 2.0,
-    # Extra delay (seconds, jittered up to twice this) before a deferred effect is due again.
-    "JOBS_PROVIDER_DEFER_SECONDS": 0.5,
-    "JOBS_ARTIFACT_STORAGE": "artifacts",
-    # Worker transactions on PostgreSQL: the server ends one idle this long (None: a quarter
-    # of the lease), and a worker's own CAS needs at least this much lease left, so a frozen
-    # worker can never commit after its lease ran out. Lock waits end after the lock timeout
-    # (None: half the lease).
-    "JOBS_TRANSACTION_IDLE_SECONDS": None,
-    "JOBS_LOCK_TIMEOUT_SECONDS": None,
-    # A dependency outage (database, artifact storage) does not spend a job's attempts for
-    # this long after it began; its retries back off up to the outage cap.
-    "JOBS_OUTAGE_WINDOW_SECONDS": 3600.0,
-    "JOBS_OUTAGE_BACKOFF_CAP_SECONDS": 60.0,
-    # A still-due job whose message is older than this gets another (None: 2x Q retry).
-    "JOBS_REDRIVE_AFTER_SECONDS": None,
-    # What the connection sizing check (jobs.W010) counts against max_connections:
-    # jobs_worker processes (each a qcluster) on all machines, dispatcher loops, and
-    # connections the web servers hold (WSGI workers x threads, all machines).
-    "JOBS_EXPECTED_WORKER_PROCESSES": 1,
-    "JOBS_EXPECTED_DISPATCHERS": 1,
-    "JOBS_EXPECTED_WEB_CONNECTIONS": 4,
-}
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: Any
+    doc: str
 
 
-def get(name: str):
-    """Return the setting ``name`` or its documented default."""
-    return getattr(settings, name, DEFAULTS[name])
+SETTINGS: tuple[Setting, ...] = (
+    # --- jobs ---------------------------------------------------------------------
+    Setting(
+        "JOBS_LEASE_SECONDS",
+        60.0,
+        "How long a claim holds a job without a heartbeat. Must be below "
+        "Q_CLUSTER['timeout'], which must be below Q_CLUSTER['retry'] (check jobs.E002).",
+    ),
+    Setting("JOBS_MAX_ATTEMPTS", 5, "Attempt budget of a job whose kind sets none."),
+    Setting("JOBS_TENANT_CONCURRENCY", 4, "Most jobs of one tenant running at once."),
+    Setting(
+        "JOBS_TENANT_DEFER_SECONDS",
+        1.0,
+        "Delay (jittered up to twice) before a job held back by its tenant's bound is due again.",
+    ),
+    Setting("JOBS_BACKOFF_FLOOR_SECONDS", 1.0, "Smallest retry delay (never an instant retry)."),
+    Setting("JOBS_BACKOFF_BASE_SECONDS", 2.0, "Retry n waits floor + up to base * 2^(n-1)."),
+    Setting("JOBS_BACKOFF_CAP_SECONDS", 300.0, "Largest retry delay."),
+    Setting(
+        "JOBS_REDRIVE_AFTER_SECONDS",
+        None,
+        "A still-due job whose message is older than this gets another one "
+        "(None: twice Q_CLUSTER['retry']).",
+    ),
+    Setting(
+        "JOBS_ARTIFACT_STORAGE",
+        "artifacts",
+        "The STORAGES alias artifacts are written to (check jobs.E003).",
+    ),
+    Setting(
+        "JOBS_TRANSACTION_IDLE_SECONDS",
+        None,
+        "PostgreSQL: the server ends a worker transaction idle this long, and a worker's own "
+        "CAS needs this much lease left, so a frozen worker never commits late "
+        "(None: a quarter of the lease).",
+    ),
+    Setting(
+        "JOBS_LOCK_TIMEOUT_SECONDS",
+        None,
+        "PostgreSQL: a worker's lock waits end after this (None: half the lease).",
+    ),
+    Setting(
+        "JOBS_OUTAGE_WINDOW_SECONDS",
+        3600.0,
+        "A dependency outage (database, artifact storage) does not spend a job's attempts "
+        "for this long after it began.",
+    ),
+    Setting(
+        "JOBS_OUTAGE_BACKOFF_CAP_SECONDS",
+        60.0,
+        "Largest retry delay while a dependency is down.",
+    ),
+    Setting(
+        "JOBS_PRUNE_MIN_DAYS",
+        7,
+        "manage.py jobs_prune keeps finished jobs at least this many days.",
+    ),
+    # --- effects ------------------------------------------------------------------
+    Setting(
+        "JOBS_EFFECT_LEASE_SECONDS",
+        30.0,
+        "How long one sender holds an effect; a send (timeouts + slot wait) must end "
+        "within it (checks jobs.E010, jobs.W012).",
+    ),
+    Setting(
+        "JOBS_EFFECT_MAX_ATTEMPTS",
+        8,
+        "Send budget of an effect (enforced at its claim); spent: needs_review or failed.",
+    ),
+    Setting(
+        "JOBS_PROVIDER_SLOT_WAIT_SECONDS",
+        2.0,
+        "How long a sender waits for one of a provider's in-flight slots before the "
+        "effect is deferred (no attempt spent).",
+    ),
+    Setting(
+        "JOBS_PROVIDER_DEFER_SECONDS",
+        0.5,
+        "Delay (jittered up to twice) before a deferred effect is due again.",
+    ),
+    Setting(
+        "JOBS_PROVIDER_SLOT_DIR",
+        None,
+        "SQLite only: folder of the in-flight slot lock files (None: next to the database).",
+    ),
+    # --- providers ----------------------------------------------------------------
+    Setting(
+        "NOTICE_PROVIDER_URL",
+        "",
+        "Base URL of the HTTP notice provider (POST {url}/notices); empty: the webhook "
+        "provider has nowhere to send and such effects go to needs_review.",
+    ),
+    Setting("NOTICE_PROVIDER_TOKEN", "", "Bearer token sent to the HTTP notice provider."),
+    Setting("NOTICE_PROVIDER_CONNECT_TIMEOUT", 3.0, "Seconds to connect to the provider."),
+    Setting("NOTICE_PROVIDER_READ_TIMEOUT", 10.0, "Seconds to wait for the provider's answer."),
+    Setting("NOTICE_PROVIDER_MAX_IN_FLIGHT", 4, "Most webhook calls in flight (0: unbounded)."),
+    Setting("NOTICE_EMAIL_MAX_IN_FLIGHT", 2, "Most e-mail sends in flight (0: unbounded)."),
+    Setting(
+        "NOTICE_EMAIL_TIMEOUT",
+        10.0,
+        "Seconds per SMTP step when Django's EMAIL_TIMEOUT is not set.",
+    ),
+    # --- operations ---------------------------------------------------------------
+    Setting(
+        "JOBS_EXPECTED_WORKER_PROCESSES",
+        1,
+        "Connection sizing check (jobs.W010): jobs_worker processes (each a qcluster) on "
+        "all machines.",
+    ),
+    Setting("JOBS_EXPECTED_DISPATCHERS", 1, "Connection sizing check: dispatcher loops."),
+    Setting(
+        "JOBS_EXPECTED_WEB_CONNECTIONS",
+        4,
+        "Connection sizing check: connections the web servers hold (WSGI workers x threads, "
+        "all machines).",
+    ),
+    Setting(
+        "METRICS_TOKEN",
+        "",
+        "Bearer token that may read /metrics without a session (empty: sessions only).",
+    ),
+)
+
+DEFAULTS: dict[str, Any] = {s.name: s.default for s in SETTINGS}
+
+
+_UNSET = object()
+
+
+def get(name: str, default: Any = _UNSET) -> Any:
+    """Return the setting ``name`` or its documented default (KeyError for unknown names).
+
+    ``default`` is for names outside the table that share a documented one (a
+    second webhook provider's ``<PREFIX>_READ_TIMEOUT``).
+    """
+    if name in DEFAULTS:
+        return getattr(settings, name, DEFAULTS[name])
+    if default is _UNSET:
+        raise KeyError(f"{name} is not a setting of the jobs app (jobs.conf.SETTINGS)")
+    return getattr(settings, name, default)
 
 
 def lease_seconds() -> float:
@@ -103,8 +218,13 @@ def outage_backoff(attempt: int) -> float:
     )
 
 
+def q_cluster() -> dict:
+    """django-q2's ``Q_CLUSTER`` (the app reads its timeout, retry and broker)."""
+    return getattr(settings, "Q_CLUSTER", None) or {}
+
+
 def redrive_after_seconds() -> float:
     configured = get("JOBS_REDRIVE_AFTER_SECONDS")
     if configured is not None:
         return float(configured)
-    return 2 * float(getattr(settings, "Q_CLUSTER", {}).get("retry", 60))
+    return 2 * float(q_cluster().get("retry", 60))

@@ -62,7 +62,9 @@ class Job(models.Model):
     kind = models.CharField(max_length=64)
     # Indexed by (tenant_key, state) below; no index of its own.
     tenant_key = models.CharField(max_length=64, default="", blank=True)
-    subject_type = models.CharField(max_length=100, help_text="e.g. permits.permitrequest")
+    subject_type = models.CharField(
+        max_length=100, help_text="what the job is about, e.g. app_label.model_name"
+    )
     subject_id = models.CharField(max_length=64)
     output_revision = models.PositiveIntegerField(default=1)
     # References only (ids, flags). Private data is read by the handler, never stored here.

@@ -1,16 +1,18 @@
 """Job kinds and providers, registered by the apps that own them.
 
-The site registers its kinds in ``AppConfig.ready()``; the engine looks them
-up by name, so ``jobs`` never imports the site.
+Projects declare kinds with ``@jobs.kind`` in a ``jobkinds.py`` module (loaded
+at start-up) or call ``register_kind`` from ``AppConfig.ready()``; the engine
+looks them up by name, so ``jobs`` never imports the project.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jobs.exceptions import UnknownKind
+from jobs.exceptions import PayloadInvalid, UnknownKind
 
 if TYPE_CHECKING:
     from jobs.models import Effect
@@ -26,6 +28,54 @@ class EffectSpec:
     provider: str  # a registered provider name
     recipient: str  # a reference (user id), never an address
     data: dict[str, Any] = field(default_factory=dict)  # references only
+
+    def validate(self) -> None:
+        """Raise PayloadInvalid unless this can become a ledger row; no database query.
+
+        Called on what a handler returns, before publish: a bad effect fails the
+        job once as ``validation`` with a reason an operator can read, instead of
+        failing inside the publish transaction on every redelivery. The reason
+        names the field, never its value (it could be an address).
+        """
+        from django.contrib.auth import get_user_model
+        from django.core.exceptions import ValidationError
+
+        where = f"effect {self.name!r}" if isinstance(self.name, str) else "an effect"
+        if not isinstance(self.name, str) or not self.name or len(self.name) > 64:
+            raise PayloadInvalid(f"{where}: name must be a non-empty string of at most 64 chars")
+        if self.provider not in _providers:
+            known = ", ".join(sorted(_providers)) or "none"
+            raise PayloadInvalid(
+                f"{where}: provider {str(self.provider)[:64]!r} is not registered (known: {known})"
+            )
+        recipient = str(self.recipient) if self.recipient is not None else ""
+        user_pk = get_user_model()._meta.pk
+        try:
+            if not recipient or len(recipient) > 64:
+                raise ValidationError("empty or too long")
+            user_pk.to_python(recipient)
+        except ValidationError:
+            raise PayloadInvalid(
+                f"{where}: recipient must be a user id (the primary key of "
+                f"{get_user_model()._meta.label}), not an address or a name"
+            ) from None
+        if not isinstance(self.data, dict):
+            raise PayloadInvalid(f"{where}: data must be a dict of references")
+        try:
+            json.dumps(self.data)
+        except (TypeError, ValueError):
+            raise PayloadInvalid(f"{where}: data must be JSON-serialisable") from None
+
+
+def validate_effects(specs: list[EffectSpec]) -> list[EffectSpec]:
+    """Validate what a handler returned (see ``EffectSpec.validate``); returns it."""
+    for spec in specs:
+        if not isinstance(spec, EffectSpec):
+            raise PayloadInvalid(
+                f"a job handler must return EffectSpec objects, not {type(spec).__name__}"
+            )
+        spec.validate()
+    return specs
 
 
 @dataclass(frozen=True)

@@ -5,14 +5,13 @@ could still ask for it again, the ledger could no longer say "already done".
 So only effects in a final state, of finished jobs, older than a window far
 longer than any redelivery (django-q2 ``retry``, leases, the dispatcher's
 re-drives) are removed. Job rows are kept: they are what makes a second
-request for the same report return the same job.
+request for the same output return the same job.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -22,14 +21,14 @@ from jobs.models import Attempt, Effect, Job
 
 def minimum_days() -> float:
     """The shortest window allowed: a week, or 100x the longest redelivery delay."""
-    q = getattr(settings, "Q_CLUSTER", {})
+    q = conf.q_cluster()
     longest = max(
         float(q.get("retry", 60)),
         conf.lease_seconds(),
         float(conf.get("JOBS_EFFECT_LEASE_SECONDS")),
         float(conf.get("JOBS_BACKOFF_CAP_SECONDS")),
     )
-    return max(float(getattr(settings, "JOBS_PRUNE_MIN_DAYS", 7)), 100 * longest / 86400)
+    return max(float(conf.get("JOBS_PRUNE_MIN_DAYS")), 100 * longest / 86400)
 
 
 def prune(*, older_than_days: float, dry_run: bool = False) -> dict[str, int]:

@@ -90,7 +90,7 @@ def run_delivery(
     ctx.stage("claimed")
     try:
         kind = registry.get_kind(job.kind)
-        specs = kind.handler(ctx) or []
+        specs = registry.validate_effects(kind.handler(ctx) or [])
         ctx.stage("before_publish")
         ctx.heartbeat()  # a lease more than a third spent is extended before the fenced publish
     except LeaseLost:

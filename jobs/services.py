@@ -12,9 +12,9 @@ from datetime import datetime
 from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
-from django.utils import timezone
 
-from jobs import clock, conf, ledger, registry, transitions
+from jobs import clock, conf, ledger, transitions
+from jobs.api import obtain
 from jobs.models import Effect, Job
 from jobs.queue import enqueue_effect, enqueue_job
 
@@ -31,28 +31,14 @@ def request_job(
     params: dict | None = None,
 ) -> tuple[Job, bool]:
     """Return the one job for (kind, subject, revision), creating and enqueueing it once."""
-    job_kind = registry.get_kind(kind)
-    now = timezone.now()  # shown to people; the due time is the server's clock
-    with transaction.atomic():
-        job, created = Job.objects.get_or_create(
-            kind=kind,
-            subject_type=subject_type,
-            subject_id=str(subject_id),
-            output_revision=output_revision,
-            defaults={
-                "tenant_key": tenant_key,
-                "params": params or {},
-                "max_attempts": job_kind.max_attempts or conf.max_attempts(),
-                "next_attempt_at": Now(),
-                "enqueued_for": Now(),
-                "created_at": now,
-                "updated_at": now,
-            },
-        )
-        if created:
-            enqueue_job(job)
-            job.refresh_from_db(fields=["next_attempt_at", "enqueued_for"])
-    return job, created
+    return obtain(
+        kind,
+        subject_type=subject_type,
+        subject_id=subject_id,
+        output_revision=output_revision,
+        tenant_key=tenant_key,
+        params=params,
+    )
 
 
 def needs_message(due_field: str) -> Q:

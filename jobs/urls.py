@@ -1,4 +1,9 @@
-"""Operator URLs; the site includes them (``path("", include("jobs.urls"))``)."""
+"""Opt-in operator URLs under a prefix the project chooses: ``path("ops/", include("jobs.urls"))``.
+
+Only ``metrics`` (Prometheus, needs ``django-jobs-ledger[metrics]``). The admin
+dashboard needs no include: ``JobAdmin.get_urls`` serves it at
+``<admin>/jobs/job/dashboard/``.
+"""
 
 from django.urls import path
 
@@ -6,5 +11,4 @@ from jobs import views
 
 urlpatterns = [
     path("metrics", views.metrics_view, name="jobs-metrics"),
-    path("admin/jobs/dashboard/", views.dashboard_view, name="jobs-dashboard"),
 ]

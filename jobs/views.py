@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import hmac
 
-from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.views.decorators.cache import never_cache
-from prometheus_client import CONTENT_TYPE_LATEST
 
-from jobs import console, metrics, stats
+from jobs import conf, console, stats
 
 
 def _token_ok(request: HttpRequest) -> bool:
-    token = getattr(settings, "METRICS_TOKEN", "")
+    token = conf.get("METRICS_TOKEN")
     given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
     return bool(token) and hmac.compare_digest(given.encode(), token.encode())
 
@@ -27,6 +25,10 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     user = request.user
     if not (_token_ok(request) or (user.is_active and user.has_perm("jobs.view_job"))):
         raise PermissionDenied
+    from prometheus_client import CONTENT_TYPE_LATEST  # django-jobs-ledger[metrics]
+
+    from jobs import metrics
+
     return HttpResponse(metrics.render(), content_type=CONTENT_TYPE_LATEST)
 
 

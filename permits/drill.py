@@ -24,13 +24,13 @@ from django.db import connection, connections, transaction
 
 from jobs import artifacts, ledger
 from jobs.exceptions import TemporaryFailure
-from jobs.fakeprovider import Faults, Record, start_in_thread
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
 from jobs.registry import EffectSpec, register_kind
 from jobs.retry import POLICY, ErrorClass
 from jobs.runner import JobContext, run_delivery
 from jobs.services import request_job
 from jobs.tasks import release_effect
+from jobs.testing.fakeprovider import Faults, Record, start_in_thread
 from permits import reports
 from permits.models import PermitRequest
 from permits.services import report_request, revoke_reviewer

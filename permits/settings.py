@@ -108,6 +108,7 @@ INSTALLED_APPS = [
     "csp",
     "django_q",
     "jobs",
+    "jobs.contrib.drills",  # manage.py burst and fake_provider; the jobs.burst kind
     "permits.apps.PermitsConfig",
 ]
 

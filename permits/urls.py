@@ -1,7 +1,7 @@
 """Site URLs: the reviewer pages at the root, the admin under ``admin/``.
 
-The engine's operator URLs (``/metrics``, the admin dashboard) come first, so
-the admin's own catch-all does not shadow ``admin/jobs/dashboard/``.
+The engine's ``/metrics`` is included at the root; the admin dashboard comes
+with the admin (``JobAdmin.get_urls``: ``admin/jobs/job/dashboard/``).
 """
 
 from django.contrib import admin

@@ -40,6 +40,11 @@ JOBS_BACKOFF_CAP_SECONDS = 2.0
 JOBS_EFFECT_LEASE_SECONDS = float(os.environ.get("JOBS_EFFECT_LEASE_SECONDS", "2"))
 JOBS_EFFECT_MAX_ATTEMPTS = int(os.environ.get("JOBS_EFFECT_MAX_ATTEMPTS", "8"))
 JOBS_TENANT_DEFER_SECONDS = 0.2
+# django.tasks through the engine (jobs.backends); "once" gives a task a single attempt.
+TASKS = {
+    "default": {"BACKEND": "jobs.backends.JobsBackend"},
+    "once": {"BACKEND": "jobs.backends.JobsBackend", "OPTIONS": {"MAX_ATTEMPTS": 1}},
+}
 Q_CLUSTER = {**Q_CLUSTER, "workers": 1, "timeout": 5, "retry": 7, "poll": 0.1}
 
 # Several suites may share one server (developers, helpers, CI): let each pick its test database.

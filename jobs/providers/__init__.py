@@ -95,16 +95,17 @@ class Provider:
 
 
 def register_builtin_providers() -> None:
-    """Register ``inapp``, ``webhook`` and ``email`` (and the burst drill's job kind)."""
-    from jobs import burst
+    """Register ``inapp``, ``email`` and, where httpx is installed, ``webhook``."""
     from jobs.providers.email import EmailProvider
     from jobs.providers.inapp import InAppProvider
-    from jobs.providers.webhook import WebhookProvider
     from jobs.registry import register_provider
 
     register_provider(InAppProvider())
-    register_provider(WebhookProvider())
     register_provider(EmailProvider())
-    # The burst drill's synthetic kind is registered everywhere, so any worker
-    # (a qcluster, the drill's own processes) can run or re-drive its jobs.
-    burst.register_kind()
+    try:  # the extra django-jobs-ledger[webhook]; jobs.checks names it when it is missing
+        from jobs.providers.webhook import WebhookProvider
+    except ModuleNotFoundError as exc:
+        if exc.name != "httpx":
+            raise
+        return
+    register_provider(WebhookProvider())

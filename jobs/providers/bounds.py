@@ -30,8 +30,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from django.conf import settings
 from django.db import connection
+
+from jobs import conf
 
 log = logging.getLogger("jobs.bounds")
 
@@ -105,7 +106,7 @@ def _try_pg(provider: str, index: int) -> Slot | None:
 
 def slot_dir() -> Path:
     """Where the SQLite demo keeps its slot files: next to the database file."""
-    configured = getattr(settings, "JOBS_PROVIDER_SLOT_DIR", None)
+    configured = conf.get("JOBS_PROVIDER_SLOT_DIR")
     if configured:
         return Path(configured)
     name = str(connection.settings_dict.get("NAME") or "")
@@ -202,8 +203,10 @@ def in_flight_now(provider: str, limit: int) -> int:
         keys = [slot_key(provider, i) for i in range(limit)]
         with connection.cursor() as cursor:
             # A bigint advisory key is stored as classid (high 32 bits) and objid (low 32).
+            # Advisory locks belong to one database: another database's slots are not ours.
             cursor.execute(
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
                 " AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = ANY(%s)",
                 [keys],
             )

@@ -11,7 +11,8 @@ nothing was handed over), refused credentials (authorization: needs review) and
 refused recipients or sender (validation: failed).
 
 The address is looked up at send time from the recipient reference; the
-message says only that a report is ready and where to find it. The
+message says only that a result is ready and where to find it (templates
+``jobs/notice_subject.txt`` and ``jobs/notice_body.txt``, overridable). The
 ``Message-ID`` is derived from the idempotency key, so a mail client that
 deduplicates by it shows an operator's resend once.
 
@@ -20,8 +21,7 @@ expires the ledger moves it to ``needs_review`` instead of sending again.
 
 Settings: Django's ``EMAIL_*`` (``EMAIL_TIMEOUT`` bounds each SMTP step; when it
 is unset, ``NOTICE_EMAIL_TIMEOUT``, default 10 s, is used),
-``DEFAULT_FROM_EMAIL``, ``NOTICE_EMAIL_MAX_IN_FLIGHT`` (default 2),
-``NOTICE_EMAIL_SUBJECT`` (default "A report is ready").
+``DEFAULT_FROM_EMAIL``, ``NOTICE_EMAIL_MAX_IN_FLIGHT`` (default 2).
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.mail import EmailMessage, get_connection
 from django.core.mail.message import DNS_NAME
+from django.template.loader import render_to_string
 
-from jobs import artifacts
+from jobs import artifacts, conf
 from jobs.providers import (
     Provider,
     ProviderRefusedCredentials,
@@ -48,6 +49,11 @@ if TYPE_CHECKING:
     from jobs.models import Effect
 
 
+def send_timeout() -> float:
+    """Seconds per SMTP step: Django's EMAIL_TIMEOUT, else NOTICE_EMAIL_TIMEOUT."""
+    return float(getattr(settings, "EMAIL_TIMEOUT", None) or conf.get("NOTICE_EMAIL_TIMEOUT"))
+
+
 class EmailProvider(Provider):
     """Notices by e-mail; no idempotency, so an unanswered hand-over needs review."""
 
@@ -55,23 +61,22 @@ class EmailProvider(Provider):
     supports_idempotency = False
 
     def in_flight_limit(self) -> int | None:
-        limit = getattr(settings, "NOTICE_EMAIL_MAX_IN_FLIGHT", 2)
+        limit = conf.get("NOTICE_EMAIL_MAX_IN_FLIGHT")
         return int(limit) if limit else None
 
     def message(self, effect: Effect, address: str) -> EmailMessage:
+        """The e-mail: subject and body from the overridable notice templates."""
         job = effect.job
-        report_key = str(effect.data.get("report_key") or artifacts.artifact_key(job))
-        link = str(effect.data.get("link") or "")
-        lines = [
-            "A report you are assigned to is ready.",
-            "",
-            f"Report: {report_key} (job {job.pk}, revision {job.output_revision})",
-        ]
-        if link:
-            lines.append(f"Open it: {link}")
+        context = {
+            "effect": effect,
+            "job": job,
+            "artifact_key": str(effect.data.get("report_key") or artifacts.artifact_key(job)),
+            "link": str(effect.data.get("link") or ""),
+        }
+        subject = " ".join(render_to_string("jobs/notice_subject.txt", context).split())
         return EmailMessage(
-            subject=str(getattr(settings, "NOTICE_EMAIL_SUBJECT", "A report is ready")),
-            body="\n".join(lines) + "\n",
+            subject=subject,
+            body=render_to_string("jobs/notice_body.txt", context),
             to=[address],
             headers={"Message-ID": f"<{effect.idempotency_key}@{DNS_NAME}>"},
         )
@@ -83,9 +88,7 @@ class EmailProvider(Provider):
             raise ProviderRejected("the recipient has no e-mail address", code="no_address")
         msg = self.message(effect, address)
         # Never an unbounded SMTP wait: a send must end before its sending lease.
-        timeout = getattr(settings, "EMAIL_TIMEOUT", None) or float(
-            getattr(settings, "NOTICE_EMAIL_TIMEOUT", 10.0)
-        )
+        timeout = send_timeout()
         connection = get_connection(fail_silently=False, timeout=timeout)
         try:
             connection.open()

@@ -24,7 +24,6 @@ import threading
 from typing import TYPE_CHECKING
 
 import httpx
-from django.conf import settings
 from django.core.checks import Error, register
 
 from jobs import artifacts, conf
@@ -39,12 +38,6 @@ from jobs.providers import (
 if TYPE_CHECKING:
     from jobs.models import Effect
 
-DEFAULTS = {
-    "TOKEN": "",
-    "CONNECT_TIMEOUT": 3.0,
-    "READ_TIMEOUT": 10.0,
-    "MAX_IN_FLIGHT": 4,
-}
 BODY_FIELDS = ("effect_id", "recipient", "job", "revision", "report_key", "kind")
 
 
@@ -73,14 +66,15 @@ class WebhookProvider(Provider):
 
     def setting(self, suffix: str):
         name = f"{self.prefix}_{suffix}"
+        # A second provider (another prefix) shares the documented defaults.
+        value = conf.get(name, conf.DEFAULTS[f"NOTICE_PROVIDER_{suffix}"])
         if suffix == "URL":
-            value = getattr(settings, name, None)
             if not value:
                 raise ProviderNotConfigured(
                     f"{name} is not set: the {self.name!r} provider has nowhere to send notices"
                 )
             return str(value).rstrip("/")
-        return getattr(settings, name, DEFAULTS[suffix])
+        return value
 
     def in_flight_limit(self) -> int | None:
         limit = self.setting("MAX_IN_FLIGHT")
@@ -146,7 +140,7 @@ class WebhookProvider(Provider):
 def check_webhook_timing(app_configs=None, **kwargs):
     """A send must end (connect + read + slot wait) before its sending lease expires."""
     provider = WebhookProvider()
-    if not getattr(settings, "NOTICE_PROVIDER_URL", None):
+    if not conf.get("NOTICE_PROVIDER_URL"):
         return []
     budget = (
         float(provider.setting("CONNECT_TIMEOUT"))

@@ -259,9 +259,9 @@ def check(inp: Inputs) -> Report:
     from django.db.models import Count, Q
 
     from jobs import artifacts, ledger, stats
-    from jobs.fakeprovider import Record
     from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, Notice
     from jobs.providers.webhook import BODY_FIELDS
+    from jobs.testing.fakeprovider import Record
     from permits import reports
     from tests.chaos.faults import release_check_fault
     from tests.chaos.soak import PRIVATE_MARKER

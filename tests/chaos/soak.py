@@ -56,8 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from jobs.testing.proctree import children, groups_of, process_table
 from tests.chaos.dbproxy import DatabaseProxy
-from tests.chaos.proctree import children, groups_of, process_table
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS_MODULE = "tests.chaos.settings"

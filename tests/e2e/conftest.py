@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.fakeprovider import start_in_thread
-from tests.e2e.processes import PROVIDER_TOKEN, Processes, subprocess_env
+from jobs.testing.fakeprovider import start_in_thread
+from tests.e2e.processes import PROVIDER_TOKEN, site_processes, subprocess_env
 
 
 @pytest.fixture
 def procs(request, transactional_db, tmp_path):
     """Start processes through this; all are killed before the database is flushed."""
     failed_before = request.session.testsfailed
-    processes = Processes(subprocess_env(), tmp_path)
+    processes = site_processes(subprocess_env(), tmp_path)
     try:
         yield processes
     finally:

@@ -1,10 +1,10 @@
-"""Real processes for end-to-end tests: start, kill by process group, read their logs.
+"""Real processes for end-to-end tests (the harness is ``jobs.testing.processes``).
 
-Every process leads its own process group (``start_new_session``), so a whole
-qcluster (sentinel, pusher, monitor, workers) can be killed at once, and the
-``procs`` fixture (conftest.py) kills them all before the database is flushed.
-``manage.py jobs_worker`` starts its qcluster in a process group of its own: killing
-one of our processes kills the groups of everything it started too.
+Every process leads its own process group, so a whole qcluster (sentinel, pusher,
+monitor, workers) can be killed at once, and the ``procs`` fixture (conftest.py)
+kills them all before the database is flushed. ``manage.py jobs_worker`` starts
+its qcluster in a process group of its own: stopping one of our processes stops
+the groups of everything it started too.
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,110 +24,16 @@ from django_q.models import OrmQ
 
 from jobs.models import Attempt, Job
 from jobs.services import request_job
-from jobs.supervisor import group_members
-from tests.chaos.proctree import groups_of
+from jobs.testing.processes import Processes
+from jobs.testing.scratchdb import url_from_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 PROVIDER_TOKEN = "e2e-token-0123"  # the stand-in provider's (conftest.provider)
 
 
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen
-    log_path: Path
-    killed: bool = False  # killed on purpose: its exit is not a failure
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-
-@dataclass
-class Processes:
-    """The subprocesses of one test; each leads its own process group."""
-
-    env: dict[str, str]
-    log_dir: Path
-    procs: list[Proc] = field(default_factory=list)
-
-    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
-        log_path = self.log_dir / f"{name}.log"
-        log = open(log_path, "wb")  # noqa: SIM115 - the child owns it; closed after Popen
-        try:
-            popen = subprocess.Popen(
-                [sys.executable, "manage.py", *args],
-                cwd=ROOT,
-                env=self.env if env is None else env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # pgid == pid: the whole cluster can be killed
-            )
-        finally:
-            log.close()
-        proc = Proc(name, popen, log_path)
-        self.procs.append(proc)
-        return proc
-
-    def owner_of(self, pid: int) -> Proc | None:
-        """Which of our processes' groups ``pid`` belongs to (None if not ours)."""
-        try:
-            pgid = os.getpgid(pid)
-        except ProcessLookupError:
-            return None
-        return next((p for p in self.procs if p.pid == pgid), None)
-
-    def kill_group(self, proc: Proc) -> None:
-        """SIGKILL a process and every child it forked (sentinel, pusher, monitor, workers)."""
-        proc.killed = True
-        groups = groups_of(proc.pid)
-        for pgid in groups:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-        proc.popen.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(group_alive(g) for g in groups):
-            time.sleep(0.05)
-
-    def check_alive(self) -> None:
-        for proc in self.procs:
-            if not proc.killed and proc.popen.poll() is not None:
-                raise AssertionError(
-                    f"{proc.name} (pid {proc.pid}) exited unexpectedly with code "
-                    f"{proc.popen.returncode}\n{self.logs()}"
-                )
-
-    def logs(self, tail: int = 80) -> str:
-        parts = []
-        for proc in self.procs:
-            try:
-                lines = proc.log_path.read_text(errors="replace").splitlines()
-            except OSError as exc:
-                lines = [f"<log unreadable: {exc}>"]
-            parts.append(
-                f"----- {proc.name} (pid {proc.pid}) last {tail} lines -----\n"
-                + "\n".join(lines[-tail:])
-            )
-        return "\n".join(parts)
-
-    def stop_all(self) -> None:
-        # Every group first (a jobs_worker's qcluster has its own), then the kills.
-        groups = {g for proc in self.procs for g in groups_of(proc.pid)}
-        for pgid in groups:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-        for proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.popen.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(group_alive(g) for g in groups):
-            time.sleep(0.05)
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any non-zombie process is left in the group."""
-    return bool(group_members(pgid))
+def site_processes(env: dict[str, str], log_dir: Path) -> Processes:
+    """Processes that run this checkout's ``manage.py`` (the site and the test apps)."""
+    return Processes(env, log_dir, command=(sys.executable, "manage.py"), cwd=ROOT)
 
 
 def local_ports(pid: int) -> set[int]:
@@ -161,14 +65,12 @@ def subprocess_env(*, port: int | None = None) -> dict[str, str]:
     """
     db = settings.DATABASES["default"]
     assert db["ENGINE"] == "django.db.backends.postgresql", db["ENGINE"]
-    user = db.get("USER") or "root"
-    if db.get("PASSWORD"):
-        user = f"{user}:{db['PASSWORD']}"
-    host, port = ("127.0.0.1", port) if port else database_address()
+    if port:
+        db = {**db, "HOST": "127.0.0.1", "PORT": port}
     env = dict(os.environ)
     env.update(
         DJANGO_SETTINGS_MODULE="tests.settings",
-        DATABASE_URL=f"postgres://{user}@{host}:{port}/{db['NAME']}",
+        DATABASE_URL=url_from_settings(db),
         ARTIFACT_ROOT=str(settings.STORAGES["artifacts"]["OPTIONS"]["location"]),
         PYTHONUNBUFFERED="1",
         Q_LOG_LEVEL="INFO",

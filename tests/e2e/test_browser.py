@@ -335,7 +335,7 @@ def _admin_pages(page, base: str):
         ("admin-effect", f"{base}/admin/jobs/effect/{effect.pk}/change/"),
         ("admin-attempts", f"{base}/admin/jobs/attempt/"),
         ("admin-effect-events", f"{base}/admin/jobs/effectevent/"),
-        ("admin-console", f"{base}/admin/jobs/dashboard/"),
+        ("admin-console", f"{base}/admin/jobs/job/dashboard/"),
     ]
 
 

@@ -30,8 +30,8 @@ from django_q.models import Failure, OrmQ
 from jobs.artifacts import is_intact
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
 from jobs.supervisor import group_members
+from jobs.testing.proctree import children
 from tests.chaos.dbproxy import DatabaseProxy
-from tests.chaos.proctree import children
 from tests.e2e.processes import (
     Processes,
     database_address,

@@ -16,7 +16,6 @@ import hashlib
 import re
 import secrets
 import socket
-import subprocess
 import sys
 import time
 from decimal import Decimal
@@ -30,9 +29,10 @@ from django.contrib.auth.models import Group
 
 from jobs.artifacts import get_storage
 from jobs.models import Artifact, Job
+from jobs.testing.processes import Proc, Processes
 from permits.models import PermitRequest, Tenant
 from permits.services import assign_reviewer, report_request
-from tests.e2e.processes import ROOT, Proc, Processes, wait_until
+from tests.e2e.processes import ROOT, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -51,20 +51,9 @@ def free_port() -> int:
 
 
 def start(procs: Processes, name: str, argv: list[str], env: dict[str, str]) -> Proc:
-    """Like ``Processes.start``, for a command that is not ``manage.py``."""
-    log_path = procs.log_dir / f"{name}.log"
-    with open(log_path, "wb") as log:
-        popen = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    proc = Proc(name, popen, log_path)
-    procs.procs.append(proc)
+    """Like ``Processes.start``, for a command that is not ``manage.py`` (with its own env)."""
+    proc = Processes(env, procs.log_dir, command=(), cwd=ROOT).start(name, *argv)
+    procs.procs.append(proc)  # stopped with the others by the fixture
     return proc
 
 

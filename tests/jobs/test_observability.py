@@ -57,13 +57,13 @@ def test_dashboard__renders_figures_and_chart_for_operators(
     client, finished, admin_user, make_user
 ):
     client.force_login(admin_user)
-    page = client.get("/admin/jobs/dashboard/")
+    page = client.get("/admin/jobs/job/dashboard/")
     assert page.status_code == 200
     body = page.content.decode()
     assert 'id="jobs-chart"' in body and "<polyline" in body
     assert "Duplicate effects" in body
     client.force_login(make_user(is_staff=True))  # staff without job permissions
-    assert client.get("/admin/jobs/dashboard/").status_code == 403
+    assert client.get("/admin/jobs/job/dashboard/").status_code == 403
 
 
 def test_json_logs__one_object_per_transition_with_ids_only(make_user, caplog):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 
 import pytest
@@ -92,5 +93,5 @@ def test_failed_deliveries__counted_in_stats_metrics_and_dashboard(client, admin
     text = client.get("/metrics").content.decode()
     assert 'jobs_failed_deliveries_total{task="run_job"} 3.0' in text
     assert 'jobs_failed_deliveries_total{task="release_effect"} 1.0' in text
-    page = client.get("/admin/jobs/dashboard/").content.decode()
-    assert "Failed deliveries<b>4</b>" in page
+    page = client.get("/admin/jobs/job/dashboard/").content.decode()
+    assert re.search(r'<dd id="failed-deliveries"><a [^>]*>4</a></dd>', page), page

@@ -142,7 +142,7 @@ def test_console__counts_match_the_database_zeros_included(demo):
     request_job("test.short", subject_type="auth.user", subject_id=2)  # queued, with a message
     Effect.objects.filter(job_id=84).update(state=Effect.State.NEEDS_REVIEW)
     client = login(demo, "operator")
-    page = client.get("/admin/jobs/dashboard/").content.decode()
+    page = client.get("/admin/jobs/job/dashboard/").content.decode()
     jobs = tile_counts(page, "job")
     effects = tile_counts(page, "effect")
     assert list(jobs) == JOB_STATES and list(effects) == EFFECT_STATES  # every state, in order
@@ -153,13 +153,13 @@ def test_console__counts_match_the_database_zeros_included(demo):
     assert int(depth) == OrmQ.objects.count() > 0
     assert "84:29:completion-notice:47" in page  # listed under "needs review"
     assert 'id="workers"' in page and "<polyline" in page
-    live = client.get("/admin/jobs/dashboard/?part=live").content.decode()
+    live = client.get("/admin/jobs/job/dashboard/?part=live").content.decode()
     assert "<html" not in live and tile_counts(live, "job") == jobs  # the refreshing part
 
 
 def test_console__no_inline_script_or_style(demo):
     client = login(demo, "operator")
-    page = client.get("/admin/jobs/dashboard/").content.decode()
+    page = client.get("/admin/jobs/job/dashboard/").content.decode()
     assert "<style" not in page and " style=" not in page
     assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", page)
 

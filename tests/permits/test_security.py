@@ -290,7 +290,7 @@ def test_operator_pages__csp_nothing_inline_and_never_stored(operator, reviewer)
     client = signed_in(operator)
     pages = [
         "/admin/",
-        "/admin/jobs/dashboard/",
+        "/admin/jobs/job/dashboard/",
         "/admin/jobs/job/",
         f"/admin/jobs/job/{job.pk}/change/",
         "/admin/jobs/effect/",

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from jobs.fakeprovider import Faults, start_in_thread
 from jobs.registry import EffectSpec, register_kind
 from jobs.services import request_job
+from jobs.testing.fakeprovider import Faults, start_in_thread
 
 TOKEN = "test-token-0123"
 
@@ -81,10 +81,9 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
     if db["ENGINE"].endswith("postgresql"):
-        user = db.get("USER") or "root"
-        host = db.get("HOST") or "127.0.0.1"
-        port = db.get("PORT") or 5432
-        env["DATABASE_URL"] = f"postgres://{user}@{host}:{port}/{db['NAME']}"
+        from jobs.testing.scratchdb import url_from_settings
+
+        env["DATABASE_URL"] = url_from_settings(db)
     env.pop("TEST_DATABASE_NAME", None)
     env.update(extra)
     return env

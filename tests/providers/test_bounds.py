@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import threading
@@ -14,11 +13,12 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from jobs import burst
-from jobs.fakeprovider import Faults, start_in_thread
+from jobs.contrib.drills import burst
 from jobs.models import Effect, Job
 from jobs.providers import bounds
 from jobs.services import request_job
+from jobs.testing.fakeprovider import Faults, start_in_thread
+from tests.e2e.processes import site_processes
 from tests.providers.conftest import TOKEN, subprocess_env, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,15 +116,9 @@ def test_bounds__per_provider_bound_holds_with_several_worker_processes(
     env = subprocess_env(
         **{burst.CONFIG_ENV: json.dumps(config.settings(provider.url, TOKEN))},
     )
-    logs = [open(tmp_path / f"worker-{i}.log", "wb") for i in range(workers)]  # noqa: SIM115
+    harness = site_processes(env, tmp_path)
     procs = [
-        subprocess.Popen(
-            [sys.executable, "manage.py", "burst", "--worker", str(i), "--of", str(workers), run],
-            cwd=ROOT,
-            env=env,
-            stdout=logs[i],
-            stderr=subprocess.STDOUT,
-        )
+        harness.start(f"worker-{i}", "burst", "--worker", str(i), "--of", str(workers), run).popen
         for i in range(workers)
     ]
     try:
@@ -138,12 +132,8 @@ def test_bounds__per_provider_bound_holds_with_several_worker_processes(
             what="every notice to be applied",
         )
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            p.wait(20)
-        for log in logs:
-            log.close()
+        for proc in harness.procs:
+            harness.terminate(proc, timeout=20)
         provider.stop()
     output = "\n".join((tmp_path / f"worker-{i}.log").read_text() for i in range(workers))
     assert all(p.returncode == 0 for p in procs), output[-3000:]

@@ -12,8 +12,8 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from jobs import burst
-from jobs.fakeprovider import Record, _Writer
+from jobs.contrib.drills import burst
+from jobs.testing.fakeprovider import Record, _Writer
 from tests.providers.conftest import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]

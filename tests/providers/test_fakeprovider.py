@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from jobs.fakeprovider import Faults, Record, start_in_thread
+from jobs.testing.fakeprovider import Faults, Record, start_in_thread
 from tests.providers.conftest import TOKEN, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,3 +161,19 @@ def test_fake_provider_command__serves_records_and_stops_on_sigterm(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0, proc.stderr.read().decode()
     assert [s["idempotency_key"] for s in Record(record).sends()] == ["k-cmd"]
+
+
+def test_fake_provider__a_body_cut_short_by_a_dying_sender_is_recorded_not_judged(provider):
+    """A sender SIGKILLed mid-write leaves half a body: no 4xx is held against it."""
+    import socket
+
+    head = (
+        "POST /notices HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {TOKEN}\r\nIdempotency-Key: k-cut\r\nContent-Length: 200\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", provider.port), timeout=5) as sock:
+        sock.sendall(head.encode() + b'{"effect_id": "7:1:comp')
+    wait_for(lambda: provider.record.requests(), timeout=5, what="the cut request recorded")
+    [row] = provider.record.requests()
+    assert (row["status"], row["outcome"], row["idempotency_key"]) == (0, "truncated", "k-cut")
+    assert provider.record.sends() == []

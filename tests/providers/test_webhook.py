@@ -1,6 +1,6 @@
 """The webhook provider against the real stand-in on loopback, through the real ledger.
 
-Every send goes over HTTP to ``jobs.fakeprovider``; what the provider applied is
+Every send goes over HTTP to ``jobs.testing.fakeprovider``; what the provider applied is
 read from its own record, never from the ledger under test.
 """
 

@@ -13,6 +13,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
+from jobs.testing import scratchdb
+
 
 class Command(BaseCommand):
     help = "Run the practice drill on real code paths; exit 0 only if every verification holds."
@@ -37,15 +39,9 @@ class Command(BaseCommand):
         work.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "ARTIFACT_ROOT": str(work / "artifacts"), "JOBS_LEASE_SECONDS": "1"}
         env.setdefault("DJANGO_SETTINGS_MODULE", "permits.settings")
-        db = settings.DATABASES["default"]
+        server = scratchdb.url_from_settings(settings.DATABASES["default"])
         if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute(f'CREATE DATABASE "{name}"')
-            user = db.get("USER") or "root"
-            auth = f"{user}:{db['PASSWORD']}@" if db.get("PASSWORD") else f"{user}@"
-            env["DATABASE_URL"] = (
-                f"postgres://{auth}{db.get('HOST') or ''}:{db.get('PORT') or 5432}/{name}"
-            )
+            env["DATABASE_URL"] = scratchdb.create(server, name)
         elif connection.vendor == "sqlite":
             env["DATABASE_URL"] = f"sqlite:///{work / 'db.sqlite3'}"
         else:
@@ -68,5 +64,4 @@ class Command(BaseCommand):
             if not keep:
                 shutil.rmtree(work, ignore_errors=True)
                 if connection.vendor == "postgresql":
-                    with connection.cursor() as cursor:
-                        cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                    scratchdb.drop(server, name)

@@ -57,6 +57,7 @@ class Command(BaseCommand):
         }
         reviewer47 = self._user("reviewer47", pk=47, group="reviewers")
         reviewer52 = self._user("reviewer52", pk=52, group="reviewers")
+        self._reset_sequences()  # else the operator's new id may be 47 or 52 itself
         self._user("operator", pk=None, group="operators")
 
         for pk, office, work_type, address, valuation, mine in REQUESTS:

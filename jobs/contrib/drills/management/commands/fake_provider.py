@@ -1,4 +1,4 @@
-"""Serve the stand-in notice provider on loopback (see ``jobs.fakeprovider``)."""
+"""Serve the stand-in notice provider on loopback (see ``jobs.testing.fakeprovider``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.fakeprovider import FakeProviderServer, Faults
+from jobs.testing.fakeprovider import FakeProviderServer, Faults
 
 
 def _window(value: str) -> tuple[float, float]:

@@ -309,7 +309,12 @@ class _Handler(BaseHTTPRequestHandler):
         status, outcome, send_id, effect_id, sha = 404, "not_found", "", "", ""
         stall = False
         headers: dict[str, str] = {}
-        if self.path == "/notices":
+        # A body shorter than announced: the sender died while writing (a SIGKILL
+        # mid-send). Recorded, not answered, never held against it as a protocol error.
+        truncated = len(raw) < length
+        if truncated:
+            status, outcome = 0, "truncated"
+        elif self.path == "/notices":
             try:
                 body = json.loads(raw or b"null")
             except ValueError:
@@ -349,6 +354,9 @@ class _Handler(BaseHTTPRequestHandler):
             outcome=outcome,
             send_id=send_id,
         )
+        if truncated:
+            self.close_connection = True
+            return
         payload = {"id": send_id} if status in (200, 201) else {"error": outcome}
         self._answer(status, payload, headers)
 

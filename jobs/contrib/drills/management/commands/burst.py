@@ -1,4 +1,4 @@
-"""The outage-then-recovery burst drill (see ``jobs.burst``)."""
+"""The outage-then-recovery burst drill (see ``jobs.contrib.drills.burst``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs import burst
+from jobs.contrib.drills import burst
 
 
 class Command(BaseCommand):

@@ -39,13 +39,13 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.db.models import F, Q
 from django.db.models.functions import Mod
-from django.test.utils import override_settings
 from django.utils import timezone
 
 from jobs import ledger, registry
-from jobs.fakeprovider import Record
 from jobs.models import Effect, EffectEvent, Job
 from jobs.registry import EffectSpec
+from jobs.testing.fakeprovider import Record
+from jobs.testing.processes import Processes
 
 log = logging.getLogger("jobs.burst")
 
@@ -133,17 +133,18 @@ def work(run: str, index: int, count: int, *, idle: float = 0.02) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     worker = worker_identity()
-    overrides = json.loads(os.environ.get(CONFIG_ENV, "{}"))
-    with override_settings(**overrides):
-        while not stopping:
-            try:
-                busy = work_once(run, index, count, worker, lambda: stopping)
-            except Exception:  # keep the worker alive; the row stays due and is retried
-                log.exception("burst worker %s/%s: sweep failed", index, count)
-                close_old_connections()
-                busy = 0
-            if not busy:
-                time.sleep(random.uniform(idle / 2, idle * 1.5))
+    # This process exists for the drill: its settings are the run's, for its whole life.
+    for name, value in json.loads(os.environ.get(CONFIG_ENV, "{}")).items():
+        setattr(settings, name, value)
+    while not stopping:
+        try:
+            busy = work_once(run, index, count, worker, lambda: stopping)
+        except Exception:  # keep the worker alive; the row stays due and is retried
+            log.exception("burst worker %s/%s: sweep failed", index, count)
+            close_old_connections()
+            busy = 0
+        if not busy:
+            time.sleep(random.uniform(idle / 2, idle * 1.5))
 
 
 # --- the drill ----------------------------------------------------------------------
@@ -263,44 +264,6 @@ def analyse(
     return report
 
 
-class _Procs:
-    def __init__(self, env: dict, log_dir: Path):
-        self.env = env
-        self.log_dir = log_dir
-        self.procs: list[tuple[str, subprocess.Popen]] = []
-
-    def start(self, name: str, *args: str, stdout=None) -> subprocess.Popen:
-        err = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it
-        try:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "django", *args],
-                env=self.env,
-                stdout=stdout if stdout is not None else err,
-                stderr=err,
-                start_new_session=True,
-            )
-        finally:
-            err.close()
-        self.procs.append((name, popen))
-        return popen
-
-    def stop(self, popen: subprocess.Popen, timeout: float = 10) -> None:
-        if popen.poll() is None:
-            popen.send_signal(signal.SIGTERM)
-            try:
-                popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                popen.kill()
-                popen.wait(5)
-
-    def stop_all(self) -> None:
-        for _, popen in reversed(self.procs):
-            self.stop(popen)
-
-    def dead(self) -> list[str]:
-        return [n for n, p in self.procs if p.poll() not in (None, 0)]
-
-
 def _child_env() -> dict:
     env = dict(os.environ)
     env["DJANGO_SETTINGS_MODULE"] = settings.SETTINGS_MODULE
@@ -312,7 +275,7 @@ def _child_env() -> dict:
     return env
 
 
-def _wait(predicate, deadline: float, procs: _Procs, what: str, pause: float = 0.1) -> None:
+def _wait(predicate, deadline: float, procs: Processes, what: str, pause: float = 0.1) -> None:
     while not predicate():
         if procs.dead():
             raise RuntimeError(f"{', '.join(procs.dead())} died while waiting for {what}")
@@ -342,7 +305,7 @@ def run(config: BurstConfig, *, out=None) -> BurstReport:
     record_path = Path(config.record) if config.record else work_dir / "provider.sqlite3"
     token = secrets.token_urlsafe(16)
     report = BurstReport(run=run_id, config=asdict(config))
-    procs = _Procs(_child_env(), work_dir)
+    procs = Processes(_child_env(), work_dir)
     deadline = time.monotonic() + config.timeout
     try:
         procs.env["FAKE_PROVIDER_TOKEN"] = token  # not on the command line
@@ -358,7 +321,7 @@ def run(config: BurstConfig, *, out=None) -> BurstReport:
             "--start-down",
             stdout=subprocess.PIPE,
         )
-        line = provider.stdout.readline().decode()
+        line = provider.popen.stdout.readline().decode()
         if "listening on " not in line:
             raise RuntimeError(f"the stand-in provider did not start: {line!r}")
         url = line.split("listening on ", 1)[1].split()[0]
@@ -415,7 +378,7 @@ def run(config: BurstConfig, *, out=None) -> BurstReport:
             f"{report.refused_while_down} sends refused in {report.outage_seconds:.1f} s; "
             "provider comes back"
         )
-        provider.send_signal(signal.SIGUSR2)
+        provider.popen.send_signal(signal.SIGUSR2)
         up_clock = time.monotonic()
 
         final = list(Effect.FINAL)
@@ -431,8 +394,9 @@ def run(config: BurstConfig, *, out=None) -> BurstReport:
     except (RuntimeError, TimeoutError) as exc:
         report.problems.append(str(exc))
     finally:
-        procs.stop_all()
-        dead = [n for n, p in procs.procs if p.returncode not in (0, -signal.SIGTERM)]
+        for proc in reversed(procs.procs):
+            procs.terminate(proc)
+        dead = [p.name for p in procs.procs if p.popen.returncode not in (0, -signal.SIGTERM)]
         if dead:
             names = ", ".join(dead)
             report.problems.append(f"process(es) exited badly: {names} (logs in {work_dir})")

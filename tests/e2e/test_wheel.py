@@ -1,0 +1,246 @@
+"""The app as a new user gets it: the built wheel in a fresh project, by docs/app/quickstart.md.
+
+For Django 5.2 (Python 3.11, the django-tasks backport) and Django 6 (Python 3.12, the
+built-in ``django.tasks``): build the wheel from a copy of ``jobs/`` and its build file,
+make a fresh virtualenv, install the wheel (not the source tree, not editable) from
+PyPI's dependencies, then follow the quickstart literally: its shell commands, the
+settings it appends, the files it writes. Two substitutions only: the wheel's path for
+the name ``django-jobs-ledger``, and a scratch database for ``invoices``. A real
+``qcluster`` runs the jobs on PostgreSQL. Checked: the quickstart's printed output, one
+artifact and one notice, the admin changelist and dashboard answer 200 (Django's test
+client inside the project), a ``@task`` through ``jobs.backends.JobsBackend``,
+``manage.py help`` lists no drill or stand-in command, and the registry holds only the
+project's kinds. pip downloads are cached in ``var/pip-cache``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from jobs.testing import scratchdb
+from jobs.testing.processes import Processes
+
+pytestmark = [pytest.mark.e2e, pytest.mark.wheel]
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "docs" / "app" / "quickstart.md"
+PIP_CACHE = ROOT / "var" / "pip-cache"
+VARIANTS = {"django-5.2": "3.11", "django-6": "3.12"}
+
+VERIFY = """
+import json
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.test.utils import setup_test_environment
+from jobs import registry
+from jobs.models import Artifact, Effect, Job, Notice
+from billing.tasks import total
+
+setup_test_environment()  # the test client's host name
+admin = get_user_model().objects.create_superuser("smoke-admin", "", "smoke-password")
+client = Client()
+client.force_login(admin)
+task_job = Job.objects.get(kind="jobs.task")
+result = total.get_backend().get_result(str(task_job.pk))
+print("VERIFY " + json.dumps({
+    "django": __import__("django").get_version(),
+    "kinds": sorted(registry.kinds()),
+    "providers": sorted(registry.providers()),
+    "jobs": sorted(Job.objects.values_list("kind", "state")),
+    "artifacts": Artifact.objects.count(),
+    "notices": Notice.objects.count(),
+    "effects": sorted(Effect.objects.values_list("provider", "state")),
+    "task": [result.status, result.return_value, result.attempts],
+    "pages": {url: client.get(url).status_code for url in (
+        "/admin/jobs/job/", "/admin/jobs/job/dashboard/", "/admin/jobs/effect/",
+        f"/admin/jobs/job/{task_job.pk}/change/")},
+}))
+"""
+
+
+def _python(version: str) -> str:
+    root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
+    found = sorted(glob.glob(f"{root}/versions/{version}.*/bin/python{version}"))
+    if found:
+        return found[-1]
+    exe = shutil.which(f"python{version}")
+    if exe and subprocess.run([exe, "-V"], capture_output=True).returncode == 0:
+        return exe
+    pytest.fail(f"python{version} is needed for the wheel smoke test (pyenv install {version})")
+
+
+def _run(cmd, *, cwd, env, timeout=600, log=None) -> str:
+    started = time.monotonic()
+    done = subprocess.run(
+        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    shown = cmd[2] if cmd[:2] == ["bash", "-c"] else " ".join(str(c) for c in cmd)
+    if log is not None:
+        log.append(f"$ {shown.splitlines()[0][:110]}  [{time.monotonic() - started:.1f} s]")
+    assert done.returncode == 0, f"{shown} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The app's wheel, built from a clean copy (no stale build/ folder can leak in)."""
+    src = tmp_path_factory.mktemp("src")
+    shutil.copytree(ROOT / "jobs", src / "jobs", ignore=shutil.ignore_patterns("__pycache__"))
+    pkg = src / "packaging" / "django-jobs-ledger"
+    shutil.copytree(ROOT / "packaging" / "django-jobs-ledger", pkg, symlinks=False)
+    out = tmp_path_factory.mktemp("dist")
+    env = {**os.environ, "PIP_CACHE_DIR": str(PIP_CACHE)}
+    _run([sys.executable, "-m", "build", "--wheel", "--outdir", out, pkg], cwd=pkg, env=env)
+    [built] = out.glob("django_jobs_ledger-*.whl")
+    names = subprocess.run(
+        [sys.executable, "-m", "zipfile", "-l", built], capture_output=True, text=True, check=True
+    ).stdout
+    tops = {line.split()[0].split("/")[0] for line in names.splitlines()[1:] if line.strip()}
+    assert tops == {"jobs", built.name.split("-py3")[0] + ".dist-info"}, tops
+    for needed in (
+        "jobs/py.typed",
+        "jobs/templates/jobs/dashboard.html",
+        "jobs/static/jobs/console.js",
+        "jobs/migrations/",
+    ):
+        assert needed in names, needed
+    return built
+
+
+def quickstart_steps() -> list[tuple[str, str, str]]:
+    """(kind, target, text) for each fenced block: console, append=PATH or file=PATH."""
+    steps = []
+    for info, body in re.findall(r"```([^\n]*)\n(.*?)```", QUICKSTART.read_text(), re.S):
+        words = info.split()
+        if words and words[0] == "console":
+            steps.append(("console", "", body))
+        elif len(words) == 2 and words[0] == "python" and "=" in words[1]:
+            mode, target = words[1].split("=", 1)
+            steps.append((mode, target, body))
+    return steps
+
+
+def console_commands(body: str) -> list[tuple[str, list[str]]]:
+    """Commands (``$ ...``, quoted continuation lines joined) and their expected output."""
+    out: list[tuple[str, list[str]]] = []
+    lines = body.splitlines()
+    i = 0
+    while i < len(lines):
+        assert lines[i].startswith("$ "), lines[i]
+        command = lines[i][2:]
+        i += 1
+        while True:
+            try:
+                shlex.split(command)
+                break
+            except ValueError:  # an open quote: the command goes on
+                command += "\n" + lines[i]
+                i += 1
+        expected = []
+        while i < len(lines) and not lines[i].startswith("$ "):
+            expected.append(lines[i])
+            i += 1
+        out.append((command, expected))
+    return out
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_wheel__quickstart_in_a_fresh_project(variant, wheel, tmp_path, request):
+    python = _python(VARIANTS[variant])
+    old_django = variant == "django-5.2"
+    log: list[str] = [f"{variant}: {python}"]
+    t0 = time.monotonic()
+    venv, project = tmp_path / "venv", tmp_path / "project"
+    project.mkdir()
+    _run([python, "-m", "venv", venv], cwd=tmp_path, env=os.environ, log=log)
+    server = scratchdb.server_url(purpose="the wheel smoke test")
+    db_name = f"wheel_{secrets.token_hex(5)}"
+    parts = urlsplit(server)
+    env = {
+        "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "VIRTUAL_ENV": str(venv),
+        "PIP_CACHE_DIR": str(PIP_CACHE),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PGHOST": parts.hostname or "127.0.0.1",
+        "PGPORT": str(parts.port or 5432),
+        "PGUSER": parts.username or "root",
+        "PYTHONUNBUFFERED": "1",
+    }
+    if parts.password:
+        env["PGPASSWORD"] = parts.password
+    procs = Processes(env, tmp_path, command=(str(venv / "bin" / "python"),), cwd=project)
+    request.addfinalizer(lambda: scratchdb.drop(server, db_name))
+    request.addfinalizer(procs.stop_all)  # runs first: nothing is connected at the drop
+
+    def shell(command: str) -> str:
+        if command.startswith("pip install"):
+            spec = f"{wheel}[tasks]" if old_django else str(wheel)
+            command = command.replace("django-jobs-ledger", spec, 1)
+        if command.startswith("createdb "):
+            scratchdb.create(server, db_name)
+            return ""
+        if command.endswith(" &"):  # a background worker, in its own process group
+            procs.start(f"qcluster-{len(procs.procs)}", *shlex.split(command[:-2])[1:])
+            return ""
+        if command == "kill %1":
+            procs.terminate(procs.procs[-1])
+            return ""
+        return _run(["bash", "-c", command], cwd=project, env=env, log=log)
+
+    for kind, target, text in quickstart_steps():
+        if kind == "console":
+            for command, expected in console_commands(text):
+                got = shell(command)
+                if expected:
+                    log.append(f"  -> {got.strip().splitlines()[-1]}")
+                    assert got.strip().splitlines()[-1] == "\n".join(expected).strip()
+            continue
+        text = text.replace('"NAME": "invoices"', f'"NAME": "{db_name}"')
+        if old_django:  # what the quickstart says to do on Django 5.2
+            text = text.replace('"jobs", "billing"]', '"jobs", "billing", "django_tasks"]')
+            text = text.replace("from django.tasks import task", "from django_tasks import task")
+        path = project / target
+        if kind == "append":
+            path.write_text(path.read_text() + "\n" + text)
+        else:
+            path.write_text(text)
+    procs.check_alive()
+
+    report = _run(
+        ["python", "manage.py", "shell", "-c", VERIFY], cwd=project, env=env, log=log
+    ).split("VERIFY ", 1)[1]
+    seen = json.loads(report)
+    help_text = _run(["python", "manage.py", "help"], cwd=project, env=env, log=log)
+    pip_freeze = _run(["python", "-m", "pip", "freeze"], cwd=project, env=env)
+    log.append(f"total {time.monotonic() - t0:.1f} s; django {seen['django']}")
+    log.append("verify " + json.dumps(seen))
+    print("\n".join(log))
+
+    [app] = [line for line in pip_freeze.splitlines() if line.startswith("django-jobs-ledger")]
+    assert ".whl" in app and str(wheel) in app, app  # the wheel: not editable, not the tree
+    assert "permit-report-jobs" not in pip_freeze and "httpx" not in pip_freeze
+    assert seen["django"].startswith("5.2" if old_django else "6.")
+    assert seen["kinds"] == ["billing.invoice", "jobs.task"]  # no drill kind
+    assert seen["providers"] == ["email", "inapp"]  # webhook needs the extra
+    assert seen["jobs"] == [["billing.invoice", "succeeded"], ["jobs.task", "succeeded"]]
+    assert (seen["artifacts"], seen["notices"]) == (2, 1)  # the invoice and the task's value
+    assert seen["effects"] == [["inapp", "applied"]]
+    assert seen["task"] == ["SUCCESSFUL", {"order": 7, "total": "42.00"}, 1]
+    assert set(seen["pages"].values()) == {200}, seen["pages"]
+    commands = set(re.findall(r"^    (\w+)$", help_text, re.M))
+    assert {"qcluster", "jobs_worker", "jobs_dispatcher", "jobs_stats", "migrate"} <= commands
+    assert not commands & {"burst", "fake_provider", "drill", "seed_demo"}

@@ -1,0 +1,105 @@
+"""``jobs.backends.JobsBackend``: ``@task`` functions as jobs, in this process (see also e2e)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from django_q.models import OrmQ
+
+import jobs
+from jobs import backends, registry
+from jobs.models import Job
+from jobs.runner import run_delivery
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db
+Status = backends.TaskResultStatus
+
+
+def test_backend__registers_its_kind_only_where_configured(settings):
+    assert registry.get_kind(backends.KIND).handler is backends.run_task
+    assert backends.configured_aliases() == ["default", "once"]
+    settings.TASKS = {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
+    assert backends.configured_aliases() == []
+
+
+def test_enqueue__one_job_with_a_message_and_a_result_that_follows_it():
+    result = tasks.add.enqueue(2, 3)
+    job = Job.objects.get(pk=int(result.id))
+    assert (job.kind, job.subject_type) == (backends.KIND, "tests.testapp.tasks.add")
+    assert job.params["args"] == [2, 3] and job.params["kwargs"] == {}
+    assert OrmQ.objects.count() == 1
+    assert (result.status, result.is_finished, result.args) == (Status.READY, False, [2, 3])
+
+    run_delivery(job.pk, worker="w1")
+    result.refresh()
+
+    assert result.status == Status.SUCCESSFUL
+    assert result.return_value == {"sum": 5}
+    assert result.worker_ids == ["w1"] and result.attempts == 1
+    assert result.errors == []
+    assert tasks.add.get_result(result.id).return_value == {"sum": 5}
+    assert job.artifacts.get().content_type == "application/json"
+
+
+def test_enqueue__the_same_identity_is_one_job_and_other_args_are_refused():
+    first = tasks.add.enqueue(1, 1, jobs_identity="sum-1-1")
+    again = tasks.add.enqueue(1, 1, jobs_identity="sum-1-1")
+    assert first.id == again.id
+    assert again.kwargs == {}  # the identity is the backend's, not the function's
+    assert Job.objects.count() == 1 and OrmQ.objects.count() == 1
+    with pytest.raises(jobs.JobConflict):
+        tasks.add.enqueue(1, 2, jobs_identity="sum-1-1")
+    assert tasks.add.enqueue(1, 1).id != first.id  # no identity: a new job each time
+
+
+def test_enqueue__run_after_waits_for_the_dispatcher():
+    later = timezone.now() + timedelta(minutes=10)
+    result = tasks.add.using(run_after=later).enqueue(4, 4)
+    job = Job.objects.get(pk=int(result.id))
+    assert job.next_attempt_at == later and OrmQ.objects.count() == 0
+    assert run_delivery(job.pk, worker="early").outcome == "duplicate"
+    assert tasks.add.get_result(result.id).status == Status.READY
+
+
+def test_task_error__class_path_and_message_without_traceback_or_arguments():
+    result = tasks.explode.enqueue("c-17")
+    run_delivery(int(result.id), worker="w1")
+    result.refresh()
+
+    assert result.status == Status.FAILED  # MAX_ATTEMPTS 1 on the "once" backend
+    [error] = result.errors
+    assert error.exception_class_path == "builtins.ValueError"
+    assert error.exception_class is ValueError
+    assert error.traceback == "builtins.ValueError: exploded with code c-17"
+    job = Job.objects.get(pk=int(result.id))
+    assert (job.state, job.last_error_class, job.last_error_code) == (
+        "dead",
+        "unknown",
+        "builtins.ValueError",
+    )
+    with pytest.raises(ValueError, match="Task failed"):
+        result.return_value  # noqa: B018
+
+
+def test_task__takes_context_sees_its_attempt_and_a_bad_return_value_fails_once():
+    ok = tasks.which_attempt.enqueue()
+    run_delivery(int(ok.id), worker="w1")
+    ok.refresh()
+    assert ok.return_value == 1
+
+    bad = tasks.not_json.enqueue()
+    run_delivery(int(bad.id), worker="w1")
+    bad.refresh()
+    job = Job.objects.get(pk=int(bad.id))
+    assert (bad.status, job.state, job.last_error_class) == (Status.FAILED, "failed", "validation")
+    assert "not JSON-serialisable" in job.last_error_detail
+
+
+def test_get_result__unknown_ids_do_not_exist():
+    backend = tasks.add.get_backend()
+    for missing in ("999999", "not-a-number"):
+        with pytest.raises(backends.TaskResultDoesNotExist):
+            backend.get_result(missing)

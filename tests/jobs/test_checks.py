@@ -1,0 +1,100 @@
+"""System checks name what is missing; settings have one documented home (``jobs.conf``)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from jobs import checks, conf
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD_Q = {"orm": "default", "timeout": 5, "retry": 7}
+
+
+def _ids(messages) -> list[str]:
+    return [m.id for m in messages]
+
+
+def test_check_django_q__missing_app_is_named(settings):
+    settings.INSTALLED_APPS = [a for a in settings.INSTALLED_APPS if a != "django_q"]
+    [error] = checks.check_django_q()
+    assert error.id == "jobs.E020" and "'django_q' must be in INSTALLED_APPS" in error.msg
+
+
+def test_check_broker__orm_broker_on_the_jobs_database(settings):
+    settings.Q_CLUSTER = {**GOOD_Q}
+    assert checks.check_broker() == []
+    settings.Q_CLUSTER = {"timeout": 5, "retry": 7, "redis": {"host": "127.0.0.1"}}
+    [error] = checks.check_broker()
+    assert error.id == "jobs.E021" and "Q_CLUSTER['orm']" in error.msg
+    settings.Q_CLUSTER = {**GOOD_Q, "orm": "other"}
+    [error] = checks.check_broker()
+    assert error.id == "jobs.E022" and "'other'" in error.msg and "'default'" in error.msg
+
+
+@pytest.mark.parametrize(
+    ("lease", "q", "ids"),
+    [
+        (2, GOOD_Q, []),
+        (2, {"orm": "default"}, ["jobs.E001"]),
+        (6, GOOD_Q, ["jobs.E002"]),
+        (2, {**GOOD_Q, "retry": 5}, ["jobs.E002"]),
+    ],
+)
+def test_check_timing__lease_below_timeout_below_retry(settings, lease, q, ids):
+    settings.JOBS_LEASE_SECONDS, settings.Q_CLUSTER = lease, q
+    assert _ids(checks.check_timing()) == ids
+
+
+def test_check_webhook__url_token_and_form(settings):
+    settings.NOTICE_PROVIDER_URL = ""
+    assert checks.check_webhook() == []
+    settings.NOTICE_PROVIDER_URL, settings.NOTICE_PROVIDER_TOKEN = "127.0.0.1:9", "t"
+    assert _ids(checks.check_webhook()) == ["jobs.E012"]
+    settings.NOTICE_PROVIDER_URL, settings.NOTICE_PROVIDER_TOKEN = "http://127.0.0.1:9", ""
+    [warning] = checks.check_webhook()
+    assert warning.id == "jobs.W011" and "NOTICE_PROVIDER_TOKEN" in warning.msg
+    settings.NOTICE_PROVIDER_TOKEN = "t"
+    assert checks.check_webhook() == []
+
+
+def test_check_email_and_inline_release__sends_fit_their_leases(settings):
+    settings.EMAIL_TIMEOUT, settings.JOBS_PROVIDER_SLOT_WAIT_SECONDS = 5, 1
+    settings.JOBS_EFFECT_LEASE_SECONDS = 30
+    settings.JOBS_LEASE_SECONDS, settings.Q_CLUSTER = 10, {**GOOD_Q, "timeout": 20, "retry": 30}
+    settings.NOTICE_PROVIDER_URL = ""
+    assert checks.check_email_timing() == [] and checks.check_inline_release() == []
+    settings.JOBS_EFFECT_LEASE_SECONDS = 6
+    assert _ids(checks.check_email_timing()) == ["jobs.W012"]
+    settings.EMAIL_TIMEOUT = 9
+    [warning] = checks.check_inline_release()
+    assert warning.id == "jobs.W013" and "email send (10)" in warning.msg
+
+
+def test_check_setting_values__a_typo_is_named(settings):
+    assert checks.check_setting_values() == []
+    settings.JOBS_LEASE_SECONDS = "sixty"
+    settings.JOBS_MAX_ATTEMPTS = 0
+    assert [m.msg.split()[0] for m in checks.check_setting_values()] == [
+        "JOBS_LEASE_SECONDS",
+        "JOBS_MAX_ATTEMPTS",
+    ]
+
+
+def test_conf__no_engine_module_reads_a_jobs_setting_around_conf():
+    """Every default lives once, in jobs.conf: nobody else calls getattr(settings, NAME, ...)."""
+    pattern = re.compile(r"getattr\(settings,\s*\"(JOBS_|NOTICE_|METRICS_)")
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "jobs").rglob("*.py")
+        if path.name != "conf.py" and pattern.search(path.read_text())
+    ]
+    assert offenders == []
+
+
+def test_conf__every_setting_is_documented():
+    page = (ROOT / "docs" / "app" / "settings.md").read_text()
+    missing = [s.name for s in conf.SETTINGS if f"`{s.name}`" not in page]
+    assert missing == []
