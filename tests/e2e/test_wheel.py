@@ -157,6 +157,14 @@ def console_commands(body: str) -> list[tuple[str, list[str]]]:
     return out
 
 
+def test_quickstart__pip_install_to_a_finished_job_in_under_30_lines():
+    main_part = QUICKSTART.read_text().split("## Optional", 1)[0]
+    lines = sum(
+        len(body.splitlines()) for body in re.findall(r"```[^\n]*\n(.*?)```", main_part, re.S)
+    )
+    assert lines < 30, lines
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_wheel__quickstart_in_a_fresh_project(variant, wheel, tmp_path, request):
     python = _python(VARIANTS[variant])
