@@ -69,6 +69,7 @@ EFFECT_COLUMNS = [
     "state",
     "version",
     "attempts",
+    "max_attempts",
     "next_attempt_at",
     "enqueued_for",
     "lease_owner",
@@ -173,7 +174,7 @@ def _history_effect_line(i: int, shape: _Shape) -> str:
     key = idempotency_key(effect_id)
     return (
         f"{i}\t{effect_id}\t{i}\tcompletion-notice\tinapp\t{recipient}\t{key}\t{{}}\tapplied\t"
-        f"2\t1\t\\N\t\\N\t\t\\N\tnotice:{i}\t\t\t\t{created}\t{created}\t{applied}"
+        f"2\t1\t8\t\\N\t\\N\t\t\\N\tnotice:{i}\t\t\t\t{created}\t{created}\t{applied}"
     )
 
 
@@ -276,6 +277,7 @@ def _effect_line(i: int, shape: _Shape) -> str:
             real_state,
             "2",
             str(attempts),
+            "8",
             nxt,
             enq,
             owner,
