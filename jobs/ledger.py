@@ -491,44 +491,33 @@ def _operator_move(effect: Effect, operator: str, action: str, *, enqueue: bool,
     return True
 
 
-def _resend_fields(effect: Effect) -> dict:
+def _resend(effect: Effect, operator: str, action: str, from_state: str, note: str) -> bool:
     """Back to pending, due now, its message enqueued with it, and a fresh send budget."""
-    return {
-        "state": State.PENDING,
-        "reason": "",
-        "next_attempt_at": Now(),
-        "enqueued_for": Now(),
-        "lease_expires_at": None,
-        "max_attempts": effect.attempts + conf.effect_max_attempts(),
-    }
+    if effect.state != from_state:
+        return False
+    return _operator_move(
+        effect,
+        operator,
+        action,
+        enqueue=True,
+        note=note,
+        state=State.PENDING,
+        reason="",
+        next_attempt_at=Now(),
+        enqueued_for=Now(),
+        lease_expires_at=None,
+        max_attempts=effect.attempts + conf.effect_max_attempts(),
+    )
 
 
 def recheck_withheld(effect: Effect, *, operator: str, note: str = "") -> bool:
     """Operator: a worker rechecks a withheld effect's recipient and releases it if allowed."""
-    if effect.state != State.WITHHELD:
-        return False
-    return _operator_move(
-        effect,
-        operator,
-        EffectEvent.Action.RECHECK,
-        enqueue=True,
-        note=note,
-        **_resend_fields(effect),
-    )
+    return _resend(effect, operator, EffectEvent.Action.RECHECK, State.WITHHELD, note)
 
 
 def send_again(effect: Effect, *, operator: str, note: str = "") -> bool:
     """Operator: a worker sends a needs_review effect once more (same key; e-mail may repeat)."""
-    if effect.state != State.NEEDS_REVIEW:
-        return False
-    return _operator_move(
-        effect,
-        operator,
-        EffectEvent.Action.SEND_AGAIN,
-        enqueue=True,
-        note=note,
-        **_resend_fields(effect),
-    )
+    return _resend(effect, operator, EffectEvent.Action.SEND_AGAIN, State.NEEDS_REVIEW, note)
 
 
 def mark_sent(effect: Effect, *, operator: str, note: str = "") -> bool:

@@ -22,7 +22,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection, connections, transaction
 
-from jobs import artifacts, ledger
+from jobs import artifacts
 from jobs.exceptions import TemporaryFailure
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
 from jobs.registry import EffectSpec, register_kind
@@ -31,6 +31,7 @@ from jobs.runner import JobContext, run_delivery
 from jobs.services import request_job
 from jobs.tasks import release_effect
 from jobs.testing.fakeprovider import Faults, Record, start_in_thread
+from jobs.testing.queue import run_queued_effects
 from permits import reports
 from permits.models import PermitRequest
 from permits.services import report_request, revoke_reviewer
@@ -151,19 +152,6 @@ def register() -> None:
 # --- the steps ---------------------------------------------------------------------------
 
 
-def _send_queued_notices(worker: str) -> None:
-    """Be the worker for the notice messages a publish enqueued (external sends leave the job)."""
-    from django_q.models import OrmQ
-
-    for message in OrmQ.objects.order_by("id"):
-        task = message.task
-        if task.get("func") == "jobs.tasks.release_effect":
-            message.delete()  # acknowledged once the send's outcome is recorded
-            effect = Effect.objects.select_related("job").filter(pk=task["args"][0]).first()
-            if effect is not None:
-                ledger.release(effect, worker)
-
-
 def _wait_until_due(effect: Effect) -> None:
     effect.refresh_from_db()
     if effect.next_attempt_at is not None:
@@ -201,7 +189,7 @@ def step_takeover(d: Drill) -> None:
     )
 
     second_result = run_delivery(job.pk, worker=second)
-    _send_queued_notices(second)
+    run_queued_effects(second)
     d.check(
         "worker 2 reclaims and publishes",
         second_result.outcome == "succeeded",
@@ -253,7 +241,7 @@ def step_provider_timeout(d: Drill, server) -> None:
     job, _ = report_request(permit)
     server.faults.stall = 1.0
     result = run_delivery(job.pk, worker=_identity("worker-1"))
-    _send_queued_notices(_identity("worker-1"))
+    run_queued_effects(_identity("worker-1"))
     server.faults.stall = 0.0
     effect = Effect.objects.get(job=job, provider="webhook")
     d.check(
@@ -332,7 +320,7 @@ def step_revoked(d: Drill) -> None:
             revoke_reviewer(permit, reviewer)
 
     result = run_delivery(job.pk, worker=_identity("worker-1"), on_stage=revoke)
-    _send_queued_notices(_identity("worker-1"))
+    run_queued_effects(_identity("worker-1"))
     states = set(Effect.objects.filter(job=job).values_list("state", flat=True))
     d.check("the job may finish", result.outcome == "succeeded", result.outcome)
     d.check("every notice is withheld", states == {Effect.State.WITHHELD}, ",".join(sorted(states)))

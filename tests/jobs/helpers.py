@@ -8,6 +8,9 @@ from django.utils import timezone
 
 from jobs.models import Job
 from jobs.services import request_job
+from jobs.testing.queue import run_queued_effects
+
+__all__ = ["deliver", "run_queued_effects"]
 
 
 def new_job(
@@ -46,21 +49,6 @@ def expire_lease(job: Job) -> None:
 
 class Crash(BaseException):
     """Stands in for a process dying: the runner does not catch BaseException."""
-
-
-def run_queued_effects() -> dict[int, str]:
-    """Be the worker for every queued effect message, as a qcluster would; returns outcomes."""
-    from django_q.models import OrmQ
-
-    from jobs import tasks
-
-    results = {}
-    for message in OrmQ.objects.order_by("id"):
-        task = message.task
-        if task.get("func") == "jobs.tasks.release_effect":
-            message.delete()  # acknowledged, as django-q2 does after the task returns
-            results[task["args"][0]] = tasks.release_effect(*task["args"])
-    return results
 
 
 def deliver(job_id: int, **kwargs):
