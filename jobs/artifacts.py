@@ -1,8 +1,10 @@
 """Artifacts under stable keys: written once, atomically, verified by sha256.
 
-A second worker that produces the same job never makes a second artifact: it
-finds the row for the key, checks the stored bytes against the recorded
-sha256, and restores the file only if it is missing or corrupt.
+A second worker that produces the same job never makes a second artifact: the
+file's name is the key, written exclusively; a file already there is compared
+with the fresh bytes and rewritten only if it differs. The row (key, sha256)
+commits with the job's publish, so there is one per key and only for a job that
+succeeded; the operator's restore (``jobs.restore``) verifies against it.
 """
 
 from __future__ import annotations
@@ -137,39 +139,63 @@ def _replace(storage: Storage, name: str, data: bytes) -> None:
 
 @dataclass
 class Stored:
-    artifact: Artifact
-    created: bool  # this call inserted the row
-    restored: bool  # the file was missing or corrupt and was written again
+    artifact: Artifact  # unsaved: its row goes in with the publish
+    restored: bool  # a file was there with other bytes and was written again
 
 
 def store(job: Job, data: bytes, *, content_type: str, extension: str) -> Stored:
-    """Store ``data`` as the job's artifact, or verify the one already stored."""
-    storage = get_storage()
-    key = artifact_key(job)
-    digest = sha256_hex(data)
-    existing = Artifact.objects.filter(key=key).first()
-    if existing is not None:
-        return Stored(existing, False, verify(existing, data=data, storage=storage))
+    """Write the job's artifact file under its stable key, or verify the one there.
 
+    The row is not written here: it commits with the job's publish (``insert_row``
+    or the one-statement publish), so a job has an artifact row exactly when it
+    succeeded. A file already under the key was left by an earlier worker of this
+    job that died before publishing; equal bytes are kept, others are replaced.
+    """
+    storage = get_storage()
     name = storage_name_for(job, extension)
-    # A file without a row means an earlier worker died between file and row.
+    restored = False
     if not _create(storage, name, data) and _read(storage, name) != data:
         _replace(storage, name, data)
+        restored = True
+        log.warning("job=%s key=%s rewrote a file an earlier worker left", job.pk, name)
+    artifact = Artifact(
+        job=job,
+        key=artifact_key(job),
+        storage_name=name,
+        sha256=sha256_hex(data),
+        size=len(data),
+        content_type=content_type,
+        rewrites=int(restored),
+    )
+    return Stored(artifact, restored)
+
+
+def insert_row(artifact: Artifact) -> Artifact:
+    """Insert the row of a stored artifact (ORM publish path); an existing row is verified.
+
+    A row can exist only from a publish of this key, or from before rows moved into
+    the publish; either way the stored bytes must match it.
+    """
+    if artifact.pk is not None:
+        return artifact
     try:
         with transaction.atomic():
-            artifact = Artifact.objects.create(
-                job=job,
-                key=key,
-                storage_name=name,
-                sha256=digest,
-                size=len(data),
-                content_type=content_type,
-            )
+            artifact.save(force_insert=True)
     except IntegrityError:
-        existing = Artifact.objects.get(key=key)
-        return Stored(existing, False, verify(existing, data=data, storage=storage))
-    log.info("job=%s artifact=%s key=%s size=%s stored", job.pk, artifact.pk, key, len(data))
-    return Stored(artifact, True, False)
+        existing = Artifact.objects.get(key=artifact.key)
+        if existing.sha256 != artifact.sha256:  # the file under the key holds the new bytes
+            existing.sha256, existing.size = artifact.sha256, artifact.size
+            existing.rewrites += 1
+            existing.save(update_fields=["sha256", "size", "rewrites"])
+        return existing
+    log.info(
+        "job=%s artifact=%s key=%s size=%s stored",
+        artifact.job_id,
+        artifact.pk,
+        artifact.key,
+        artifact.size,
+    )
+    return artifact
 
 
 def verify(

@@ -63,17 +63,15 @@ def idempotency_key(effect_id: str) -> str:
     return "fx-" + hashlib.sha256(effect_id.encode()).hexdigest()[:40]
 
 
-def record(job: Job, specs: list[EffectSpec], worker: str = "") -> list[Effect]:
-    """Insert the job's effects; call inside the publish transaction.
+def prepare(job: Job, specs: list[EffectSpec]) -> list[Effect]:
+    """The job's effect rows, unsaved; transactional ones already decided.
 
-    Effects of a transactional provider (the in-app notice) are released right
-    here: their recipient is rechecked and the ledger row goes in already
-    ``applied`` (or ``withheld``), with the notice itself, so they commit with
-    the job's completion or not at all. The others go in ``pending``, due now
-    and marked enqueued: the caller enqueues their messages in this transaction.
+    Effects of a transactional provider (the in-app notice) are released in the
+    publish: their recipient is rechecked here, right before it, and the row is
+    born ``applied`` (or ``withheld``), so it commits with the job's completion or
+    not at all. The others are born ``pending``, due now and marked enqueued: the
+    publish enqueues their messages in its transaction.
     """
-    if not specs:
-        return []
     now = timezone.now()  # shown to people only; due times below use the server's clock
     budget = conf.effect_max_attempts()
     rows = []
@@ -100,20 +98,71 @@ def record(job: Job, specs: list[EffectSpec], worker: str = "") -> list[Effect]:
         if registry.get_provider(spec.provider).transactional:
             _decide_in_publish(effect, now)
         rows.append(effect)
+    return rows
+
+
+def born_final(rows: list[Effect], worker: str):
+    """``(notices, events)`` for the one-statement publish, or None if it cannot take them.
+
+    It takes effects born final through the in-app provider: applied (with their
+    notice and send event) or withheld (with the withhold event). Anything that
+    needs a message or a provider's own code goes through ``record``.
+    """
+    from jobs.providers.inapp import InAppProvider
+
+    notices, events = [], []
+    for e in rows:
+        provider = registry.get_provider(e.provider)
+        if type(provider) is not InAppProvider or e.state not in (State.APPLIED, State.WITHHELD):
+            return None
+        if e.state == State.APPLIED:
+            notice = provider.notice_for(e)
+            notice.effect_key = e.effect_id
+            notices.append(notice)
+            event = _event_row(e, worker, EffectEvent.Action.SEND)
+        else:
+            event = _withhold_event(e, worker)
+        event.effect_key = e.effect_id
+        events.append(event)
+    return notices, events
+
+
+def log_born(rows: list[Effect], worker: str) -> None:
+    """The log lines of effects released with the publish (after it committed)."""
+    for e in rows:
+        if e.state == State.APPLIED:
+            _log(e, "applied", worker, ref=e.provider_ref, with_publish=True)
+
+
+def _withhold_event(effect: Effect, worker: str) -> EffectEvent:
+    return _event_row(
+        effect,
+        worker,
+        EffectEvent.Action.WITHHOLD,
+        error_class=ErrorClass.AUTHORIZATION,
+        code="recipient_not_authorized",
+        note=effect.reason,
+    )
+
+
+def record(job: Job, specs: list[EffectSpec], worker: str = "") -> list[Effect]:
+    """Prepare and insert the job's effects; call inside the publish transaction."""
+    return write(prepare(job, specs), worker)
+
+
+def write(rows: list[Effect], worker: str = "") -> list[Effect]:
+    """Insert prepared effects (``prepare``); call inside the publish transaction.
+
+    Transactional effects are applied here, each in a savepoint: one whose apply
+    fails goes back to pending (the caller enqueues it) without undoing the publish.
+    """
+    if not rows:
+        return []
     Effect.objects.bulk_create(rows)
     events = []
     for e in rows:
         if e.state == State.WITHHELD:
-            events.append(
-                _event_row(
-                    e,
-                    worker,
-                    EffectEvent.Action.WITHHOLD,
-                    error_class=ErrorClass.AUTHORIZATION,
-                    code="recipient_not_authorized",
-                    note=e.reason,
-                )
-            )
+            events.append(_withhold_event(e, worker))
         elif e.version:  # the release check raised: recorded, then retried by the table
             events.append(
                 _event_row(

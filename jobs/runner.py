@@ -10,9 +10,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
-from jobs import artifacts, clock, conf, ledger, queue, registry, transitions
+from django.db import DatabaseError, connection, transaction
+
+from jobs import artifacts, clock, conf, ledger, queue, registry, sql, transitions
 from jobs.exceptions import LeaseLost
 from jobs.models import Artifact, Attempt, Job
 from jobs.retry import classify, job_outcome
@@ -33,6 +36,7 @@ class JobContext:
         self.artifact: Artifact | None = None
         self._on_stage = on_stage
         self._lease_extended_at = time.monotonic()  # the claim just set a full lease
+        self._owner_checked = False
 
     @property
     def params(self) -> dict:
@@ -47,6 +51,7 @@ class JobContext:
         """Raise LeaseLost unless this worker still holds the job; call before private reads."""
         if not transitions.still_owner(self.job, self.worker):
             raise LeaseLost(f"job {self.job.pk} is no longer held by this worker")
+        self._owner_checked = True
 
     def heartbeat(self) -> None:
         """Extend the lease between stages of healthy work; raise LeaseLost if it is gone.
@@ -61,8 +66,13 @@ class JobContext:
         self._lease_extended_at = time.monotonic()
 
     def store_artifact(self, data: bytes, *, content_type: str, extension: str) -> Artifact:
-        """Store (or verify) the job's one artifact under its stable key."""
-        self.check_owner()
+        """Store (or verify) the job's one artifact file; its row commits with the publish.
+
+        Ownership is checked here only if the handler has not checked it yet: the
+        file goes under the job's own key, and the publish CAS fences the row.
+        """
+        if not self._owner_checked:
+            self.check_owner()
         stored = artifacts.store(self.job, data, content_type=content_type, extension=extension)
         self.artifact = stored.artifact
         self.stage("artifact_stored")
@@ -100,20 +110,9 @@ def run_delivery(
     except Exception as exc:  # the retry table decides what this means
         return _handle_failure(ctx, exc)
 
-    effects = []
-    with clock.worker_transaction():
-        if not transitions.publish(job, worker):
-            published = False
-        else:
-            published = True
-            effects = ledger.record(job, specs, worker)
-            transitions.finish_attempt(attempt, Outcome.SUCCEEDED)
-            # External sends leave this task: each gets its own message, committed with
-            # the publish, so a slow provider never holds the job's delivery open.
-            for effect in effects:
-                if effect.state == ledger.State.PENDING:
-                    queue.enqueue_effect(effect)
-    if not published:
+    rows = ledger.prepare(job, specs)  # transactional effects: the recipient rechecked now
+    effects = _publish(ctx, rows)
+    if effects is None:
         transitions.finish_attempt(attempt, Outcome.LEASE_LOST)
         log.info("job=%s worker=%s publish lost: another worker owns the job", job.pk, worker)
         return DeliveryResult(job_id, Outcome.LEASE_LOST, worker)
@@ -121,6 +120,74 @@ def run_delivery(
     return DeliveryResult(
         job_id, Outcome.SUCCEEDED, worker, {e.effect_id: e.state for e in effects}
     )
+
+
+def _publish(ctx: JobContext, rows: list) -> list | None:
+    """running → succeeded with the artifact row, the effects and the attempt's outcome.
+
+    One statement when it can (PostgreSQL, effects born final in-app: ``jobs.sql``),
+    else one ORM transaction that also enqueues the external effects' messages.
+    Returns the effects, or None when the CAS lost (nothing was written).
+    """
+    job, worker, attempt = ctx.job, ctx.worker, ctx.attempt
+    born = ledger.born_final(rows, worker) if sql.available() else None
+    if born is not None:
+        published = _publish_one_statement(ctx, rows, *born)
+        if published is not False:
+            return published
+    with clock.worker_transaction():
+        if not transitions.publish(job, worker):
+            return None
+        if ctx.artifact is not None:
+            ctx.artifact = artifacts.insert_row(ctx.artifact)
+        effects = ledger.write(rows, worker)
+        transitions.finish_attempt(attempt, Outcome.SUCCEEDED)
+        # External sends leave this task: each gets its own message, committed with
+        # the publish, so a slow provider never holds the job's delivery open.
+        for effect in effects:
+            if effect.state == ledger.State.PENDING:
+                queue.enqueue_effect(effect)
+    return effects
+
+
+def _publish_one_statement(ctx: JobContext, rows: list, notices: list, events: list):
+    """The one-statement publish; False if the database refused it (the ORM path then runs)."""
+    job, worker = ctx.job, ctx.worker
+    try:
+        with transaction.atomic() if connection.in_atomic_block else nullcontext():
+            done = sql.publish(
+                job,
+                worker,
+                changes=transitions.publish_changes(),
+                margin=conf.transaction_idle_seconds(),
+                attempt_id=ctx.attempt.pk,
+                artifact=ctx.artifact,
+                effects=rows,
+                notices=notices,
+                events=events,
+            )
+    except DatabaseError as exc:  # e.g. a recipient deleted since the recheck
+        log.warning(
+            "job=%s one-statement publish refused (%s); ORM path", job.pk, type(exc).__name__
+        )
+        return False
+    if done is None:
+        return None
+    transitions.mirror_publish(job, worker)
+    ctx.attempt.outcome = Outcome.SUCCEEDED
+    if ctx.artifact is not None:
+        if done.artifact_id is None:  # a row from before rows moved into the publish
+            ctx.artifact = artifacts.insert_row(ctx.artifact)
+        else:
+            ctx.artifact.pk = done.artifact_id
+            ctx.artifact._state.adding = False
+    for effect in rows:
+        effect.pk = done.effect_ids.get(effect.effect_id)
+        effect._state.adding = False
+        if effect.effect_id in done.notice_ids:
+            effect.provider_ref = f"notice:{done.notice_ids[effect.effect_id]}"
+    ledger.log_born(rows, worker)
+    return rows
 
 
 def _handle_failure(ctx: JobContext, exc: Exception) -> DeliveryResult:

@@ -19,7 +19,6 @@ import os
 import random
 import socket
 import uuid
-import zlib
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -27,7 +26,7 @@ from django.db import connection
 from django.db.models import F
 from django.db.models.functions import Coalesce, Now
 
-from jobs import clock, conf
+from jobs import clock, conf, sql
 from jobs.cas import compare_and_swap
 from jobs.models import Attempt, Job
 
@@ -72,13 +71,14 @@ class Claim:
 
 
 def _lock_tenant(tenant_key: str) -> None:
-    """Serialize claims of one tenant so the concurrency bound holds under races."""
+    """Serialize claims of one tenant so the concurrency bound holds under races.
+
+    The same lock (class ``jobs``, the tenant's ``hashtext``) as ``jobs_tenant_admits``
+    takes for the one-statement claim, so both paths take turns.
+    """
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_advisory_xact_lock(%s, %s)",
-                [0x6A6F6273, zlib.crc32(tenant_key.encode()) - 2**31],
-            )
+            cursor.execute("SELECT pg_advisory_xact_lock(1785684595, hashtext(%s))", [tenant_key])
     # SQLite: transaction_mode=IMMEDIATE already serializes every writing transaction.
 
 
@@ -89,6 +89,18 @@ def claim(job_id: int, worker: str, *, lease_seconds: float | None = None) -> Cl
     duplicate deliveries can be counted apart.
     """
     lease = conf.lease_seconds() if lease_seconds is None else lease_seconds
+    if sql.available():
+        # The common case in one statement; anything else is decided (and recorded) below.
+        claimed = sql.claim(
+            job_id,
+            worker,
+            lease=lease,
+            bound=conf.tenant_concurrency(),
+        )
+        if claimed is not None:
+            job, attempt = claimed
+            _log(job, "claim", worker, reclaimed=False)
+            return Claim("claimed", job, attempt)
     with clock.worker_transaction():
         # The server's clock, read with the row: every decision and write below uses it.
         job = Job.objects.annotate(db_now=Now()).filter(pk=job_id).first()
@@ -204,27 +216,39 @@ def still_owner(job: Job, worker: str) -> bool:
     ).exists()
 
 
+def publish_changes() -> dict:
+    """What running → succeeded writes besides the version (one list for both paths)."""
+    return {
+        "state": State.SUCCEEDED,
+        "lease_expires_at": None,
+        "finished_at": Now(),
+        "last_error_class": "",
+        "last_error_code": "",
+        "last_error_detail": "",
+        "outage_since": None,
+    }
+
+
 def publish(job: Job, worker: str) -> bool:
     """running → succeeded; call inside the transaction that records the effects.
 
     The lease must outlast the transaction's idle timeout, so this transaction can
-    only commit while the lease still holds (``clock.worker_transaction``).
+    only commit while the lease still holds (``clock.worker_transaction``). The
+    one-statement publish (``jobs.sql.publish``) writes the same arrow.
     """
-    won = _cas(
-        job,
-        owner=worker,
-        margin=conf.transaction_idle_seconds(),
-        state=State.SUCCEEDED,
-        lease_expires_at=None,
-        finished_at=Now(),
-        last_error_class="",
-        last_error_code="",
-        last_error_detail="",
-        outage_since=None,
-    )
+    won = _cas(job, owner=worker, margin=conf.transaction_idle_seconds(), **publish_changes())
     if won:
         _log(job, "publish", worker)
     return won
+
+
+def mirror_publish(job: Job, worker: str) -> None:
+    """After the one-statement publish won: the instance as the CAS would leave it."""
+    job.version += 1
+    for name, value in publish_changes().items():
+        if not hasattr(value, "resolve_expression"):
+            setattr(job, name, value)
+    _log(job, "publish", worker)
 
 
 def schedule_retry(

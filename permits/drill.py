@@ -9,6 +9,7 @@ passes only if all of them hold.
 
 from __future__ import annotations
 
+import os
 import socket
 import tempfile
 import threading
@@ -89,8 +90,6 @@ class Drill:
 
 def _identity(label: str) -> str:
     # Two worker identities in one process: host:pid:<label> instead of a boot nonce.
-    import os
-
     return f"{socket.gethostname()}:{os.getpid()}:{label}"
 
 
@@ -181,8 +180,14 @@ def step_takeover(d: Drill) -> None:
     thread = threading.Thread(target=run_first)
     thread.start()
     d.check("worker 1 stored the artifact", stored.wait(30))
-    artifact = Artifact.objects.get(job=job)
-    d.row("1 claim, store, pause", "worker-1", "claimed; artifact stored; paused", job)
+    storage = artifacts.get_storage()
+    path = storage.path(artifacts.storage_name_for(job, "pdf"))
+    first_file = os.stat(path).st_ino
+    d.check(
+        "the artifact's row waits for worker 1's publish",
+        not Artifact.objects.filter(job=job).exists(),
+    )
+    d.row("1 claim, store, pause", "worker-1", "claimed; artifact file stored; paused", job)
     time.sleep(float(settings.JOBS_LEASE_SECONDS) + 0.3)
     d.row(
         "2 lease expires", "worker-1", f"lease ran out after {settings.JOBS_LEASE_SECONDS:g}s", job
@@ -195,8 +200,9 @@ def step_takeover(d: Drill) -> None:
         second_result.outcome == "succeeded",
         second_result.outcome,
     )
-    same = list(Artifact.objects.filter(job=job).values_list("pk", flat=True)) == [artifact.pk]
-    d.check("worker 2 verified the artifact instead of making one", same)
+    rows = list(Artifact.objects.filter(job=job))
+    same = os.stat(path).st_ino == first_file and [a.rewrites for a in rows] == [0]
+    d.check("worker 2 verified worker 1's file instead of making one", same)
     d.row(
         "3 reclaim, verify, publish", "worker-2", f"{second_result.outcome}; artifact verified", job
     )

@@ -11,11 +11,16 @@ class InAppProvider(Provider):
     transactional = True
     supports_idempotency = True  # the notice's one-to-one on the effect
 
-    def apply(self, effect: Effect) -> str:
-        notice = Notice.objects.create(
-            effect=effect,
+    def notice_for(self, effect: Effect) -> Notice:
+        """The unsaved notice of ``effect``: what the one-statement publish inserts."""
+        return Notice(
+            effect=effect if effect.pk else None,
             recipient_id=int(effect.recipient),
             title=str(effect.data.get("title", "A job finished"))[:200],
             link=str(effect.data.get("link", ""))[:300],
         )
+
+    def apply(self, effect: Effect) -> str:
+        notice = self.notice_for(effect)
+        notice.save()
         return f"notice:{notice.pk}"

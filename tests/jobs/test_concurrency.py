@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -9,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import connection
 
-from jobs import transitions
+from jobs import artifacts, transitions
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
 from jobs.runner import run_delivery
 from jobs.services import request_job
@@ -78,7 +79,9 @@ def test_paused_worker__loses_lease_second_publishes_first_publishes_nothing(mak
     thread = threading.Thread(target=first)
     thread.start()
     assert stored.wait(30)
-    first_artifact = Artifact.objects.get(job=job)
+    assert not Artifact.objects.filter(job=job).exists(), "the row commits with the publish"
+    path = artifacts.get_storage().path(artifacts.storage_name_for(job, "txt"))
+    first_file = os.stat(path).st_ino
     time.sleep(float(transitions.conf.lease_seconds()) + 0.3)  # the first lease runs out
 
     second = run_delivery(job.pk, worker="second")
@@ -87,9 +90,8 @@ def test_paused_worker__loses_lease_second_publishes_first_publishes_nothing(mak
     thread.join(30)
     assert result["first"].outcome == "lease_lost"
 
-    assert list(Artifact.objects.filter(job=job).values_list("pk", flat=True)) == [
-        first_artifact.pk
-    ]
+    (artifact,) = Artifact.objects.filter(job=job)
+    assert artifact.rewrites == 0 and os.stat(path).st_ino == first_file, "verified, not rewritten"
     assert Effect.objects.filter(job=job).count() == 1
     assert Notice.objects.filter(recipient=user).count() == 1
     by_worker = dict(Attempt.objects.filter(job=job).values_list("worker", "outcome"))

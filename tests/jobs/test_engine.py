@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 from django.core.management import call_command
+from django.db import DatabaseError
 from django.db.models import Q
 from django_q.models import OrmQ
 
-from jobs import artifacts, ledger, registry, services
+from jobs import artifacts, ledger, registry, services, sql
 from jobs.dispatch import dispatch_once
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
 from jobs.runner import run_delivery
@@ -125,10 +126,9 @@ def test_crash_after_artifact__reclaim_verifies_and_restores_corrupt_file(make_u
 
     with pytest.raises(Crash):
         run_delivery(job.pk, worker="w1", on_stage=die_after_artifact)
-    artifact = Artifact.objects.get(job=job)
-    path = artifacts.get_storage().path(artifact.storage_name)
+    assert not Artifact.objects.filter(job=job).exists(), "the row commits with the publish"
+    path = artifacts.get_storage().path(artifacts.storage_name_for(job, "txt"))
     Path(path).write_bytes(b"torn write")
-    assert not artifacts.is_intact(artifact)
 
     assert run_delivery(job.pk, worker="w2").outcome == "duplicate", "lease still live"
     expire_lease(job)
@@ -161,8 +161,12 @@ def test_crash_after_publish_before_ack__the_in_app_notice_committed_with_publis
     assert Notice.objects.count() == 1
 
 
-def test_published_effect_left_pending__is_sent_by_its_own_message_once(make_user):
-    """A transactional apply that failed at publish goes pending with its own message."""
+def test_published_effect_left_pending__is_sent_by_its_own_message_once(make_user, monkeypatch):
+    """A transactional apply that failed at publish goes pending with its own message.
+
+    The one-statement publish (PostgreSQL) refused by the database falls back to the
+    ORM publish, whose in-app apply (in a savepoint) fails here.
+    """
     user = make_user()
     job = new_job(user)
     inapp = registry.get_provider("inapp")
@@ -171,6 +175,10 @@ def test_published_effect_left_pending__is_sent_by_its_own_message_once(make_use
     def flaky_apply(effect):
         raise ConnectionResetError("notice store unavailable")
 
+    def refused(*args, **kwargs):
+        raise DatabaseError("the notice table refused the row")
+
+    monkeypatch.setattr(sql, "publish", refused)
     inapp.apply = flaky_apply
     job_messages = list(OrmQ.objects.values_list("pk", flat=True))
     try:
