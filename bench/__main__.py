@@ -4,13 +4,16 @@ Sections, all sequential (the machine has 2 cores):
 
 1. hot path: statements, round trips and commits of one delivery, its time
    split between the database driver and Python, and a cProfile by bucket;
-2. throughput: bare django-q2 no-ops, the minimal kind ``demo.summary`` and
-   the permit report kind, interleaved over several rounds under real
-   ``manage.py qcluster`` workers with the production ``Q_CLUSTER``;
+2. throughput: bare django-q2 no-ops, the minimal kind ``demo.summary``, the
+   permit report kind, and plain django-q2 tasks doing each kind's work
+   without the engine (``bench.plain``), interleaved over several rounds under
+   real ``manage.py qcluster`` workers with the production ``Q_CLUSTER``;
 3. scaling and memory: 1 and 4 workers besides the rounds' 2;
 4. latency: idle single jobs, in-app and webhook bursts of 83;
 5. PDF render time;
-6. ledger and claim lookups at 10k, 100k and 1M rows.
+6. ledger and claim lookups at 10k, 100k and 1M rows;
+7. knobs (only when asked for, ``--sections knobs``): the fsync cost of the
+   artifact write, and ``CONN_HEALTH_CHECKS`` on and off for the workers.
 
 Figures move 10-40% between runs on a shared machine; ratios measured in one
 run (each round pairs the kinds back to back) hold much better. The summary
@@ -37,9 +40,13 @@ def _args(argv):
     p.add_argument("--n-summary", type=int, default=None, help="default: sized to ~12 s a run")
     p.add_argument("--n-report", type=int, default=None, help="default: sized to ~12 s a run")
     p.add_argument(
+        "--n-plain-minimal", type=int, default=None, help="default: sized to ~12 s a run"
+    )
+    p.add_argument("--n-plain-report", type=int, default=None, help="default: sized to ~12 s a run")
+    p.add_argument(
         "--sections",
         default="hotpath,throughput,scaling,latency,pdf,ledger",
-        help="comma-separated subset",
+        help="comma-separated subset; add knobs for the fsync and CONN_HEALTH_CHECKS figures",
     )
     p.add_argument("--ledger-sizes", default="10000,100000,1000000")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 round, small N, no 1M")
@@ -178,9 +185,31 @@ def main(argv=None) -> int:
     n_summary = args.n_summary or _round_to(12_000 / est_summary, 100, 500, 2000)
     est_report = (report_ms or 150.0) * 1.6 / parallel
     n_report = args.n_report or _round_to(12_000 / est_report, 12, 60, 600)
+    # The plain tasks: their in-process cost plus django-q2's own per message (~5 ms of a
+    # worker at the bare no-op's ~400 jobs/s on 2 workers), to the same ~12 s a run.
+    n_plain_min, n_plain_rep = args.n_plain_minimal or 2000, args.n_plain_report or 240
+    if "throughput" in sections and not (args.n_plain_minimal and args.n_plain_report):
+        from bench import plain
+
+        infra.reset_run_tables()
+        min_ms, rep_ms = plain.in_process_ms(user_id)
+        results["plain_in_process_ms"] = {"minimal": min_ms, "report": rep_ms}
+        n_plain_min = args.n_plain_minimal or _round_to(
+            12_000 / ((min_ms * 1.6 + 5.0) / parallel), 100, 500, 4000
+        )
+        n_plain_rep = args.n_plain_report or _round_to(
+            12_000 / ((rep_ms * 1.6 + 5.0) / parallel), 12, 60, 1200
+        )
     if args.quick:
         n_summary, n_report = min(n_summary, 300), min(n_report, 60)
-    sizes = {e2e.BARE: args.n_bare, e2e.SUMMARY: n_summary, e2e.REPORT: n_report}
+        n_plain_min, n_plain_rep = min(n_plain_min, 600), min(n_plain_rep, 120)
+    sizes = {
+        e2e.BARE: args.n_bare,
+        e2e.PLAIN_MINIMAL: n_plain_min,
+        e2e.SUMMARY: n_summary,
+        e2e.PLAIN_REPORT: n_plain_rep,
+        e2e.REPORT: n_report,
+    }
     results["n"] = sizes
 
     runs: list[e2e.Run] = []
@@ -197,7 +226,8 @@ def main(argv=None) -> int:
         return run
 
     if "throughput" in sections:
-        order = [e2e.BARE, e2e.SUMMARY, e2e.REPORT]
+        # Each plain task runs next to its engine kind: the same-work ratios pair them.
+        order = [e2e.BARE, e2e.PLAIN_MINIMAL, e2e.SUMMARY, e2e.PLAIN_REPORT, e2e.REPORT]
         for r in range(1, args.rounds + 1):
             for kind in order[r - 1 :] + order[: r - 1]:  # rotate: no kind always goes first
                 measure(kind, workers, r)
@@ -222,6 +252,18 @@ def main(argv=None) -> int:
         for r in runs
     ]
 
+    if "knobs" in sections:
+        from bench import knobs
+
+        fs = knobs.fsync_cost(300 if not args.quick else 60)
+        say(f"knobs: fsync cost measured on {fs['filesystem']}")
+        results["knobs"] = {
+            "fsync": fs,
+            "conn_health_checks": knobs.health_checks(
+                n_summary, workers, user_id, args.rounds, progress=say
+            ),
+        }
+
     if "latency" in sections:
         from bench import latency
 
@@ -243,10 +285,11 @@ def main(argv=None) -> int:
             infra.drop_database(infra.LEDGER_DB)
 
     results["wall_s"] = time.monotonic() - started
+    text = report(results, workers)  # also adds the derived same-work figures to ``results``
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1, default=str))
-    print(report(results, workers))
+    print(text)
     return 0
 
 
@@ -262,13 +305,77 @@ def _q_cluster(settings) -> dict:
 # --- the printed report ----------------------------------------------------------------
 
 
+def _same_work(res: dict, workers: int, rates, paired, xacts, cpu_totals) -> list[str]:
+    """The engine against plain tasks doing the same work; also stored in ``res``."""
+    from bench.e2e import PLAIN_MINIMAL, PLAIN_REPORT, REPORT, SUMMARY
+
+    plain_min, plain_rep = (_median(rates(k, workers)) for k in (PLAIN_MINIMAL, PLAIN_REPORT))
+    if plain_min != plain_min and plain_rep != plain_rep:
+        return []
+    nan = float("nan")
+    figures = {
+        "plain_minimal_jobs_s": plain_min,
+        "plain_report_jobs_s": plain_rep,
+        "ratio_minimal": paired(SUMMARY, PLAIN_MINIMAL),
+        "ratio_report": paired(REPORT, PLAIN_REPORT),
+        "cpu_ms_plain_minimal": cpu_totals.get(PLAIN_MINIMAL, nan),
+        "cpu_ms_plain_report": cpu_totals.get(PLAIN_REPORT, nan),
+        "cpu_ms_above_minimal": cpu_totals.get(SUMMARY, nan) - cpu_totals.get(PLAIN_MINIMAL, nan),
+        "cpu_ms_above_report": cpu_totals.get(REPORT, nan) - cpu_totals.get(PLAIN_REPORT, nan),
+    }
+    res["same_work"] = figures
+    n_rounds = len(rates(PLAIN_MINIMAL, workers))
+    return [
+        f"throughput of plain django-q2 tasks doing the same work ({workers} workers, median of "
+        f"{n_rounds} interleaved rounds): minimal's work {plain_min:.1f} jobs/s, "
+        f"report's work {plain_rep:.1f} jobs/s",
+        f"ratio same-work minimal: {figures['ratio_minimal']:.2f}",
+        f"ratio same-work report: {figures['ratio_report']:.2f}",
+        "CPU above same-work plain task, ms per job: "
+        f"minimal {figures['cpu_ms_above_minimal']:+.1f}, "
+        f"report {figures['cpu_ms_above_report']:+.1f}",
+        "same-work plain tasks, per message: CPU (all our processes) "
+        f"minimal {figures['cpu_ms_plain_minimal']:.1f} ms, report "
+        f"{figures['cpu_ms_plain_report']:.1f} ms; server transactions minimal "
+        f"{xacts(PLAIN_MINIMAL):.1f}, report {xacts(PLAIN_REPORT):.1f}",
+    ]
+
+
+def _knob_lines(knob: dict) -> list[str]:
+    out = []
+    fs = knob.get("fsync")
+    if fs:
+        for payload, by in fs["median_us"].items():
+            out.append(
+                f"fsync in the artifact write, {payload}, median µs of {fs['writes']} "
+                f"({fs['filesystem']}): " + ", ".join(f"{v} {us:.0f}" for v, us in by.items())
+            )
+    hc = knob.get("conn_health_checks")
+    if hc and hc["runs"]:
+        parts = []
+        for setting in dict.fromkeys(r["setting"] for r in hc["runs"]):
+            rs = [r for r in hc["runs"] if r["setting"] == setting]
+            rate = _median([r["rate"] for r in rs])
+            cpu = _median([sum(r["cpu_ms_per_job"].values()) for r in rs])
+            xa = _median([r["server_per_job"].get("xact_commit", float("nan")) for r in rs])
+            bad = "" if all(r["ok"] for r in rs) else " (CHECK FAILED)"
+            parts.append(
+                f"{setting} {rate:.1f} jobs/s, CPU {cpu:.1f} ms/job, {xa:.1f} xacts/job{bad}"
+            )
+        out.append(
+            f"CONN_HEALTH_CHECKS for the workers, demo.summary ({hc['workers']} workers, median "
+            f"of {len(hc['runs']) // 2} rounds): " + "; ".join(parts)
+        )
+    return out
+
+
 def _median(xs):
     xs = [x for x in xs if x == x]
     return statistics.median(xs) if xs else float("nan")
 
 
 def report(res: dict, workers: int) -> str:
-    from bench.e2e import BARE, LABELS, REPORT, SUMMARY
+    from bench.e2e import BARE, ENGINE, LABELS, PLAIN_MINIMAL, PLAIN_REPORT, REPORT, SUMMARY
     from bench.latency import pct
 
     lines = ["", "=" * 100, "make bench: the price of exactly-once effects (PostgreSQL)", "=" * 100]
@@ -307,7 +414,7 @@ def report(res: dict, workers: int) -> str:
                 f"  {LABELS[r['kind']]:30} {r['workers']:>7} {r['round'] or '-':>5} {r['n']:>5} "
                 f"{r['rate']:>8.1f} {r['wall']:>7.1f} {max(r['rss_kib'] or [0]) / 1024:>8.0f} "
                 f"{s.get('xact_commit', float('nan')):>9.1f} "
-                f"{(f'{upd:.1f}/{hot:.1f}' if r['kind'] != BARE else '-'):>12}  "
+                f"{(f'{upd:.1f}/{hot:.1f}' if r['kind'] in ENGINE else '-'):>12}  "
                 f"{'ok' if r['ok'] else 'FAILED ' + json.dumps(r['check'])}"
             )
 
@@ -334,7 +441,7 @@ def report(res: dict, workers: int) -> str:
             f"  {'kind':30} " + " ".join(f"{r:>17}" for r in roles) + f" {'total':>8}",
         ]
         cpu_totals = {}
-        for kind in (BARE, SUMMARY, REPORT):
+        for kind in (BARE, PLAIN_MINIMAL, SUMMARY, PLAIN_REPORT, REPORT):
             per = [
                 r["cpu_ms_per_job"]
                 for r in runs
@@ -382,6 +489,8 @@ def report(res: dict, workers: int) -> str:
                 f"bare {xacts(BARE):.1f}, demo.summary {xacts(SUMMARY):.1f}, "
                 f"permits.report {xacts(REPORT):.1f}"
             )
+        same_work = _same_work(res, workers, rates, paired, xacts, cpu_totals)
+        summary_lines += same_work
         scale = []
         for kind in (SUMMARY, BARE):
             per_w = [_median(rates(kind, w, rounds_only=False)) for w in (1, 2, 4)]
@@ -507,6 +616,13 @@ def report(res: dict, workers: int) -> str:
             + "; ".join(flat)
             + ("; every plan an index scan" if not seq else f"; SEQ SCANS: {', '.join(seq)}")
         )
+
+    knob = res.get("knobs")
+    if knob:
+        lines += ["", "knobs (figures only)"]
+        knob_lines = _knob_lines(knob)
+        lines += ["  " + ln for ln in knob_lines]
+        summary_lines += knob_lines
 
     lines += ["", "-" * 100]
     lines += summary_lines

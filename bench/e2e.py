@@ -9,9 +9,15 @@ from django.db import connections
 from bench import infra, workloads
 
 BARE, SUMMARY, REPORT = "bare", "summary", "report"
+# The same work as SUMMARY and REPORT in plain django-q2 tasks (bench.plain), no engine.
+PLAIN_MINIMAL, PLAIN_REPORT = "plain_minimal", "plain_report"
+PLAIN = (PLAIN_MINIMAL, PLAIN_REPORT)
+ENGINE = (SUMMARY, REPORT)
 LABELS = {
     BARE: "bare django-q2 no-op",
+    PLAIN_MINIMAL: "plain task, minimal's work",
     SUMMARY: "demo.summary (whole engine)",
+    PLAIN_REPORT: "plain task, report's work",
     REPORT: "permits.report (PDF)",
 }
 
@@ -31,10 +37,19 @@ class Run:
 
     @property
     def ok(self) -> bool:
-        """Every job went through the engine exactly once (bare tasks: nothing to check)."""
+        """Every job went through the engine exactly once (bare tasks: nothing to check).
+
+        Plain tasks: one file each, every expected notice, no failed task.
+        """
         if self.kind == BARE:
             return True
         c = self.check
+        if self.kind in PLAIN:
+            return (
+                c["files"] == self.n
+                and c["notices"] == c["expected_notices"] >= self.n
+                and c["failed"] == 0
+            )
         per_job = c["effects"] // max(1, c["jobs"])
         return (
             c["succeeded"] == c["jobs"] == self.n
@@ -44,17 +59,43 @@ class Run:
         )
 
 
-def run(kind: str, n: int, workers: int, user_id: int, *, round: int = 0) -> Run:
+def run(
+    kind: str,
+    n: int,
+    workers: int,
+    user_id: int,
+    *,
+    round: int = 0,
+    env: dict[str, str] | None = None,
+) -> Run:
+    """Empty the tables, enqueue ``n`` messages of ``kind``, drain them with a cluster.
+
+    ``env`` goes to the cluster's processes (e.g. a settings switch of the knobs section).
+    """
     infra.reset_run_tables()
+    expected_notices = 0
     if kind == BARE:
         workloads.enqueue_noop(n)
     elif kind == SUMMARY:
         workloads.enqueue_summaries(n, user_id)
-    else:
+    elif kind == REPORT:
         workloads.enqueue_reports(n)
+    elif kind == PLAIN_MINIMAL:
+        expected_notices = workloads.enqueue_plain_minimal(n, user_id)
+    elif kind == PLAIN_REPORT:
+        expected_notices = workloads.enqueue_plain_reports(n)
+    else:
+        raise ValueError(f"unknown kind {kind!r}")
     # Close this process's connection: its counters reach the server before the run.
     connections.close_all()
     infra.vacuum_analyze()
-    drain = infra.drain(workers, f"{kind}-{workers}w-r{round}", n)
-    check = {} if kind == BARE else workloads.outcome_counts()
+    env = env or {}
+    label = f"{kind}-{workers}w-r{round}" + "".join(f"-{k.lower()}{v}" for k, v in env.items())
+    drain = infra.drain(workers, label, n, **env)
+    if kind == BARE:
+        check = {}
+    elif kind in PLAIN:
+        check = workloads.plain_outcome_counts(expected_notices)
+    else:
+        check = workloads.outcome_counts()
     return Run(kind, workers, n, drain, check, round)

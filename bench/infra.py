@@ -40,6 +40,7 @@ RUN_TABLES = [
     "jobs_job",
     "django_q_ormq",
     "django_q_task",
+    "bench_plain_notice",  # the same-work plain tasks' notices (bench.models)
 ]
 
 

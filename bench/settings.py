@@ -2,7 +2,9 @@
 
 Everything that shapes throughput (``Q_CLUSTER``, persistent connections,
 ``save_limit``, logging) is the production value from ``permits.settings``;
-only the database name, the worker count of a run and the artifact folder move.
+only the database name, the worker count of a run and the artifact folder move
+(and ``CONN_HEALTH_CHECKS`` in the knobs section's runs that measure it). ``bench``
+is an installed app here, for the plain same-work tasks' notice table.
 """
 
 from __future__ import annotations
@@ -14,10 +16,18 @@ import os
 os.environ.setdefault("DEBUG", "1")
 
 from permits.settings import *  # noqa: F403
-from permits.settings import DATABASES, Q_CLUSTER
+from permits.settings import DATABASES, INSTALLED_APPS, Q_CLUSTER
+
+# bench.models holds the plain same-work tasks' notice table (no migrations: the bench
+# creates it when it prepares its database). The site's own settings never list it.
+INSTALLED_APPS = [*INSTALLED_APPS, "bench"]
 
 BENCH_DB = os.environ.get("BENCH_DB", "bench_e2e")
 BENCH_LEDGER_DB = os.environ.get("BENCH_LEDGER_DB", "bench_ledger")
+
+# The knobs section runs the workers once with health checks off ("0") to measure them.
+if os.environ.get("BENCH_CONN_HEALTH_CHECKS"):
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = os.environ["BENCH_CONN_HEALTH_CHECKS"] != "0"
 
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"]["NAME"] = BENCH_DB

@@ -1,4 +1,4 @@
-"""What the measured runs enqueue: bare no-ops, the minimal job kind, permit reports.
+"""What the measured runs enqueue: bare no-ops, the engine's kinds, their plain twins.
 
 Everything is enqueued before the cluster starts (one transaction per batch:
 the queue is full when the first worker looks), so a run measures how fast
@@ -8,16 +8,21 @@ workers drain it, not how fast this process fills it.
 from __future__ import annotations
 
 import io
+import os
 import uuid
 
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import transaction
+from django_q.models import Task
 from django_q.tasks import async_task
 
+from bench import plain
+from bench.models import PlainNotice, ensure_table
 from jobs.models import Artifact, Effect, Job, Notice
 from jobs.services import request_job
 from permits.models import PermitRequest
+from permits.reports import reviewers_of
 from permits.services import report_request
 
 BENCH_USER = "bench-recipient"
@@ -32,6 +37,7 @@ def prepare_database() -> int:
     """Migrate, seed the demo (offices, reviewers, permits); return the bench recipient's id."""
     call_command("migrate", verbosity=0, interactive=False)
     call_command("seed_demo", stdout=io.StringIO())
+    ensure_table()
     PermitRequest.objects.update(output_revision=MAX_REVISION)
     user, _ = get_user_model().objects.get_or_create(username=BENCH_USER)
     return user.pk
@@ -42,6 +48,28 @@ def enqueue_noop(n: int) -> None:
     with transaction.atomic():
         for _ in range(n):
             async_task("bench.noop.noop")
+
+
+def enqueue_plain_minimal(n: int, user_id: int) -> int:
+    """N plain tasks doing the minimal kind's work (``bench.plain``); the notices expected."""
+    tag = uuid.uuid4().hex[:8]
+    with transaction.atomic():
+        for i in range(n):
+            async_task("bench.plain.plain_minimal", user_id, tag, i)
+    return n
+
+
+def enqueue_plain_reports(n: int) -> int:
+    """N plain tasks doing the report's work, spread over the permits as reports are."""
+    permits = list(PermitRequest.objects.select_related("tenant").order_by("pk"))
+    reviewers = {p.pk: len(reviewers_of(p)) for p in permits}
+    notices = 0
+    with transaction.atomic():
+        for i in range(n):
+            permit = permits[i % len(permits)]
+            async_task("bench.plain.plain_report", permit.pk, 1 + i // len(permits))
+            notices += reviewers[permit.pk]
+    return notices
 
 
 def enqueue_summaries(n: int, user_id: int, *, tag: str | None = None) -> list[int]:
@@ -82,4 +110,18 @@ def outcome_counts() -> dict[str, int]:
         "effects_applied": Effect.objects.filter(state=Effect.State.APPLIED).count(),
         "effects": Effect.objects.count(),
         "notices": Notice.objects.count(),
+    }
+
+
+def plain_outcome_counts(expected_notices: int) -> dict[str, int]:
+    """What a plain run left behind: files, notices, and tasks django-q2 saw fail."""
+    root = plain.artifact_root() / "plain"
+    files = sum(
+        1 for _, _, names in os.walk(root) for name in names if not name.startswith(".tmp-")
+    )
+    return {
+        "files": files,
+        "notices": PlainNotice.objects.count(),
+        "expected_notices": expected_notices,
+        "failed": Task.objects.filter(success=False).count(),
     }
