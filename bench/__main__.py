@@ -106,6 +106,9 @@ def main(argv=None) -> int:
     infra.server_url()  # refuses SQLite with a message before anything starts
     os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
     os.environ["BENCH_DB"] = infra.E2E_DB
+    # One signing key for this process (it enqueues) and the clusters (they run DEBUG off,
+    # as production does: Django then keeps no query log in the workers).
+    os.environ.setdefault("SECRET_KEY", infra.strong_secret_key())
     os.environ.setdefault("ARTIFACT_ROOT", str(infra.artifact_root()))
     sys.path.insert(0, str(infra.ROOT))
     if args.quick:

@@ -78,9 +78,20 @@ def drop_database(name: str) -> None:
     scratchdb.drop(server_url(), name)
 
 
+def strong_secret_key() -> str:
+    """A key ``permits.settings`` accepts with DEBUG off (made for this run only)."""
+    import secrets
+
+    return "bench-" + secrets.token_urlsafe(48)
+
+
 def child_env(workers: int | None = None, **extra: str) -> dict[str, str]:
+    """The clusters' environment: production settings mode (DEBUG off) unless BENCH_DEBUG=1."""
     env = dict(os.environ)
+    debug = os.environ.get("BENCH_DEBUG") == "1"
     env.update(
+        DEBUG="1" if debug else "0",
+        ALLOWED_HOSTS=env.get("ALLOWED_HOSTS", "localhost"),
         DJANGO_SETTINGS_MODULE="bench.settings",
         BENCH_DB=E2E_DB,
         ARTIFACT_ROOT=str(artifact_root()),

@@ -62,6 +62,13 @@ SETTINGS: tuple[Setting, ...] = (
         "PostgreSQL: a worker's lock waits end after this (None: half the lease).",
     ),
     Setting(
+        "JOBS_PREPARED_STATEMENTS",
+        True,
+        "PostgreSQL: the claim, ownership check and publish run as prepared statements "
+        "(planned once per connection). False behind a pooler that loses them "
+        "(PgBouncer in transaction mode before 1.21).",
+    ),
+    Setting(
         "JOBS_OUTAGE_WINDOW_SECONDS",
         3600.0,
         "A dependency outage (database, artifact storage) does not spend a job's attempts "
@@ -195,6 +202,10 @@ def backoff(attempt: int, *, retry_after: float | None = None) -> float:
 def transaction_idle_seconds() -> float:
     value = get("JOBS_TRANSACTION_IDLE_SECONDS")
     return lease_seconds() / 4 if value is None else float(value)
+
+
+def prepared_statements() -> bool:
+    return bool(get("JOBS_PREPARED_STATEMENTS"))
 
 
 def lock_timeout_seconds() -> float:

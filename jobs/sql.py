@@ -19,11 +19,17 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 
+import psycopg
 from django.db import connection, models
 from django.db.models.functions import Now
+from psycopg.types.numeric import Int8
 
+from jobs import conf
 from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, Notice
 
 NOW = "clock_timestamp()"
@@ -32,6 +38,47 @@ NOW = "clock_timestamp()"
 def available() -> bool:
     """Whether the one-statement paths apply to the default connection."""
     return connection.vendor == "postgresql"
+
+
+class _Prepared:
+    """A psycopg cursor whose statements are prepared (parsed and planned once per connection).
+
+    Django turns psycopg's automatic preparing off (poolers in transaction mode lose
+    prepared statements); ``JOBS_PREPARED_STATEMENTS`` turns it on for these few
+    statements only. The ORM's client-side binding cursors are not affected.
+    """
+
+    def __init__(self, cursor: psycopg.Cursor, prepare: bool):
+        self._cursor, self._prepare = cursor, prepare
+
+    def execute(self, sql: str, params=None):
+        return self._cursor.execute(sql, params, prepare=self._prepare)
+
+    def __getattr__(self, name: str):
+        return getattr(self._cursor, name)
+
+
+@contextmanager
+def _cursor() -> Iterator:
+    """A cursor with server-side binding, prepared statements if configured.
+
+    Wrapped like Django's own cursors (errors translated, execute wrappers run,
+    queries logged under DEBUG and in ``CaptureQueriesContext``).
+    """
+    connection.ensure_connection()
+    prepare = conf.prepared_statements()
+    pg = connection.connection
+    if prepare and pg.prepare_threshold is None:
+        # psycopg prepares nothing while the threshold is None (Django's default); a
+        # huge one keeps automatic preparing off and lets ``prepare=True`` through.
+        pg.prepare_threshold = 2**31 - 1
+    with connection.wrap_database_errors:
+        raw = psycopg.Cursor(pg)
+    cursor = connection._prepare_cursor(_Prepared(raw, prepare))
+    try:
+        yield cursor
+    finally:
+        cursor.close()
 
 
 def _q(name: str) -> str:
@@ -62,7 +109,7 @@ def claim(job_id: int, worker: str, *, lease: float, bound: int):
               AND state IN (%s, %s)
               AND (next_attempt_at IS NULL OR next_attempt_at <= {NOW})
               AND attempts < max_attempts
-              AND (tenant_key = '' OR jobs_tenant_admits(tenant_key, id, %s))
+              AND (tenant_key = '' OR jobs_tenant_admits(tenant_key, id, %s::integer))
             RETURNING {columns}
         ), attempt AS (
             INSERT INTO {attempt_t}
@@ -70,23 +117,52 @@ def claim(job_id: int, worker: str, *, lease: float, bound: int):
             SELECT id, attempts, %s, {NOW}, '', '', '' FROM claimed
             RETURNING id, started_at
         )
-        SELECT claimed.*, attempt.id AS claim_attempt_id, attempt.started_at AS db_now
-        FROM claimed CROSS JOIN attempt
+        SELECT claimed.*, attempt.id, attempt.started_at FROM claimed CROSS JOIN attempt
     """
-    params = [S.RUNNING, worker, float(lease), job_id, S.QUEUED, S.RETRY_WAIT, bound]
-    rows = list(Job.objects.raw(sql, [*params, worker]))
-    if not rows:
+    params = [S.RUNNING, worker, float(lease), Int8(job_id), S.QUEUED, S.RETRY_WAIT, Int8(bound)]
+    params.append(worker)
+    with _cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
         return None
-    job = rows[0]
-    attempt = Attempt(
-        pk=job.claim_attempt_id,
-        job=job,
-        number=job.attempts,
-        worker=worker,
-        started_at=job.db_now,
-    )
+    *values, attempt_id, db_now = row
+    job = Job.from_db(connection.alias, _JOB_ATTNAMES, _convert(Job, values))
+    job.db_now = db_now
+    attempt = Attempt(pk=attempt_id, job=job, number=job.attempts, worker=worker, started_at=db_now)
     attempt._state.adding, attempt._state.db = False, job._state.db
     return job, attempt
+
+
+def still_owner(job: Job, worker: str) -> bool:
+    """Whether ``worker`` holds ``job`` at the version it last wrote, on a live lease."""
+    sql = f"""
+        SELECT 1 FROM {_q(Job._meta.db_table)}
+        WHERE id = %s AND version = %s AND lease_owner = %s AND state = %s
+          AND lease_expires_at > {NOW}
+    """
+    with _cursor() as cursor:
+        cursor.execute(sql, [Int8(job.pk), Int8(job.version), worker, Job.State.RUNNING])
+        return cursor.fetchone() is not None
+
+
+_JOB_ATTNAMES = [f.attname for f in Job._meta.concrete_fields]
+
+
+@functools.cache
+def _converters(model: type[models.Model]) -> tuple:
+    """Per column, the field's own from-the-database converters (e.g. JSON text → dict)."""
+    return tuple(tuple(f.get_db_converters(connection)) for f in model._meta.concrete_fields)
+
+
+def _convert(model: type[models.Model], values: list) -> list:
+    out = []
+    fields = model._meta.concrete_fields
+    for value, converters, f in zip(values, _converters(model), fields, strict=True):
+        for convert in converters:
+            value = convert(value, f.get_col(model._meta.db_table), connection)
+        out.append(value)
+    return out
 
 
 # --- publish --------------------------------------------------------------------------
@@ -99,39 +175,107 @@ class Published:
     notice_ids: dict[str, int] = field(default_factory=dict)  # effect_id → notice pk
 
 
+# Inserted columns of each table, without the primary key and the parent's foreign key
+# (the statement takes those from the rows it has just written).
+_SKIP = {Artifact: "job_id", Effect: "job_id", Notice: "effect_id", EffectEvent: "effect_id"}
+
+
 @functools.cache
-def _columns(model: type[models.Model], skip: tuple[str, ...]) -> tuple[tuple, ...]:
-    """``(field, column, cast)`` of the columns an insert of ``model`` writes (PostgreSQL)."""
+def _fields(model: type[models.Model]) -> tuple:
     return tuple(
-        (f, f.column, f.cast_db_type(connection))
-        for f in model._meta.concrete_fields
-        if not f.primary_key and f.attname not in skip
+        f for f in model._meta.concrete_fields if not f.primary_key and f.attname != _SKIP[model]
     )
 
 
-def _values(model: type[models.Model], objs: list, *, skip: tuple[str, ...] = (), key=None):
-    """``(columns, VALUES list, params)`` for unsaved instances, each cell cast to its type.
+def _record_type(model: type[models.Model], *, key: bool = False) -> str:
+    """The column list ``jsonb_to_recordset`` reads the rows of ``model`` with."""
+    defs = [f"{_q(f.column)} {f.cast_db_type(connection)}" for f in _fields(model)]
+    return ", ".join((["_key text"] if key else []) + defs)
 
-    ``key``: a function giving each row a text key, as the first column ``_key``,
-    to join rows of one CTE to the ids another returns.
-    """
-    fields = _columns(model, skip)
-    rows, params = [], []
+
+def _rows_json(model: type[models.Model], objs: list, key=None) -> str:
+    """The unsaved rows as one JSON array: one parameter, whatever their number."""
+    out = []
     for obj in objs:
-        cells = []
-        if key is not None:
-            cells.append("%s::text")
-            params.append(key(obj))
-        for f, _column, cast in fields:
+        row = {} if key is None else {"_key": key(obj)}
+        for f in _fields(model):
             value = getattr(obj, f.attname)
-            if isinstance(value, Now):
-                cells.append(NOW)
-                continue
-            cells.append(f"%s::{cast}")
-            params.append(f.get_db_prep_save(value, connection))
-        rows.append(f"({', '.join(cells)})")
-    columns = ([] if key is None else ["_key"]) + [column for _f, column, _cast in fields]
-    return columns, "VALUES " + ", ".join(rows), params
+            if isinstance(value, models.Expression | Now):
+                raise TypeError(f"{model.__name__}.{f.name}: expressions are not written here")
+            if isinstance(value, datetime):
+                value = value.isoformat()
+            elif not isinstance(f, models.JSONField):
+                value = f.get_prep_value(value)
+            row[f.column] = value
+        out.append(row)
+    return json.dumps(out, default=str)
+
+
+@functools.cache
+def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> str:
+    """The publish, one text for every job (so the server plans it once per connection).
+
+    ``changes``: ``(field name, is the server's clock)`` of the job's publish columns.
+    """
+    job_t = _q(Job._meta.db_table)
+    sets = ["version = version + 1", f"updated_at = {NOW}"]
+    for name, clock in changes:
+        sets.append(f"{_q(Job._meta.get_field(name).column)} = {NOW if clock else '%s'}")
+
+    def cols(model, prefix="v."):
+        return ", ".join(prefix + _q(f.column) for f in _fields(model))
+
+    def names(model):
+        return ", ".join(_q(f.column) for f in _fields(model))
+
+    effect_picks = ", ".join(
+        "COALESCE('notice:' || n.id, v.provider_ref)"
+        if f.column == "provider_ref"
+        else f"v.{_q(f.column)}"
+        for f in _fields(Effect)
+    )
+    return f"""
+        WITH job AS (
+            UPDATE {job_t} SET {", ".join(sets)}
+            WHERE id = %s AND version = %s AND lease_owner = %s
+              AND lease_expires_at > {NOW} + make_interval(secs => %s)
+            RETURNING id
+        ), attempt AS (
+            UPDATE {_q(Attempt._meta.db_table)} SET outcome = %s, finished_at = {NOW}
+            WHERE id = %s AND EXISTS (SELECT 1 FROM job)
+            RETURNING id
+        ), artifact AS (
+            INSERT INTO {_q(Artifact._meta.db_table)} (job_id, {names(Artifact)})
+            SELECT job.id, {cols(Artifact)}
+            FROM job, jsonb_to_recordset(%s::jsonb) AS v({_record_type(Artifact)})
+            ON CONFLICT (key) DO NOTHING
+            RETURNING id
+        ), notice_row AS MATERIALIZED (
+            SELECT v.*, nextval(pg_get_serial_sequence('{Notice._meta.db_table}', 'id')) AS id
+            FROM job, jsonb_to_recordset(%s::jsonb) AS v({_record_type(Notice, key=True)})
+        ), effect AS (
+            INSERT INTO {_q(Effect._meta.db_table)} (job_id, {names(Effect)})
+            SELECT job.id, {effect_picks}
+            FROM job, jsonb_to_recordset(%s::jsonb) AS v({_record_type(Effect)})
+            LEFT JOIN notice_row n ON n._key = v.effect_id
+            RETURNING id, effect_id
+        ), notice AS (
+            INSERT INTO {_q(Notice._meta.db_table)} (id, effect_id, {names(Notice)})
+            SELECT n.id, e.id, {cols(Notice, "n.")}
+            FROM notice_row n JOIN effect e ON e.effect_id = n._key
+            RETURNING effect_id, id
+        ), event AS (
+            INSERT INTO {_q(EffectEvent._meta.db_table)} (effect_id, {names(EffectEvent)})
+            SELECT e.id, {cols(EffectEvent)}
+            FROM jsonb_to_recordset(%s::jsonb) AS v({_record_type(EffectEvent, key=True)})
+            JOIN effect e ON e.effect_id = v._key
+            RETURNING id
+        )
+        SELECT (SELECT count(*) FROM job), (SELECT id FROM artifact),
+               (SELECT json_object_agg(effect_id, id) FROM effect),
+               (SELECT json_object_agg(effect_id, id) FROM notice),
+               (SELECT count(*) FROM event)
+    """
 
 
 def publish(
@@ -148,122 +292,28 @@ def publish(
 ) -> Published | None:
     """running → succeeded with everything that commits with it, in one statement.
 
-    ``changes``: the job's publish columns (``transitions.publish_changes``). The
-    effects are born in their final state (applied or withheld); ``notices`` and
-    ``events`` name their effect by ``effect.effect_id`` (unsaved, no pk yet). The
-    attempt's outcome is written only if the CAS won. None when it lost.
+    ``changes``: the job's publish columns (``transitions.publish_changes``; an
+    expression there can only be ``Now()``). The effects are born in their final
+    state (applied or withheld); ``notices`` and ``events`` name their effect by
+    an ``effect_key`` attribute (the effect's ``effect_id``: nothing has a pk yet).
+    The attempt's outcome is written only if the CAS won. None when it lost.
     """
-    job_t = _q(Job._meta.db_table)
-    sets, params = ["version = version + 1", f"updated_at = {NOW}"], []
-    for name, value in changes.items():
-        column = _q(Job._meta.get_field(name).column)
-        if isinstance(value, Now):
-            sets.append(f"{column} = {NOW}")
-        else:
-            sets.append(f"{column} = %s")
-            params.append(value)
-    ctes = [
-        f"""job AS (
-            UPDATE {job_t} SET {", ".join(sets)}
-            WHERE id = %s AND version = %s AND lease_owner = %s
-              AND lease_expires_at > {NOW} + make_interval(secs => %s)
-            RETURNING id)"""
-    ]
-    params += [job.pk, job.version, worker, float(margin)]
-    ctes.append(
-        f"""attempt AS (
-            UPDATE {_q(Attempt._meta.db_table)} SET outcome = %s, finished_at = {NOW}
-            WHERE id = %s AND EXISTS (SELECT 1 FROM job) RETURNING id)"""
-    )
-    params += [Attempt.Outcome.SUCCEEDED, attempt_id]
-    selects = ["(SELECT count(*) FROM job)", "(SELECT count(*) FROM attempt)"]
-
-    if artifact is not None:
-        cols, values, p = _values(Artifact, [artifact], skip=("job_id",))
-        ctes.append(
-            f"""artifact AS (
-                INSERT INTO {_q(Artifact._meta.db_table)} (job_id, {", ".join(cols)})
-                SELECT job.id, v.* FROM job, ({values}) AS v({", ".join(cols)})
-                ON CONFLICT (key) DO NOTHING RETURNING id)"""
-        )
-        params += p
-        selects.append("(SELECT id FROM artifact)")
-    else:
-        selects.append("NULL")
-
-    if effects:
-        # Notice ids are drawn first: the in-app provider's reference names its notice.
-        by_effect = {n.effect_key: n for n in notices}
-        for e in effects:
-            if e.effect_id in by_effect:
-                e.provider_ref = ""  # filled from the drawn id below
-        notice_t = Notice._meta.db_table
-        ncols, nvalues, np_ = _values(
-            Notice, notices, skip=("effect_id",), key=lambda n: n.effect_key
-        )
-        ecols, evalues, ep = _values(Effect, effects, skip=("job_id",), key=lambda e: e.effect_id)
-        if notices:
-            ctes.append(
-                f"""notice_id AS MATERIALIZED (
-                    SELECT v._key, nextval(pg_get_serial_sequence(%s, 'id')) AS id
-                    FROM ({nvalues}) AS v({", ".join(ncols)}))"""
-            )
-            params += [notice_t, *np_]
-            ref = "COALESCE('notice:' || notice_id.id, v.provider_ref)"
-            join = "LEFT JOIN notice_id ON notice_id._key = v._key"
-        else:
-            ref, join = "v.provider_ref", ""
-        effect_cols = [c for c in ecols if c != "_key"]
-        picks = ", ".join(ref if c == "provider_ref" else f"v.{_q(c)}" for c in effect_cols)
-        ctes.append(
-            f"""effect AS (
-                INSERT INTO {_q(Effect._meta.db_table)} (job_id, {", ".join(map(_q, effect_cols))})
-                SELECT job.id, {picks}
-                FROM job, ({evalues}) AS v({", ".join(ecols)}) {join}
-                RETURNING id, effect_id)"""
-        )
-        params += ep
-        selects.append("(SELECT json_object_agg(effect_id, id) FROM effect)")
-        if notices:
-            ctes.append(
-                f"""notice AS (
-                    INSERT INTO {_q(notice_t)} (id, effect_id, {", ".join(map(_q, ncols[1:]))})
-                    SELECT notice_id.id, effect.id, {", ".join(f"v.{_q(c)}" for c in ncols[1:])}
-                    FROM ({nvalues}) AS v({", ".join(ncols)})
-                    JOIN notice_id ON notice_id._key = v._key
-                    JOIN effect ON effect.effect_id = v._key
-                    RETURNING effect_id, id)"""
-            )
-            params += np_
-            selects.append("(SELECT json_object_agg(effect_id, id) FROM notice)")
-        if events:
-            vcols, vvalues, vp = _values(
-                EffectEvent, events, skip=("effect_id",), key=lambda ev: ev.effect_key
-            )
-            ctes.append(
-                f"""event AS (
-                    INSERT INTO {_q(EffectEvent._meta.db_table)}
-                        (effect_id, {", ".join(map(_q, vcols[1:]))})
-                    SELECT effect.id, {", ".join(f"v.{_q(c)}" for c in vcols[1:])}
-                    FROM ({vvalues}) AS v({", ".join(vcols)})
-                    JOIN effect ON effect.effect_id = v._key
-                    RETURNING id)"""
-            )
-            params += vp
-            selects.append("(SELECT count(*) FROM event)")
-
-    statement = "WITH " + ",\n".join(ctes) + "\nSELECT " + ", ".join(selects)
-    with connection.cursor() as cursor:
+    statement = _publish_statement(tuple((k, isinstance(v, Now)) for k, v in changes.items()))
+    params = [v for v in changes.values() if not isinstance(v, Now)]
+    params += [Int8(job.pk), Int8(job.version), worker, float(margin)]
+    params += [Attempt.Outcome.SUCCEEDED, Int8(attempt_id)]
+    params.append(_rows_json(Artifact, [artifact] if artifact is not None else []))
+    params.append(_rows_json(Notice, notices, key=lambda n: n.effect_key))
+    for e in effects:
+        e.provider_ref = e.provider_ref or ""
+    params.append(_rows_json(Effect, effects))
+    params.append(_rows_json(EffectEvent, events, key=lambda ev: ev.effect_key))
+    with _cursor() as cursor:
         cursor.execute(statement, params)
-        row = cursor.fetchone()
-    if not row[0]:
+        won, artifact_id, effect_ids, notice_ids, _events = cursor.fetchone()
+    if not won:
         return None
-    out = Published(artifact_id=row[2])
-    if effects:
-        out.effect_ids = _json(row[3])
-        if notices:
-            out.notice_ids = _json(row[4])
-    return out
+    return Published(artifact_id, _json(effect_ids), _json(notice_ids))
 
 
 def _json(value) -> dict:

@@ -207,6 +207,8 @@ def heartbeat(job: Job, worker: str, *, lease_seconds: float | None = None) -> b
 
 def still_owner(job: Job, worker: str) -> bool:
     """Whether ``worker`` still holds the job, at the version it last wrote, on a live lease."""
+    if sql.available():
+        return sql.still_owner(job, worker)
     return Job.objects.filter(
         pk=job.pk,
         version=job.version,
