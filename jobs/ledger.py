@@ -63,7 +63,9 @@ def idempotency_key(effect_id: str) -> str:
     return "fx-" + hashlib.sha256(effect_id.encode()).hexdigest()[:40]
 
 
-def prepare(job: Job, specs: list[EffectSpec]) -> list[Effect]:
+def prepare(
+    job: Job, specs: list[EffectSpec], *, statement_checks_recipients: bool = False
+) -> list[Effect]:
     """The job's effect rows, unsaved; transactional ones already decided.
 
     Effects of a transactional provider (the in-app notice) are released in the
@@ -71,9 +73,16 @@ def prepare(job: Job, specs: list[EffectSpec]) -> list[Effect]:
     born ``applied`` (or ``withheld``), so it commits with the job's completion or
     not at all. The others are born ``pending``, due now and marked enqueued: the
     publish enqueues their messages in its transaction.
+
+    ``statement_checks_recipients``: for a kind without its own release check, the
+    default policy (the account exists and is active, ``withhold_reason``) is left
+    to the one-statement publish, which checks it in the same statement that
+    commits the notice and refuses to publish if it no longer holds; the caller
+    then prepares again without this flag and the rows are decided here.
     """
     now = timezone.now()  # shown to people only; due times below use the server's clock
     budget = conf.effect_max_attempts()
+    defer = statement_checks_recipients and registry.get_kind(job.kind).authorize_release is None
     rows = []
     seen = set()
     for spec in specs:
@@ -96,21 +105,28 @@ def prepare(job: Job, specs: list[EffectSpec]) -> list[Effect]:
             updated_at=now,
         )
         if registry.get_provider(spec.provider).transactional:
-            _decide_in_publish(effect, now)
+            if defer:
+                _born_applied(effect, now)
+                effect.recipient_checked_by_statement = True
+            else:
+                _decide_in_publish(effect, now)
         rows.append(effect)
     return rows
 
 
 def born_final(rows: list[Effect], worker: str):
-    """``(notices, events)`` for the one-statement publish, or None if it cannot take them.
+    """``(notices, events, recipients)`` for the one-statement publish, or None if it
+    cannot take them.
 
     It takes effects born final through the in-app provider: applied (with their
     notice and send event) or withheld (with the withhold event). Anything that
     needs a message or a provider's own code goes through ``record``.
+    ``recipients``: whose account the statement must find active (``prepare``).
     """
     from jobs.providers.inapp import InAppProvider
 
     notices, events = [], []
+    recipients = [e.recipient for e in rows if getattr(e, "recipient_checked_by_statement", 0)]
     for e in rows:
         provider = registry.get_provider(e.provider)
         if type(provider) is not InAppProvider or e.state not in (State.APPLIED, State.WITHHELD):
@@ -124,7 +140,7 @@ def born_final(rows: list[Effect], worker: str):
             event = _withhold_event(e, worker)
         event.effect_key = e.effect_id
         events.append(event)
-    return notices, events
+    return notices, events, recipients
 
 
 def log_born(rows: list[Effect], worker: str) -> None:
@@ -193,15 +209,21 @@ def _decide_in_publish(effect: Effect, now) -> None:
         effect.version = 1
         effect.last_error_class, effect.last_error_code = c.error_class, c.code
         return
-    effect.next_attempt_at = effect.enqueued_for = None
     if reason:
+        effect.next_attempt_at = effect.enqueued_for = None
         effect.state = State.WITHHELD
         effect.reason = reason[:300]
         effect.last_error_class = ErrorClass.AUTHORIZATION
         effect.last_error_code = "recipient_not_authorized"
     else:
-        effect.state = State.APPLIED
-        effect.applied_at = now
+        _born_applied(effect, now)
+
+
+def _born_applied(effect: Effect, now) -> None:
+    effect.attempts = 1
+    effect.next_attempt_at = effect.enqueued_for = None
+    effect.state = State.APPLIED
+    effect.applied_at = now
 
 
 def _apply_in_publish(effects: list[Effect], worker: str) -> list[EffectEvent]:
@@ -324,16 +346,30 @@ def claim_send(effect: Effect, worker: str) -> str:
 
 
 def withhold_reason(effect: Effect) -> str | None:
-    """Current policy for this recipient, asked right before the send."""
+    """Current policy for this recipient, asked right before the send.
+
+    The default part (the account exists and is active) is also what the
+    one-statement publish checks in SQL (``jobs.sql.publish``): change both together.
+    """
     user = get_user_model().objects.filter(pk=effect.recipient).first()
     if user is None:
         return "recipient account no longer exists"
     if not user.is_active:
         return "recipient account is inactive"
+    effect.recipient_user = user  # a kind's own check reads it (``recipient_user``)
     kind = registry.get_kind(effect.job.kind)
     if kind.authorize_release is not None:
         return kind.authorize_release(effect)
     return None
+
+
+def recipient_user(effect: Effect):
+    """The recipient's user row as the release check just read it (for a kind's
+    ``authorize_release``: no second read of the same row)."""
+    user = getattr(effect, "recipient_user", None)
+    if user is None:
+        user = get_user_model().objects.get(pk=effect.recipient)
+    return user
 
 
 def _log(effect: Effect, outcome: str, worker: str, **extra) -> None:

@@ -110,8 +110,7 @@ def run_delivery(
     except Exception as exc:  # the retry table decides what this means
         return _handle_failure(ctx, exc)
 
-    rows = ledger.prepare(job, specs)  # transactional effects: the recipient rechecked now
-    effects = _publish(ctx, rows)
+    effects = _publish(ctx, specs)
     if effects is None:
         transitions.finish_attempt(attempt, Outcome.LEASE_LOST)
         log.info("job=%s worker=%s publish lost: another worker owns the job", job.pk, worker)
@@ -122,7 +121,7 @@ def run_delivery(
     )
 
 
-def _publish(ctx: JobContext, rows: list) -> list | None:
+def _publish(ctx: JobContext, specs: list) -> list | None:
     """running → succeeded with the artifact row, the effects and the attempt's outcome.
 
     One statement when it can (PostgreSQL, effects born final in-app: ``jobs.sql``),
@@ -130,11 +129,15 @@ def _publish(ctx: JobContext, rows: list) -> list | None:
     Returns the effects, or None when the CAS lost (nothing was written).
     """
     job, worker, attempt = ctx.job, ctx.worker, ctx.attempt
-    born = ledger.born_final(rows, worker) if sql.available() else None
-    if born is not None:
-        published = _publish_one_statement(ctx, rows, *born)
-        if published is not False:
-            return published
+    if sql.available():
+        rows = ledger.prepare(job, specs, statement_checks_recipients=True)
+        born = ledger.born_final(rows, worker)
+        if born is not None:
+            done = _publish_one_statement(ctx, rows, *born)
+            if done is not _REFUSED:
+                return done
+    # Every transactional effect's recipient is rechecked here, right before the publish.
+    rows = ledger.prepare(job, specs)
     with clock.worker_transaction():
         if not transitions.publish(job, worker):
             return None
@@ -150,8 +153,13 @@ def _publish(ctx: JobContext, rows: list) -> list | None:
     return effects
 
 
-def _publish_one_statement(ctx: JobContext, rows: list, notices: list, events: list):
-    """The one-statement publish; False if the database refused it (the ORM path then runs)."""
+_REFUSED = object()  # the one-statement publish did not happen; the ORM path decides
+
+
+def _publish_one_statement(
+    ctx: JobContext, rows: list, notices: list, events: list, recipients: list
+):
+    """The one-statement publish: the effects, None if the CAS lost, or ``_REFUSED``."""
     job, worker = ctx.job, ctx.worker
     try:
         with transaction.atomic() if connection.in_atomic_block else nullcontext():
@@ -165,13 +173,17 @@ def _publish_one_statement(ctx: JobContext, rows: list, notices: list, events: l
                 effects=rows,
                 notices=notices,
                 events=events,
+                recipients=recipients,
             )
     except DatabaseError as exc:  # e.g. a recipient deleted since the recheck
         log.warning(
             "job=%s one-statement publish refused (%s); ORM path", job.pk, type(exc).__name__
         )
-        return False
-    if done is None:
+        return _REFUSED
+    if done.recipients_changed:
+        log.info("job=%s a recipient's account changed; rechecking each one", job.pk)
+        return _REFUSED
+    if not done.won:
         return None
     transitions.mirror_publish(job, worker)
     ctx.attempt.outcome = Outcome.SUCCEEDED

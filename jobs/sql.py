@@ -23,8 +23,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import SimpleNamespace
 
 import psycopg
+from django.contrib.auth import get_user_model
+from django.core.exceptions import FieldDoesNotExist
 from django.db import connection, models
 from django.db.models.functions import Now
 from psycopg.types.numeric import Int8
@@ -50,8 +53,11 @@ class _Prepared:
 
     def __init__(self, cursor: psycopg.Cursor, prepare: bool):
         self._cursor, self._prepare = cursor, prepare
+        self._query = None
 
     def execute(self, sql: str, params=None):
+        # What Django's query log shows: the statement with its placeholders, no values.
+        self._query = SimpleNamespace(query=sql.encode())
         return self._cursor.execute(sql, params, prepare=self._prepare)
 
     def __getattr__(self, name: str):
@@ -170,6 +176,8 @@ def _convert(model: type[models.Model], values: list) -> list:
 
 @dataclass
 class Published:
+    won: bool  # the CAS: the job is succeeded and everything below committed with it
+    recipients_changed: bool = False  # refused: an account to notify is gone or inactive
     artifact_id: int | None = None
     effect_ids: dict[str, int] = field(default_factory=dict)  # effect_id → pk
     notice_ids: dict[str, int] = field(default_factory=dict)  # effect_id → notice pk
@@ -218,6 +226,13 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> str:
     ``changes``: ``(field name, is the server's clock)`` of the job's publish columns.
     """
     job_t = _q(Job._meta.db_table)
+    user = get_user_model()
+    try:
+        active = user._meta.get_field("is_active")
+        inactive = f" OR NOT u.{_q(active.column)}" if active.concrete else ""
+    except FieldDoesNotExist:
+        inactive = ""
+    pk = user._meta.pk
     sets = ["version = version + 1", f"updated_at = {NOW}"]
     for name, clock in changes:
         sets.append(f"{_q(Job._meta.get_field(name).column)} = {NOW if clock else '%s'}")
@@ -235,10 +250,16 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> str:
         for f in _fields(Effect)
     )
     return f"""
-        WITH job AS (
+        WITH refused_recipient AS (
+            SELECT r.id FROM jsonb_array_elements_text(%s::jsonb) AS r(id)
+            LEFT JOIN {_q(user._meta.db_table)} u
+                   ON u.{_q(pk.column)} = r.id::{pk.cast_db_type(connection)}
+            WHERE u.{_q(pk.column)} IS NULL{inactive}
+        ), job AS (
             UPDATE {job_t} SET {", ".join(sets)}
             WHERE id = %s AND version = %s AND lease_owner = %s
               AND lease_expires_at > {NOW} + make_interval(secs => %s)
+              AND NOT EXISTS (SELECT 1 FROM refused_recipient)
             RETURNING id
         ), attempt AS (
             UPDATE {_q(Attempt._meta.db_table)} SET outcome = %s, finished_at = {NOW}
@@ -271,10 +292,10 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> str:
             JOIN effect e ON e.effect_id = v._key
             RETURNING id
         )
-        SELECT (SELECT count(*) FROM job), (SELECT id FROM artifact),
+        SELECT (SELECT count(*) FROM job), (SELECT count(*) FROM refused_recipient),
+               (SELECT id FROM artifact),
                (SELECT json_object_agg(effect_id, id) FROM effect),
-               (SELECT json_object_agg(effect_id, id) FROM notice),
-               (SELECT count(*) FROM event)
+               (SELECT json_object_agg(effect_id, id) FROM notice)
     """
 
 
@@ -289,17 +310,24 @@ def publish(
     effects: list[Effect],
     notices: list[Notice],
     events: list[EffectEvent],
-) -> Published | None:
+    recipients: list[str],
+) -> Published:
     """running → succeeded with everything that commits with it, in one statement.
 
     ``changes``: the job's publish columns (``transitions.publish_changes``; an
     expression there can only be ``Now()``). The effects are born in their final
     state (applied or withheld); ``notices`` and ``events`` name their effect by
     an ``effect_key`` attribute (the effect's ``effect_id``: nothing has a pk yet).
-    The attempt's outcome is written only if the CAS won. None when it lost.
+    The attempt's outcome is written only if the CAS won.
+
+    ``recipients``: user ids whose account must exist and be active for the publish
+    to happen at all (the default release policy, ``ledger.withhold_reason``, checked
+    in the statement that commits the notices). If one fails, nothing is written and
+    ``recipients_changed`` says so: the caller decides those effects the slow way.
     """
     statement = _publish_statement(tuple((k, isinstance(v, Now)) for k, v in changes.items()))
-    params = [v for v in changes.values() if not isinstance(v, Now)]
+    params = [json.dumps(recipients)]
+    params += [v for v in changes.values() if not isinstance(v, Now)]
     params += [Int8(job.pk), Int8(job.version), worker, float(margin)]
     params += [Attempt.Outcome.SUCCEEDED, Int8(attempt_id)]
     params.append(_rows_json(Artifact, [artifact] if artifact is not None else []))
@@ -310,10 +338,10 @@ def publish(
     params.append(_rows_json(EffectEvent, events, key=lambda ev: ev.effect_key))
     with _cursor() as cursor:
         cursor.execute(statement, params)
-        won, artifact_id, effect_ids, notice_ids, _events = cursor.fetchone()
+        won, refused, artifact_id, effect_ids, notice_ids = cursor.fetchone()
     if not won:
-        return None
-    return Published(artifact_id, _json(effect_ids), _json(notice_ids))
+        return Published(False, recipients_changed=bool(refused))
+    return Published(True, False, artifact_id, _json(effect_ids), _json(notice_ids))
 
 
 def _json(value) -> dict:

@@ -12,6 +12,8 @@ from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 from xml.sax.saxutils import escape
 
 from django.conf import settings
+from django.db.models import BooleanField, CharField, Exists, ExpressionWrapper, OuterRef, Q
+from django.db.models.functions import Cast
 from reportlab.lib import colors
 from reportlab.lib.pagesizes import A4
 from reportlab.lib.styles import getSampleStyleSheet
@@ -19,6 +21,7 @@ from reportlab.lib.units import mm
 from reportlab.platypus import Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
 
 from jobs.exceptions import NotAuthorized, PayloadInvalid
+from jobs.ledger import recipient_user
 from jobs.models import Effect, Job
 from jobs.registry import EffectSpec, register_kind
 from jobs.runner import JobContext
@@ -219,17 +222,43 @@ def build_report(ctx: JobContext) -> list[EffectSpec]:
     return specs
 
 
-def authorize_release(effect: Effect) -> str | None:
-    """Release follows current authorization: recheck the recipient's object permission now."""
-    from django.contrib.auth import get_user_model
+def _assigned(user_id: int) -> Q:
+    """The review permission on the request, given to the user or to one of their groups:
+    what ``user.has_perm(REVIEW_PERM, permit)`` finds for an active account that is not a
+    superuser, as one SQL condition (guardian's check takes four queries)."""
+    from django.contrib.contenttypes.models import ContentType
+    from guardian.models import GroupObjectPermission, UserObjectPermission
 
-    permit = PermitRequest.objects.select_related("tenant").filter(pk=effect.job.subject_id).first()
+    ct = ContentType.objects.get_for_model(PermitRequest)
+    granted = {
+        "content_type": ct,
+        "permission__content_type": ct,
+        "permission__codename": REVIEW_PERM.split(".", 1)[1],
+        "object_pk": Cast(OuterRef("pk"), CharField()),
+    }
+    return Q(Exists(UserObjectPermission.objects.filter(user_id=user_id, **granted))) | Q(
+        Exists(GroupObjectPermission.objects.filter(group__user=user_id, **granted))
+    )
+
+
+def authorize_release(effect: Effect) -> str | None:
+    """Release follows current authorization: recheck the recipient's object permission now.
+
+    The request and the assignment are read in one query; the account (exists,
+    active) was read by the engine's own check just before (``recipient_user``).
+    """
+    user = recipient_user(effect)
+    permit = (
+        PermitRequest.objects.filter(pk=effect.job.subject_id)
+        .annotate(assigned=ExpressionWrapper(_assigned(user.pk), output_field=BooleanField()))
+        .values("status", "assigned")
+        .first()
+    )
     if permit is None:
         return "the permit request no longer exists"
-    if permit.is_withdrawn:
+    if permit["status"] == PermitRequest.Status.WITHDRAWN:
         return "the request was withdrawn"
-    user = get_user_model().objects.get(pk=effect.recipient)
-    if not user.has_perm(REVIEW_PERM, permit):
+    if not (user.is_superuser or permit["assigned"]):
         return "the recipient is no longer assigned to this request"
     return None
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from io import StringIO
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from django.core.management import call_command
@@ -370,3 +371,37 @@ def test_dispatch__a_lost_message_is_replaced_after_the_redrive_window(make_user
     assert dispatch_once()["due_jobs"] == 0, "one replacement per window, not a flood"
     assert OrmQ.objects.count() == 1
     assert run_delivery(job.pk, worker="w").outcome == "succeeded"
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("change", ["deactivate", "delete"])
+def test_one_statement_publish__refused_for_a_changed_account__each_recipient_decided(
+    make_user, change, caplog
+):
+    """The publish statement finds one of two recipients gone or inactive: it writes
+    nothing, and the ORM path decides each recipient (one notice, one withheld)."""
+    keep, lose = make_user(), make_user()
+    job = new_job(keep)
+    Job.objects.filter(pk=job.pk).update(params={"recipients": [keep.pk, lose.pk]})
+    calls = []
+    real_publish = sql.publish
+
+    def change_account_then_publish(*args, **kwargs):
+        if not calls:  # between the handler and the publish statement
+            users = type(lose).objects.filter(pk=lose.pk)
+            users.update(is_active=False) if change == "deactivate" else users.delete()
+        calls.append(kwargs["recipients"])
+        return real_publish(*args, **kwargs)
+
+    with (
+        caplog.at_level("INFO", logger="jobs.runner"),
+        mock.patch.object(sql, "publish", change_account_then_publish),
+    ):
+        assert run_delivery(job.pk, worker="w1").outcome == "succeeded"
+    assert calls[0] == [str(keep.pk), str(lose.pk)], "the statement checked both accounts"
+    assert "a recipient's account changed" in caplog.text
+    states = dict(Effect.objects.filter(job=job).values_list("recipient", "state"))
+    assert states == {str(keep.pk): "applied", str(lose.pk): "withheld"}
+    assert list(Notice.objects.values_list("recipient_id", flat=True)) == [keep.pk]
+    assert Artifact.objects.filter(job=job).count() == 1
+    assert outcomes(job) == ["succeeded"]

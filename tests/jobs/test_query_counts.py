@@ -60,24 +60,24 @@ def trace(fn):
 REQUEST_JOB = (8, 1)
 
 # run_delivery of a test.steps job (no private read) with one in-app recipient.
-# PostgreSQL, 4 round trips, 2 commits:
+# PostgreSQL, 3 round trips, 2 commits:
 #   WITH claimed AS (UPDATE jobs_job ...) INSERT jobs_attempt   -- the claim: CAS, tenant
 #                                                   bound, attempt count and row (autocommit)
 #   SELECT 1 jobs_job still owned                   -- the one ownership check (check_owner)
-#   SELECT auth_user recipient                      -- policy recheck, right before release
-#   WITH job AS (UPDATE jobs_job ...) ...           -- the publish: CAS, artifact row, effect,
-#                                                   notice, event, attempt outcome (autocommit)
+#   WITH refused_recipient AS (...), job AS (UPDATE jobs_job ...) ...   -- the publish: the
+#                                                   recipient still active, CAS, artifact row,
+#                                                   effect, notice, event, attempt outcome
 # (Issue 12 took this from 24 round trips, 3 commits: the claim's SELECT, advisory lock,
 #  COUNT, UPDATE and INSERT in a transaction with its SET LOCAL fences; a second ownership
-#  check in store_artifact; the artifact's SELECT and its own transaction; the publish's
-#  eight statements in a transaction.)
+#  check in store_artifact; the artifact's SELECT and its own transaction; the recipient's
+#  SELECT and the publish's eight statements in a transaction.)
 # SQLite: the ORM claim (BEGIN; SELECT; COUNT; UPDATE; INSERT; COMMIT), the check, the
 # recheck, the ORM publish (BEGIN; UPDATE; INSERT artifact in a savepoint; INSERT effect;
 # the notice in a savepoint; UPDATE effect ref; INSERT event; UPDATE attempt; COMMIT).
-RUN_DELIVERY = {"postgresql": (4, 2), "sqlite": (21, 2)}
+RUN_DELIVERY = {"postgresql": (3, 2), "sqlite": (21, 2)}
 
 # demo.summary (the site's minimal kind, the one make bench measures) reads its user too.
-MINIMAL_DELIVERY = {"postgresql": (5, 2), "sqlite": (22, 2)}
+MINIMAL_DELIVERY = {"postgresql": (4, 2), "sqlite": (22, 2)}
 
 # A second delivery of a finished job: recorded, nothing else happens.
 #   PostgreSQL: the one-statement claim matches no row (an autocommit statement that

@@ -143,3 +143,34 @@ def test_seed_demo__idempotent_with_job_84_at_revision_29():
     out = StringIO()
     call_command("request_report", "3", stdout=out)
     assert int(out.getvalue()) > 84, "sequences moved past the seeded ids"
+
+
+def test_authorize_release__agrees_with_guardian_has_perm(make_user):
+    """The one-query release check finds what ``user.has_perm(REVIEW_PERM, permit)`` finds."""
+    from django.contrib.auth.models import Group
+    from guardian.shortcuts import assign_perm
+
+    from jobs.ledger import effect_identity
+    from permits.models import REVIEW_PERM
+    from permits.reports import authorize_release
+
+    direct, via_group, stranger, other_request = (make_user() for _ in range(4))
+    superuser = make_user(is_superuser=True)
+    permit = factories.permit(reviewer=direct)
+    group = Group.objects.create(name="plan checkers")
+    assign_perm(REVIEW_PERM, group, permit)
+    via_group.groups.add(group)
+    assign_perm(REVIEW_PERM, other_request, factories.permit())
+    job, _ = report_request(permit)
+
+    for user in (direct, via_group, stranger, other_request, superuser):
+        effect = Effect(job=job, effect_id=effect_identity(job, "n", str(user.pk)))
+        effect.recipient = str(user.pk)
+        fresh = type(user).objects.get(pk=user.pk)
+        expected = None if fresh.has_perm(REVIEW_PERM, permit) else "no longer assigned"
+        reason = authorize_release(effect)
+        assert (reason is None) == (expected is None), (user, reason)
+
+    PermitRequest.objects.filter(pk=permit.pk).update(status=PermitRequest.Status.WITHDRAWN)
+    effect = Effect(job=job, recipient=str(direct.pk))
+    assert authorize_release(effect) == "the request was withdrawn"
