@@ -74,15 +74,14 @@ def prepare(
     not at all. The others are born ``pending``, due now and marked enqueued: the
     publish enqueues their messages in its transaction.
 
-    ``statement_checks_recipients``: for a kind without its own release check, the
-    default policy (the account exists and is active, ``withhold_reason``) is left
-    to the one-statement publish, which checks it in the same statement that
-    commits the notice and refuses to publish if it no longer holds; the caller
-    then prepares again without this flag and the rows are decided here.
+    ``statement_checks_recipients``: the default policy (the account exists and is
+    active, ``withhold_reason``) is left to the one-statement publish, which checks
+    it in the same statement that commits the notice and refuses to publish if it no
+    longer holds (the caller then prepares again without this flag and the rows are
+    decided here); the kind's own check (``authorize_release``) still runs here.
     """
     now = timezone.now()  # shown to people only; due times below use the server's clock
     budget = conf.effect_max_attempts()
-    defer = statement_checks_recipients and registry.get_kind(job.kind).authorize_release is None
     rows = []
     seen = set()
     for spec in specs:
@@ -105,9 +104,9 @@ def prepare(
             updated_at=now,
         )
         if registry.get_provider(spec.provider).transactional:
-            if defer:
-                _born_applied(effect, now)
+            if statement_checks_recipients:
                 effect.recipient_checked_by_statement = True
+                _decide_in_publish(effect, now, kind_release_check)
             else:
                 _decide_in_publish(effect, now)
         rows.append(effect)
@@ -194,8 +193,9 @@ def write(rows: list[Effect], worker: str = "") -> list[Effect]:
     return rows
 
 
-def _decide_in_publish(effect: Effect, now) -> None:
-    """Recheck the recipient now: the row is born applied or withheld.
+def _decide_in_publish(effect: Effect, now, check=None) -> None:
+    """Recheck the recipient now (``check``: the whole policy by default): the row is
+    born applied or withheld.
 
     If the check itself fails, the row goes in ``pending`` at version 1 with the
     failure recorded (one attempt spent), and the ordinary release path retries
@@ -203,7 +203,7 @@ def _decide_in_publish(effect: Effect, now) -> None:
     """
     effect.attempts = 1
     try:
-        reason = withhold_reason(effect)
+        reason = (check or withhold_reason)(effect)
     except Exception as exc:  # the retry table decides, in release
         c = classify(exc)
         effect.version = 1
@@ -357,6 +357,11 @@ def withhold_reason(effect: Effect) -> str | None:
     if not user.is_active:
         return "recipient account is inactive"
     effect.recipient_user = user  # a kind's own check reads it (``recipient_user``)
+    return kind_release_check(effect)
+
+
+def kind_release_check(effect: Effect) -> str | None:
+    """The kind's own part of the policy (``authorize_release``), if it has one."""
     kind = registry.get_kind(effect.job.kind)
     if kind.authorize_release is not None:
         return kind.authorize_release(effect)
@@ -364,8 +369,8 @@ def withhold_reason(effect: Effect) -> str | None:
 
 
 def recipient_user(effect: Effect):
-    """The recipient's user row as the release check just read it (for a kind's
-    ``authorize_release``: no second read of the same row)."""
+    """The recipient's user row for a kind's ``authorize_release``: the one the release
+    check just read, or read now (the one-statement publish checks the account in SQL)."""
     user = getattr(effect, "recipient_user", None)
     if user is None:
         user = get_user_model().objects.get(pk=effect.recipient)

@@ -295,7 +295,7 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> str:
         SELECT (SELECT count(*) FROM job), (SELECT count(*) FROM refused_recipient),
                (SELECT id FROM artifact),
                (SELECT json_object_agg(effect_id, id) FROM effect),
-               (SELECT json_object_agg(effect_id, id) FROM notice)
+               (SELECT json_object_agg(_key, id) FROM notice_row)
     """
 
 
