@@ -40,9 +40,9 @@ def _args(argv):
     p.add_argument("--n-summary", type=int, default=None, help="default: sized to ~12 s a run")
     p.add_argument("--n-report", type=int, default=None, help="default: sized to ~12 s a run")
     p.add_argument(
-        "--n-plain-minimal", type=int, default=None, help="default: sized to ~12 s a run"
+        "--n-plain-minimal", type=int, default=None, help="default: the same N as demo.summary"
     )
-    p.add_argument("--n-plain-report", type=int, default=None, help="default: sized to ~12 s a run")
+    p.add_argument("--n-plain-report", type=int, default=None, help="default: N of reports")
     p.add_argument(
         "--sections",
         default="hotpath,throughput,scaling,latency,pdf,ledger",
@@ -182,30 +182,26 @@ def main(argv=None) -> int:
         results["pdf"] = vars(pdf)
         say(f"pdf: median {pdf.median_ms:.1f} ms, p95 {pdf.p95_ms:.1f} ms")
 
-    # Size the engine's runs to ~12 s each from the in-process cost (shared machines vary).
+    # Size the engine's runs to ~12 s each from the in-process cost (shared machines vary;
+    # without the hotpath section, today's typical cost). Each plain task runs the same N
+    # as the engine's kind doing its work: the queue table then grows and is drained the
+    # same way on both sides of a ratio (a longer run is slower per message: the broker
+    # scans more dead rows of django_q_ormq, as autovacuum is off here).
     parallel = min(workers, os.cpu_count() or 2)
-    est_summary = (per_job_ms or 30.0) * 1.6 / parallel
-    n_summary = args.n_summary or _round_to(12_000 / est_summary, 100, 500, 2000)
-    est_report = (report_ms or 150.0) * 1.6 / parallel
-    n_report = args.n_report or _round_to(12_000 / est_report, 12, 60, 600)
-    # The plain tasks: their in-process cost plus django-q2's own per message (~5 ms of a
-    # worker at the bare no-op's ~400 jobs/s on 2 workers), to the same ~12 s a run.
-    n_plain_min, n_plain_rep = args.n_plain_minimal or 2000, args.n_plain_report or 240
-    if "throughput" in sections and not (args.n_plain_minimal and args.n_plain_report):
+    est_summary = (per_job_ms or 8.0) * 1.6 / parallel
+    n_summary = args.n_summary or _round_to(12_000 / est_summary, 100, 500, 3000)
+    est_report = (report_ms or 20.0) * 1.6 / parallel
+    n_report = args.n_report or _round_to(12_000 / est_report, 12, 60, 1200)
+    if args.quick:
+        n_summary, n_report = min(n_summary, 300), min(n_report, 60)
+    n_plain_min = args.n_plain_minimal or n_summary
+    n_plain_rep = args.n_plain_report or n_report
+    if "throughput" in sections:
         from bench import plain
 
         infra.reset_run_tables()
         min_ms, rep_ms = plain.in_process_ms(user_id)
         results["plain_in_process_ms"] = {"minimal": min_ms, "report": rep_ms}
-        n_plain_min = args.n_plain_minimal or _round_to(
-            12_000 / ((min_ms * 1.6 + 5.0) / parallel), 100, 500, 4000
-        )
-        n_plain_rep = args.n_plain_report or _round_to(
-            12_000 / ((rep_ms * 1.6 + 5.0) / parallel), 12, 60, 1200
-        )
-    if args.quick:
-        n_summary, n_report = min(n_summary, 300), min(n_report, 60)
-        n_plain_min, n_plain_rep = min(n_plain_min, 600), min(n_plain_rep, 120)
     sizes = {
         e2e.BARE: args.n_bare,
         e2e.PLAIN_MINIMAL: n_plain_min,

@@ -71,6 +71,7 @@ def _cursor() -> Iterator:
     Wrapped like Django's own cursors (errors translated, execute wrappers run,
     queries logged under DEBUG and in ``CaptureQueriesContext``).
     """
+    connection.close_if_health_check_failed()  # what Django's own cursor() does first
     connection.ensure_connection()
     prepare = conf.prepared_statements()
     pg = connection.connection
@@ -87,8 +88,25 @@ def _cursor() -> Iterator:
         cursor.close()
 
 
+# PostgreSQL's reserved key words (and those reserved as names): these need quotes.
+_WORDS = """all analyse analyze and any array as asc asymmetric authorization binary both case
+    cast check collate collation column concurrently constraint create cross current_catalog
+    current_date current_role current_schema current_time current_timestamp current_user
+    default deferrable desc distinct do else end except false fetch for foreign freeze from
+    full grant group having ilike in initially inner intersect into is isnull join lateral
+    leading left like limit localtime localtimestamp natural not notnull null offset on only
+    or order outer overlaps placing primary references returning right select session_user
+    similar some symmetric system_user table tablesample then to trailing true union unique
+    user using variadic verbose when where window with"""
+_RESERVED = frozenset(_WORDS.split())
+
+
 def _q(name: str) -> str:
-    return f'"{name}"'  # PostgreSQL's quoting; names come from models, never from input
+    """A table or column name from a model (never from input), quoted only if it must be:
+    the publish statement stays under 4 KiB, which psycopg keeps parsed."""
+    if name.isidentifier() and name.islower() and name not in _RESERVED:
+        return name
+    return f'"{name}"'
 
 
 # --- claim ----------------------------------------------------------------------------
@@ -249,7 +267,7 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> str:
         else f"v.{_q(f.column)}"
         for f in _fields(Effect)
     )
-    return f"""
+    return _compact(f"""
         WITH refused_recipient AS (
             SELECT r.id FROM jsonb_array_elements_text(%s::jsonb) AS r(id)
             LEFT JOIN {_q(user._meta.db_table)} u
@@ -296,7 +314,7 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> str:
                (SELECT id FROM artifact),
                (SELECT json_object_agg(effect_id, id) FROM effect),
                (SELECT json_object_agg(_key, id) FROM notice_row)
-    """
+    """)
 
 
 def publish(
@@ -342,6 +360,11 @@ def publish(
     if not won:
         return Published(False, recipients_changed=bool(refused))
     return Published(True, False, artifact_id, _json(effect_ids), _json(notice_ids))
+
+
+def _compact(statement: str) -> str:
+    """One line, single spaces: under 4 KiB psycopg keeps the parsed statement too."""
+    return " ".join(statement.split())
 
 
 def _json(value) -> dict:
