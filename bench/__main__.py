@@ -225,11 +225,19 @@ def main(argv=None) -> int:
         return run
 
     if "throughput" in sections:
-        # Each plain task runs next to its engine kind: the same-work ratios pair them.
-        order = [e2e.BARE, e2e.PLAIN_MINIMAL, e2e.SUMMARY, e2e.PLAIN_REPORT, e2e.REPORT]
+        # Each plain task runs right next to its engine kind (the same-work ratios pair
+        # them, so a change of load between runs moves both); the pairs rotate and, every
+        # other round, swap which of the two goes first.
+        units = [
+            [e2e.BARE],
+            [e2e.PLAIN_MINIMAL, e2e.SUMMARY],
+            [e2e.PLAIN_REPORT, e2e.REPORT],
+        ]
         for r in range(1, args.rounds + 1):
-            for kind in order[r - 1 :] + order[: r - 1]:  # rotate: no kind always goes first
-                measure(kind, workers, r)
+            shift = (r - 1) % len(units)
+            for unit in units[shift:] + units[:shift]:
+                for kind in unit if r % 2 else unit[::-1]:
+                    measure(kind, workers, r)
     if "scaling" in sections:
         for w in (1, 4):
             for kind in (e2e.BARE, e2e.SUMMARY):
