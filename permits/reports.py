@@ -13,6 +13,7 @@ from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 from xml.sax.saxutils import escape
 
 from django.conf import settings
+from django.db.models import Exists
 from reportlab.lib import colors
 from reportlab.lib.pagesizes import A4
 from reportlab.lib.styles import getSampleStyleSheet
@@ -229,35 +230,42 @@ def _review_permission_id() -> int:
     return Permission.objects.get(content_type__app_label=app_label, codename=codename).pk
 
 
-def is_assigned(user_id: int | str, permit_pk: int | str) -> bool:
-    """Whether the review permission on the request is the user's, directly or through a
-    group: what ``user.has_perm(REVIEW_PERM, permit)`` finds for an active account that
-    is not a superuser, in one short query for a direct assignee (guardian takes four)."""
-    from guardian.models import GroupObjectPermission, UserObjectPermission
+def _granted(user_id: int | str, permit_pk: int | str) -> dict:
+    return {"permission_id": _review_permission_id(), "object_pk": str(permit_pk)}
 
-    granted = {"permission_id": _review_permission_id(), "object_pk": str(permit_pk)}
-    return (
-        UserObjectPermission.objects.filter(user_id=user_id, **granted).exists()
-        or GroupObjectPermission.objects.filter(group__user=user_id, **granted).exists()
-    )
+
+def is_assigned_through_group(user_id: int | str, permit_pk: int | str) -> bool:
+    from guardian.models import GroupObjectPermission
+
+    return GroupObjectPermission.objects.filter(
+        group__user=user_id, **_granted(user_id, permit_pk)
+    ).exists()
 
 
 def authorize_release(effect: Effect) -> str | None:
     """Release follows current authorization: recheck the recipient's object permission now.
 
-    The account (exists, active) is the engine's own check; here the request's state
-    and the assignment (the account is read only for a superuser without one).
+    What ``user.has_perm(REVIEW_PERM, permit)`` finds for an active account (the
+    account itself is the engine's own check): the request's state and a direct
+    assignment in one query; a group's assignment or a superuser only when that
+    misses (guardian's own check takes four queries).
     """
-    status = (
-        PermitRequest.objects.filter(pk=effect.job.subject_id)
-        .values_list("status", flat=True)
+    from guardian.models import UserObjectPermission
+
+    permit_pk, user_id = effect.job.subject_id, effect.recipient
+    direct = UserObjectPermission.objects.filter(user_id=user_id, **_granted(user_id, permit_pk))
+    row = (
+        PermitRequest.objects.filter(pk=permit_pk)
+        .annotate(direct=Exists(direct))
+        .values_list("status", "direct")
         .first()
     )
-    if status is None:
+    if row is None:
         return "the permit request no longer exists"
+    status, assigned = row
     if status == PermitRequest.Status.WITHDRAWN:
         return "the request was withdrawn"
-    if is_assigned(effect.recipient, effect.job.subject_id):
+    if assigned or is_assigned_through_group(user_id, permit_pk):
         return None
     if recipient_user(effect).is_superuser:
         return None
