@@ -9,7 +9,12 @@ that matches no row changes nothing, and the caller falls back to the ORM path,
 which records why (duplicate, deferred, buried).
 
 Fences read ``clock_timestamp()``, not the statement's start: a statement that
-waited for a lock judges the lease by the time it actually writes.
+waited for a lock judges the lease by the time it actually writes. The publish
+never waits for the job's row (``FOR UPDATE NOWAIT``): if another transaction holds
+it, the statement fails at once and the ORM path, whose transaction carries the
+lock timeout (``clock.worker_transaction``), publishes instead. Being one
+statement in autocommit, neither can be left idle in a transaction by a frozen
+worker: the server commits it, or nothing, by itself.
 
 SQLite and custom transactional providers take the ORM path (``transitions``,
 ``ledger.record``); the ``jobs_tenant_admits`` function comes from migration 0007.
@@ -273,9 +278,11 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> str:
             LEFT JOIN {_q(user._meta.db_table)} u
                    ON u.{_q(pk.column)} = r.id::{pk.cast_db_type(connection)}
             WHERE u.{_q(pk.column)} IS NULL{inactive}
+        ), locked AS (
+            SELECT id FROM {job_t} WHERE id = %s FOR UPDATE NOWAIT
         ), job AS (
             UPDATE {job_t} SET {", ".join(sets)}
-            WHERE id = %s AND version = %s AND lease_owner = %s
+            WHERE id = (SELECT id FROM locked) AND version = %s AND lease_owner = %s
               AND lease_expires_at > {NOW} + make_interval(secs => %s)
               AND NOT EXISTS (SELECT 1 FROM refused_recipient)
             RETURNING id
@@ -344,9 +351,9 @@ def publish(
     ``recipients_changed`` says so: the caller decides those effects the slow way.
     """
     statement = _publish_statement(tuple((k, isinstance(v, Now)) for k, v in changes.items()))
-    params = [json.dumps(recipients)]
+    params = [json.dumps(recipients), Int8(job.pk)]
     params += [v for v in changes.values() if not isinstance(v, Now)]
-    params += [Int8(job.pk), Int8(job.version), worker, float(margin)]
+    params += [Int8(job.version), worker, float(margin)]
     params += [Attempt.Outcome.SUCCEEDED, Int8(attempt_id)]
     params.append(_rows_json(Artifact, [artifact] if artifact is not None else []))
     params.append(_rows_json(Notice, notices, key=lambda n: n.effect_key))
