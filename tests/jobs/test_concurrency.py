@@ -112,3 +112,40 @@ def test_tenant_bound__holds_under_concurrent_claimers(make_user, settings):
     assert Job.objects.live_running().filter(tenant_key="busy-office").count() == 2
     assert Job.objects.filter(tenant_key="busy-office", attempts=0).count() == 6
     assert transitions.claim(other.pk, "w-other").status == "claimed", "bounds are per tenant"
+
+
+def test_publish__job_row_locked_elsewhere__no_wait_then_the_orm_transaction_publishes(
+    make_user, caplog
+):
+    """The one-statement publish does not queue behind another transaction's lock on the
+    job (it has no lock timeout of its own); the ORM publish, which has one, waits."""
+    user = make_user()
+    job = new_job(user)
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_row_lock():
+        from django.db import transaction
+
+        try:
+            with transaction.atomic():
+                list(Job.objects.select_for_update().filter(pk=job.pk))
+                locked.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    def lock_then_release(stage, ctx):
+        if stage == "before_publish":
+            holder.start()
+            assert locked.wait(30)
+            threading.Timer(0.5, release.set).start()
+
+    holder = threading.Thread(target=hold_row_lock)
+    with caplog.at_level("WARNING", logger="jobs.runner"):
+        result = run_delivery(job.pk, worker="w1", on_stage=lock_then_release)
+    holder.join(30)
+    assert result.outcome == "succeeded"
+    assert "one-statement publish refused (OperationalError)" in caplog.text
+    assert Effect.objects.get(job=job).state == Effect.State.APPLIED
+    assert Notice.objects.filter(recipient=user).count() == 1
+    assert Artifact.objects.filter(job=job).count() == 1
