@@ -27,7 +27,7 @@ from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
 from django_q.models import OrmQ
 
-from jobs.artifacts import is_intact
+from jobs.artifacts import get_storage, is_intact, storage_name_for
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
 from tests.e2e.processes import (
     Processes,
@@ -70,9 +70,11 @@ def _worker_pid(worker: str) -> int:
 
 
 def _open_attempt_of_stored_running_job(job: Job) -> Attempt | None:
-    """The open Attempt, once the job is running and its artifact row is committed."""
+    """The open Attempt, once the job is running and its artifact file is stored (the
+    row commits with the publish)."""
     current = Job.objects.get(pk=job.pk)
-    if current.state != State.RUNNING or not Artifact.objects.filter(job=job).exists():
+    stored = get_storage().exists(storage_name_for(job, "txt"))
+    if current.state != State.RUNNING or not stored:
         return None
     attempt = Attempt.objects.filter(job=job, outcome="", worker=current.lease_owner).first()
     return attempt
