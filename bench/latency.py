@@ -116,7 +116,10 @@ def run(user_id: int, workers: int, *, singles: int = 8, progress=print) -> dict
     out: dict[str, Series] = {}
     with (
         stand_in_provider() as url,
-        infra.cluster(workers, "latency", NOTICE_PROVIDER_URL=url) as c,
+        # DEBUG is off in the cluster, as in production: a provider URL needs its token.
+        infra.cluster(
+            workers, "latency", NOTICE_PROVIDER_URL=url, NOTICE_PROVIDER_TOKEN="bench-stand-in"
+        ) as c,
     ):
         # Warm up: the cluster is up and every worker has connected once.
         ids, _ = _enqueue(workloads.SUMMARY, workers * 2, user_id, "warm", notify_user_id=user_id)

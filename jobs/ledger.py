@@ -113,6 +113,18 @@ def prepare(
     return rows
 
 
+def _in_app_only(providers) -> bool:
+    from jobs.providers.inapp import InAppProvider
+
+    return all(type(registry.get_provider(name)) is InAppProvider for name in providers)
+
+
+def statement_can_take(specs: list[EffectSpec]) -> bool:
+    """Whether the one-statement publish can take these effects: in-app notices only
+    (an external one needs its queue message, another provider its own ``apply``)."""
+    return _in_app_only({spec.provider for spec in specs})
+
+
 def born_final(rows: list[Effect], worker: str):
     """``(notices, events, recipients)`` for the one-statement publish, or None if it
     cannot take them.
@@ -122,13 +134,13 @@ def born_final(rows: list[Effect], worker: str):
     needs a message or a provider's own code goes through ``record``.
     ``recipients``: whose account the statement must find active (``prepare``).
     """
-    from jobs.providers.inapp import InAppProvider
-
     notices, events = [], []
     recipients = [e.recipient for e in rows if getattr(e, "recipient_checked_by_statement", 0)]
+    if not _in_app_only({e.provider for e in rows}):
+        return None
     for e in rows:
         provider = registry.get_provider(e.provider)
-        if type(provider) is not InAppProvider or e.state not in (State.APPLIED, State.WITHHELD):
+        if e.state not in (State.APPLIED, State.WITHHELD):
             return None
         if e.state == State.APPLIED:
             notice = provider.notice_for(e)

@@ -129,7 +129,7 @@ def _publish(ctx: JobContext, specs: list) -> list | None:
     Returns the effects, or None when the CAS lost (nothing was written).
     """
     job, worker, attempt = ctx.job, ctx.worker, ctx.attempt
-    if sql.available():
+    if sql.available() and ledger.statement_can_take(specs):
         rows = ledger.prepare(job, specs, statement_checks_recipients=True)
         born = ledger.born_final(rows, worker)
         if born is not None:
