@@ -117,7 +117,7 @@ def _q(name: str) -> str:
 # --- claim ----------------------------------------------------------------------------
 
 
-def claim(job_id: int, worker: str, *, lease: float, bound: int):
+def claim(job_id: int, worker: str, *, lease: float, bound: int) -> tuple[Job, Attempt] | None:
     """queued or due retry_wait → running, with its attempt row, in one statement.
 
     Returns ``(job, attempt)`` or None when the job is not plainly claimable now
