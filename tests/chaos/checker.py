@@ -333,7 +333,7 @@ def check(inp: Inputs) -> Report:
                 f"job {pk} ({e.kind}) {job.state} {job.last_error_class}/{job.last_error_code}"
             )
     r.check(
-        "jobs ended as expected (reports and deadlocks succeeded, malformed failed; "
+        "jobs ended as expected (reports, summaries and deadlocks succeeded, malformed failed; "
         "dead only when kills spent the attempt budget)",
         not unexpected,
         _few(unexpected) or (f"dead by kills: {dead_by_kills}" if dead_by_kills else ""),
@@ -480,9 +480,14 @@ def check(inp: Inputs) -> Report:
     for pk, e in expects.items():
         job = jobs.get(pk)
         have = by_job_fx.get(pk, set())
-        if job is None or job.state != Job.State.SUCCEEDED or e.kind not in ("report", "revision"):
+        if job is None or job.state != Job.State.SUCCEEDED or e.kind == "malformed":
             if have:
                 mismatch.append(f"job {pk} ({e.kind}, {job and job.state}) has effects")
+            continue
+        if e.kind in ("deadlock", "summary"):
+            want = {(reports.NOTICE, "inapp", str(u)) for u in e.recipients}
+            if have != want:
+                mismatch.append(f"job {pk} ({e.kind}): have {sorted(have)} want {sorted(want)}")
             continue
         want = {
             (name, provider, str(u))
@@ -494,7 +499,8 @@ def check(inp: Inputs) -> Report:
         if not have <= want or (want - have) - absent_ok:
             mismatch.append(f"job {pk}: have {sorted(have)} want {sorted(want)}")
     r.check(
-        "2 each succeeded report asked for one in-app and one webhook notice per reviewer",
+        "2 each succeeded report asked for one in-app and one webhook notice per reviewer "
+        "(a summary job for one in-app notice)",
         not mismatch,
         _few(mismatch),
     )

@@ -9,7 +9,9 @@ Jepsen-style: inject the faults, record everything, then check the history.
 2. Tenants, reviewers and permit requests; K ``permits.report`` jobs through
    ``permits.services`` (some at a second revision, a few malformed), plus
    ``drill.deadlock`` jobs that provoke a real PostgreSQL deadlock on their first
-   attempt. Half of the reports wait in the queue before the workers start; the
+   attempt, and ``demo.summary`` jobs whose one in-app notice makes them publish in
+   the one-statement publish (``jobs.sql``; reports, with a webhook notice, take the
+   ORM publish). Half of the reports wait in the queue before the workers start; the
    rest, and the deadlocks, arrive while the chaos runs, with a few reviewers
    revoked on the way (chosen while their notice is still on its way).
 3. Three real ``manage.py jobs_worker`` processes (each runs and supervises a
@@ -91,6 +93,7 @@ class Config:
     lease: float = 2.0
     effect_lease: float = 4.0
     deadlock_fraction: float = 0.08
+    summary_fraction: float = 0.1  # demo.summary jobs: in-app notice only
     malformed_fraction: float = 0.02
     revision_fraction: float = 0.15
     revoke_fraction: float = 0.04
@@ -542,7 +545,7 @@ class Expect:
     """What the checker expects of one job."""
 
     job: int
-    kind: str  # report | revision | malformed | deadlock
+    kind: str  # report | revision | malformed | deadlock | summary
     tenant: str
     permit: int | None
     revision: int
@@ -643,6 +646,12 @@ def seed(cfg: Config, rng: random.Random) -> tuple[World, list[Action]]:
         # each other through a thread event PostgreSQL cannot see (permits.drill), and
         # hang until django-q2's timeout instead of deadlocking in the database.
         plan.append(Action(rng.uniform(0.2, cfg.arrival), next(seq), "deadlock", (i,)))
+    for i in range(max(2, round(cfg.jobs * cfg.summary_fraction))):
+        # In-app only: these publish in the one statement (reports, with their webhook
+        # notice, take the ORM publish that also enqueues the notice's message).
+        tenant = rng.choice(tenants)
+        user = rng.choice(reviewers[tenant.key])
+        plan.append(Action(when(), next(seq), "summary", (i, tenant.key, user.pk)))
     for _ in range(max(1, round(first * cfg.revoke_fraction))):
         # The target is chosen when the time comes (see ``perform``).
         plan.append(Action(rng.uniform(1.0, cfg.arrival), next(seq), "revoke", ()))
@@ -721,6 +730,16 @@ def perform(action: Action, world: World, rng: random.Random) -> None:
             tenant_key=tenant,
         )
         world.expects[job.pk] = Expect(job.pk, "malformed", tenant, None, 1, [], now)
+    elif action.kind == "summary":
+        i, tenant, user_id = action.arg
+        job, _ = request_job(
+            "demo.summary",
+            subject_type="soak.summary",
+            subject_id=f"soak-summary-{i}",
+            tenant_key=tenant,
+            params={"notify_user_id": user_id},
+        )
+        world.expects[job.pk] = Expect(job.pk, "summary", tenant, None, 1, [user_id], now)
     elif action.kind == "deadlock":
         (i,) = action.arg
         job, _ = request_job(DEADLOCK_KIND, subject_type="drill", subject_id=f"deadlock-{i}")
@@ -1259,6 +1278,7 @@ def parse(argv: list[str] | None = None) -> Config:
     p.add_argument("--tenant-concurrency", type=int, default=d.tenant_concurrency)
     p.add_argument("--provider-in-flight", type=int, default=d.provider_in_flight)
     p.add_argument("--deadlock-fraction", type=float, default=d.deadlock_fraction)
+    p.add_argument("--summary-fraction", type=float, default=d.summary_fraction)
     p.add_argument("--stall", type=float, default=d.stall, help="fraction of sends stalled")
     p.add_argument("--unavailable", type=float, default=d.unavailable, help="fraction of 503s")
     p.add_argument(
@@ -1311,6 +1331,7 @@ def parse(argv: list[str] | None = None) -> Config:
         tenant_concurrency=a.tenant_concurrency,
         provider_in_flight=a.provider_in_flight,
         deadlock_fraction=a.deadlock_fraction,
+        summary_fraction=a.summary_fraction,
         stall=a.stall,
         unavailable=a.unavailable,
         chaos_interval=a.chaos_interval,
