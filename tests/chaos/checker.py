@@ -517,7 +517,10 @@ def check(inp: Inputs) -> Report:
         if fx.state == Effect.State.WITHHELD and was_revoked:
             withheld += 1
             continue
-        if fx.state == Effect.State.NEEDS_REVIEW and release_check_fault(fx.effect_id) == "always":
+        if (
+            fx.state == Effect.State.NEEDS_REVIEW
+            and release_check_fault(fx.effect_id, fx.job.kind) == "always"
+        ):
             continue  # checked below (invariant 5)
         states.append(f"{fx.effect_id} {fx.provider} {fx.state} ({fx.reason})")
     r.check(
@@ -593,7 +596,7 @@ def check(inp: Inputs) -> Report:
             missing.append(0)  # born applied or withheld in the publish, with its event
         if missing:
             unlogged.append(f"{fx.effect_id} ({fx.state} v{fx.version}): no event for {missing}")
-        fault = release_check_fault(fx.effect_id)
+        fault = release_check_fault(fx.effect_id, fx.job.kind)
         if fault is None:
             continue
         hit[fault] += 1

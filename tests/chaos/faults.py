@@ -12,10 +12,14 @@ from __future__ import annotations
 import zlib
 
 TRANSIENT_FAILS = 2  # a transiently failing check raises on attempts 1 and 2
+FAULTY_KIND = "permits.report"  # the kind whose release check the soak makes fail
 
 
-def release_check_fault(effect_id: str) -> str | None:
-    """``transient``, ``always`` or None for the effect with this identity."""
+def release_check_fault(effect_id: str, kind: str = FAULTY_KIND) -> str | None:
+    """``transient``, ``always`` or None for the effect with this identity of a job of
+    ``kind`` (only ``FAULTY_KIND``'s check is wrapped)."""
+    if kind != FAULTY_KIND:
+        return None
     bucket = zlib.crc32(effect_id.encode()) % 20
     return {3: "transient", 7: "always"}.get(bucket)
 
@@ -24,11 +28,11 @@ class ReleaseCheckFault(RuntimeError):
     """Raised by the soak's release check fault (the class name is the error code)."""
 
 
-def install_release_check_faults(kind_name: str = "permits.report") -> None:
-    """Wrap ``kind_name``'s release check so that it raises for the chosen effects."""
+def install_release_check_faults() -> None:
+    """Wrap ``FAULTY_KIND``'s release check so that it raises for the chosen effects."""
     from jobs import registry
 
-    kind = registry.get_kind(kind_name)
+    kind = registry.get_kind(FAULTY_KIND)
     check = kind.authorize_release
 
     def faulty(effect) -> str | None:
