@@ -171,10 +171,10 @@ def store(job: Job, data: bytes, *, content_type: str, extension: str) -> Stored
 
 
 def insert_row(artifact: Artifact) -> Artifact:
-    """Insert the row of a stored artifact (ORM publish path); an existing row is verified.
+    """Insert the row of a stored artifact (ORM publish path), or return the existing one.
 
-    A row can exist only from a publish of this key, or from before rows moved into
-    the publish; either way the stored bytes must match it.
+    A row can exist only from before rows moved into the publish; the file under the
+    key holds the fresh bytes, so a row with another digest takes theirs (one rewrite).
     """
     if artifact.pk is not None:
         return artifact

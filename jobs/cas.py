@@ -41,8 +41,14 @@ def compare_and_swap(
         qs = qs.filter(where)
     won = qs.update(version=F("version") + 1, updated_at=Now(), **changes) == 1
     if won:
-        obj.version += 1
-        for field, value in changes.items():
-            if not hasattr(value, "resolve_expression"):
-                setattr(obj, field, value)
+        mirror(obj, changes)
     return won
+
+
+def mirror(obj: models.Model, changes: dict) -> None:
+    """``obj`` as a won swap leaves it: one version on, the plain values set (values
+    the database computes, such as ``Now()``, are left to a reload)."""
+    obj.version += 1
+    for field, value in changes.items():
+        if not hasattr(value, "resolve_expression"):
+            setattr(obj, field, value)

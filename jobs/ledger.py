@@ -131,17 +131,17 @@ def born_final(rows: list[Effect], worker: str):
 
     It takes effects born final through the in-app provider: applied (with their
     notice and send event) or withheld (with the withhold event). Anything that
-    needs a message or a provider's own code goes through ``record``.
+    needs a message or a provider's own code goes through ``write``.
     ``recipients``: whose account the statement must find active (``prepare``).
     """
-    notices, events = [], []
-    recipients = [e.recipient for e in rows if getattr(e, "recipient_checked_by_statement", 0)]
     if not _in_app_only({e.provider for e in rows}):
         return None
+    if any(e.state not in (State.APPLIED, State.WITHHELD) for e in rows):
+        return None  # a release check raised: pending, retried by the table
+    notices, events = [], []
+    recipients = [e.recipient for e in rows if getattr(e, "recipient_checked_by_statement", 0)]
     for e in rows:
         provider = registry.get_provider(e.provider)
-        if e.state not in (State.APPLIED, State.WITHHELD):
-            return None
         if e.state == State.APPLIED:
             notice = provider.notice_for(e)
             notice.effect_key = e.effect_id
@@ -222,20 +222,15 @@ def _decide_in_publish(effect: Effect, now, check=None) -> None:
         effect.last_error_class, effect.last_error_code = c.error_class, c.code
         return
     if reason:
-        effect.next_attempt_at = effect.enqueued_for = None
+        effect.next_attempt_at = effect.enqueued_for = None  # final: nothing is due
         effect.state = State.WITHHELD
         effect.reason = reason[:300]
         effect.last_error_class = ErrorClass.AUTHORIZATION
         effect.last_error_code = "recipient_not_authorized"
     else:
-        _born_applied(effect, now)
-
-
-def _born_applied(effect: Effect, now) -> None:
-    effect.attempts = 1
-    effect.next_attempt_at = effect.enqueued_for = None
-    effect.state = State.APPLIED
-    effect.applied_at = now
+        effect.next_attempt_at = effect.enqueued_for = None
+        effect.state = State.APPLIED
+        effect.applied_at = now
 
 
 def _apply_in_publish(effects: list[Effect], worker: str) -> list[EffectEvent]:

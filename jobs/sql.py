@@ -357,8 +357,6 @@ def publish(
     params += [Attempt.Outcome.SUCCEEDED, Int8(attempt_id)]
     params.append(_rows_json(Artifact, [artifact] if artifact is not None else []))
     params.append(_rows_json(Notice, notices, key=lambda n: n.effect_key))
-    for e in effects:
-        e.provider_ref = e.provider_ref or ""
     params.append(_rows_json(Effect, effects))
     params.append(_rows_json(EffectEvent, events, key=lambda ev: ev.effect_key))
     with _cursor() as cursor:

@@ -27,7 +27,7 @@ from django.db.models import F
 from django.db.models.functions import Coalesce, Now
 
 from jobs import clock, conf, sql
-from jobs.cas import compare_and_swap
+from jobs.cas import compare_and_swap, mirror
 from jobs.models import Attempt, Job
 
 log = logging.getLogger("jobs.transitions")
@@ -246,10 +246,7 @@ def publish(job: Job, worker: str) -> bool:
 
 def mirror_publish(job: Job, worker: str) -> None:
     """After the one-statement publish won: the instance as the CAS would leave it."""
-    job.version += 1
-    for name, value in publish_changes().items():
-        if not hasattr(value, "resolve_expression"):
-            setattr(job, name, value)
+    mirror(job, publish_changes())
     _log(job, "publish", worker)
 
 

@@ -7,7 +7,6 @@ verifying the stored artifact means something.
 
 from __future__ import annotations
 
-import functools
 import io
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 from xml.sax.saxutils import escape
@@ -222,24 +221,21 @@ def build_report(ctx: JobContext) -> list[EffectSpec]:
     return specs
 
 
-@functools.cache
-def _review_permission_id() -> int:
-    from django.contrib.auth.models import Permission
-
+def _granted(permit_pk: int | str) -> dict:
+    """The review permission on one request, as guardian stores it (by name, not by id:
+    permission rows are recreated when a test database is flushed)."""
     app_label, codename = REVIEW_PERM.split(".", 1)
-    return Permission.objects.get(content_type__app_label=app_label, codename=codename).pk
-
-
-def _granted(user_id: int | str, permit_pk: int | str) -> dict:
-    return {"permission_id": _review_permission_id(), "object_pk": str(permit_pk)}
+    return {
+        "permission__codename": codename,
+        "permission__content_type__app_label": app_label,
+        "object_pk": str(permit_pk),
+    }
 
 
 def is_assigned_through_group(user_id: int | str, permit_pk: int | str) -> bool:
     from guardian.models import GroupObjectPermission
 
-    return GroupObjectPermission.objects.filter(
-        group__user=user_id, **_granted(user_id, permit_pk)
-    ).exists()
+    return GroupObjectPermission.objects.filter(group__user=user_id, **_granted(permit_pk)).exists()
 
 
 def authorize_release(effect: Effect) -> str | None:
@@ -253,7 +249,7 @@ def authorize_release(effect: Effect) -> str | None:
     from guardian.models import UserObjectPermission
 
     permit_pk, user_id = effect.job.subject_id, effect.recipient
-    direct = UserObjectPermission.objects.filter(user_id=user_id, **_granted(user_id, permit_pk))
+    direct = UserObjectPermission.objects.filter(user_id=user_id, **_granted(permit_pk))
     row = (
         PermitRequest.objects.filter(pk=permit_pk)
         .annotate(direct=Exists(direct))
