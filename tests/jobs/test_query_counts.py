@@ -116,7 +116,8 @@ def test_minimal_kind__round_trips_and_commits(make_user):
     result, sqls = trace(lambda: run_delivery(job.pk, worker="w1"))
     assert result.outcome == Attempt.Outcome.SUCCEEDED
     assert (len(sqls), commits(sqls)) == MINIMAL_DELIVERY[connection.vendor], sqls
-    assert len(sqls) <= 8 and commits(sqls) <= 2, "issue 12's bar for a minimal delivery"
+    if connection.vendor == "postgresql":  # the bar is production's; SQLite takes the ORM path
+        assert len(sqls) <= 8 and commits(sqls) <= 2, "issue 12's bar for a minimal delivery"
 
 
 def test_run_delivery__duplicate_round_trips(make_user):
