@@ -51,6 +51,11 @@ def test_soak__short_run_under_chaos_holds_every_invariant(tmp_path):
         "--chaos-interval=1.2",
         "--deadlock-fraction=0.15",
         "--arrival-seconds=20",
+        # Both outages start while jobs are certainly open: the database's as the queued
+        # backlog meets the workers, the storage's as the jobs it held up come back.
+        # (In the middle of the arrival window a fast hot path can have nothing open.)
+        "--db-outage-at=0.5",
+        "--storage-outage-at=8",
         "--timeout=75",
         "--drain-timeout=20",
         f"--json={figures_path}",
