@@ -1,34 +1,71 @@
 # Everything runs from .venv, created on first use from pyproject.toml.
+# `make demo` installs the runtime dependencies only; `make test`/`make lint` add the dev
+# toolchain (pytest, Playwright, ruff, ...). uv installs them when it is on PATH (or
+# UV=path/to/uv), pip otherwise.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+RUNTIME_STAMP := $(VENV)/.runtime-stamp
 STAMP := $(VENV)/.installed-stamp
 PORT ?= 8000
+PROVIDER_PORT ?= 8025
+UV ?= $(shell command -v uv 2>/dev/null)
+# setuptools' "Editable installation" warning box looks like an error and is not one.
+INSTALL_ENV := PYTHONWARNINGS='ignore:Editable installation:UserWarning'
+PIP_INSTALL = $(INSTALL_ENV) $(if $(UV),$(UV) pip install --quiet --python $(PY),$(PY) -m pip install --quiet)
+# Parallel test processes (pytest-xdist); each gets its own test database
+# (test_<name>_gw0, ...). Most e2e tests wait on real processes, so more workers than
+# cores pay; docs/testing.md has the measurements.
+TEST_WORKERS ?= 4
+# The SQLite leg: the engine's tests and the drill on SQLite; PostgreSQL-only
+# tests are deselected (CI turns their skip into a failure).
+SQLITE_TESTS ?= tests/jobs tests/permits/test_drill.py
 
-.PHONY: install demo serve test lint format clean bench soak
+.PHONY: install install-runtime demo serve test test-main test-sqlite lint format clean bench soak
 
-$(STAMP): pyproject.toml packaging/django-jobs-ledger/pyproject.toml
+$(VENV)/bin/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e './packaging/django-jobs-ledger[webhook,metrics]' -e '.[dev]'
+	$(if $(UV),$(UV) venv --quiet --seed --python $(PYTHON) $(VENV),$(PYTHON) -m venv $(VENV))
+
+$(RUNTIME_STAMP): pyproject.toml packaging/django-jobs-ledger/pyproject.toml | $(VENV)/bin/python
+	$(PIP_INSTALL) -e './packaging/django-jobs-ledger[webhook,metrics]' -e .
+	touch $(RUNTIME_STAMP)
+
+$(STAMP): $(RUNTIME_STAMP)
+	$(PIP_INSTALL) -e './packaging/django-jobs-ledger[webhook,metrics]' -e '.[dev]'
 	touch $(STAMP)
 
+install-runtime: $(RUNTIME_STAMP)
 install: $(STAMP)
 
 ## make demo: SQLite in var/, migrate, seed, then worker + dispatcher + web server.
-demo: $(STAMP)
-	PORT=$(PORT) bash scripts/demo.sh
+## PORT (8000) and PROVIDER_PORT (8025, the stand-in notice provider) choose the ports.
+# A first demo without uv on PATH fetches uv into var/uv (one small wheel from PyPI) and
+# installs with it: the demo's install is then about three times faster. If that fails,
+# pip installs as before. (Only the demo: the test toolchain keeps pip and its constraints.)
+demo: UV := $(or $(UV),$(shell PYTHON=$(PYTHON) sh scripts/fetch-uv.sh))
+demo: $(RUNTIME_STAMP)
+	PORT=$(PORT) PROVIDER_PORT=$(PROVIDER_PORT) bash scripts/demo.sh
 
 ## make serve: production web process: DEBUG=0, migrate, collectstatic, gunicorn + whitenoise.
 ## Needs SECRET_KEY, ALLOWED_HOSTS, DATABASE_URL; workers and dispatcher run apart
 ## (docs/production.md).
-serve: $(STAMP)
+serve: $(RUNTIME_STAMP)
 	PORT=$(PORT) bash scripts/serve.sh
 
-## make test: the whole suite; DATABASE_URL=postgres://... selects PostgreSQL.
+## make test: the whole suite in parallel on DATABASE_URL (postgres://... selects
+## PostgreSQL), then the SQLite leg. TEST_WORKERS=1 runs one process; PYTEST_ARGS reach both.
+# Both legs run even when the first fails; the target fails if either did.
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@status=0; $(MAKE) --no-print-directory test-main || status=1; \
+	$(MAKE) --no-print-directory test-sqlite || status=1; exit $$status
+
+test-main: $(STAMP)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 $(PYTEST_ARGS)
+
+test-sqlite: $(STAMP)
+	@echo "SQLite leg: $(SQLITE_TESTS) on SQLite (DATABASE_URL unset), PostgreSQL-only tests deselected"
+	env -u DATABASE_URL $(PY) -m pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 -m "not postgres" $(PYTEST_ARGS) $(SQLITE_TESTS)
 
 ## make bench: benchmarks against PostgreSQL (DATABASE_URL); prints figures, asserts nothing.
 bench: $(STAMP)
@@ -39,6 +76,10 @@ bench: $(STAMP)
 K ?= 300
 soak: $(STAMP)
 	$(PY) -m tests.chaos.soak --jobs $(K) $(SOAK_ARGS)
+
+## make scaleout: 3 worker hosts, one PostgreSQL, an S3 server on loopback; one host killed.
+scaleout: $(STAMP)
+	$(PY) -m tests.chaos.scaleout $(SCALEOUT_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

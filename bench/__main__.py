@@ -13,7 +13,11 @@ Sections, all sequential (the machine has 2 cores):
 5. PDF render time;
 6. ledger and claim lookups at 10k, 100k and 1M rows;
 7. knobs (only when asked for, ``--sections knobs``): the fsync cost of the
-   artifact write, and ``CONN_HEALTH_CHECKS`` on and off for the workers.
+   artifact write, and ``CONN_HEALTH_CHECKS`` on and off for the workers;
+8. hosts: the same queue drained by 1, 2 and 3 worker "hosts" (qclusters with their
+   own ``JOBS_HOST_NAME`` and ``TMPDIR``): throughput, CPU and commits per job;
+9. s3: the artifact store's cost per artifact on moto's S3 server (loopback HTTP)
+   against the filesystem store (``bench.hosts``).
 
 Figures move 10-40% between runs on a shared machine; ratios measured in one
 run (each round pairs the kinds back to back) hold much better. The summary
@@ -45,10 +49,12 @@ def _args(argv):
     p.add_argument("--n-plain-report", type=int, default=None, help="default: N of reports")
     p.add_argument(
         "--sections",
-        default="hotpath,throughput,scaling,latency,pdf,ledger",
+        default="hotpath,throughput,flow,scaling,latency,pdf,ledger,hosts,s3",
         help="comma-separated subset; add knobs for the fsync and CONN_HEALTH_CHECKS figures",
     )
     p.add_argument("--ledger-sizes", default="10000,100000,1000000")
+    p.add_argument("--n-hosts", type=int, default=300, help="summary jobs per hosts run")
+    p.add_argument("--n-store", type=int, default=100, help="artifacts per store in the s3 section")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 round, small N, no 1M")
     p.add_argument("--keep-ledger", action="store_true", help="keep the bench_ledger database")
     p.add_argument("--json", default="var/bench/results.json", help="where to write all figures")
@@ -121,6 +127,9 @@ def main(argv=None) -> int:
 
     import django
 
+    # A fresh database each run: rows of earlier runs would weigh on the figures, and a
+    # database migrated by another branch's migrations could not be migrated by this one.
+    infra.drop_database(infra.E2E_DB)
     infra.ensure_database(infra.E2E_DB)
     django.setup()
     # The engine logs every transition at INFO; in this process only the figures matter
@@ -131,7 +140,7 @@ def main(argv=None) -> int:
     from bench import e2e, hotpath, workloads
 
     workers = args.workers or settings.Q_CLUSTER["workers"]
-    say("preparing bench_e2e (migrate, seed_demo)")
+    say(f"preparing {infra.E2E_DB} afresh (migrate, seed_demo)")
     user_id = workloads.prepare_database()
     results: dict = {"machine": machine(), "q_cluster": _q_cluster(settings), "args": vars(args)}
     say("machine: " + ", ".join(f"{k} {v}" for k, v in results["machine"].items()))
@@ -238,6 +247,9 @@ def main(argv=None) -> int:
             for unit in units[shift:] + units[:shift]:
                 for kind in unit if r % 2 else unit[::-1]:
                     measure(kind, workers, r)
+    if "flow" in sections:
+        # Smaller runs than the throughput section's: three variants a round.
+        results["flow"] = flow_cost(min(n_summary, 600), workers, user_id, args.rounds)
     if "scaling" in sections:
         for w in (1, 4):
             for kind in (e2e.BARE, e2e.SUMMARY):
@@ -279,6 +291,20 @@ def main(argv=None) -> int:
             k: {"label": s.label, "values_ms": s.values_ms, "note": s.note} for k, s in lat.items()
         }
 
+    if "hosts" in sections:
+        from bench import hosts
+
+        n_hosts = min(args.n_hosts, 120) if args.quick else args.n_hosts
+        results["hosts"] = [
+            {**vars(r), "rate": r.rate} for r in hosts.run_hosts(user_id, n=n_hosts, progress=say)
+        ]
+
+    if "s3" in sections:
+        from bench import hosts
+
+        n_store = min(args.n_store, 30) if args.quick else args.n_store
+        results["store_costs"] = hosts.run_store_costs(n=n_store, progress=say)
+
     if "ledger" in sections:
         from bench import ledger
 
@@ -298,6 +324,56 @@ def main(argv=None) -> int:
     out.write_text(json.dumps(results, indent=1, default=str))
     print(text)
     return 0
+
+
+FLOW_VARIANTS = {
+    "no rule": {},
+    "kind concurrency 10000 (never binds)": {"concurrency": 10000},
+    "kind rate 100000/s (never binds)": {"rate": 100000, "period_seconds": 1.0},
+}
+
+
+def flow_cost(n: int, workers: int, user_id: int, rounds: int) -> list[dict]:
+    """demo.summary drained with and without an active flow rule on its kind that never
+    binds: the price of a rule on the claim (judged inside the claim's statement by
+    ``jobs_flow_admits_v1``: the scope's lock and a count, or a take from the rate's row)."""
+    from bench import e2e
+    from jobs import flow
+
+    scope = flow.kind_scope("demo.summary")
+    out = []
+    for r in range(1, rounds + 1):
+        order = list(FLOW_VARIANTS.items())
+        for label, rule in order if r % 2 else order[::-1]:
+            flow.delete_rule(scope, actor="bench")
+            if rule:
+                flow.set_rule(scope, actor="bench", **rule)
+            try:
+                run = e2e.run(e2e.SUMMARY, n, workers, user_id, round=r)
+            finally:
+                flow.delete_rule(scope, actor="bench")
+            load = os.getloadavg()[0]
+            say(
+                f"flow: demo.summary, {label:38} round {r}: {run.rate:7.1f} jobs/s "
+                f"(n={run.n}, load {load:.1f}{'' if run.ok else ', CHECK FAILED'})"
+            )
+            out.append({"variant": label, "round": r, "rate": run.rate, "ok": run.ok, "load": load})
+    return out
+
+
+def _flow_lines(rows: list[dict], workers: int) -> list[str]:
+    if not rows:
+        return []
+    base = {r["round"]: r["rate"] for r in rows if r["variant"] == "no rule"}
+    lines = ["", f"cost of an active flow rule that never binds (demo.summary, {workers} workers)"]
+    for label in FLOW_VARIANTS:
+        rates = [r["rate"] for r in rows if r["variant"] == label]
+        ratios = [r["rate"] / base[r["round"]] for r in rows if r["variant"] == label]
+        lines.append(
+            f"  {label:40} median {_median(rates):7.1f} jobs/s  "
+            f"({_median(ratios):.2f}x of no rule, per-round pairs)"
+        )
+    return lines
 
 
 def _q_cluster(settings) -> dict:
@@ -630,6 +706,54 @@ def report(res: dict, workers: int) -> str:
         knob_lines = _knob_lines(knob)
         lines += ["  " + ln for ln in knob_lines]
         summary_lines += knob_lines
+
+    flow_lines = _flow_lines(res.get("flow", []), workers)
+    lines += flow_lines
+    summary_lines += [ln.strip() for ln in flow_lines[2:]]
+    host_runs = res.get("hosts")
+    if host_runs:
+        lines += ["", "worker hosts on this machine (demo.summary, one qcluster per host)"]
+        lines.append(
+            f"  {'hosts':>5} {'workers':>7} {'N':>5} {'jobs/s':>8} {'CPU ms/job':>10} "
+            f"{'workers':>7} {'cluster':>7} {'PG':>5} {'commits/job':>11} {'job upd/job':>11} "
+            f"{'queue upd/job':>13}  claims by host"
+        )
+        for r in host_runs:
+            cpu = sum(r["cpu_ms"].values())
+            lines.append(
+                f"  {r['hosts']:>5} {r['hosts'] * r['workers_per_host']:>7} {r['n']:>5} "
+                f"{r['rate']:8.1f} {cpu:10.1f} {r['cpu_ms'].get('workers', 0):7.1f} "
+                f"{r['cpu_ms'].get('sentinel/monitor/pusher', 0):7.1f} "
+                f"{r['cpu_ms'].get('postgres backends', 0):5.1f} "
+                f"{r['server'].get('xact_commit', 0):11.2f} "
+                f"{r['server'].get('jobs_job.upd', 0):11.2f} "
+                f"{r['server'].get('django_q_ormq.upd', 0):13.2f}  {r['claims_by_host']}"
+                + ("" if r["ok"] else "  CHECK FAILED")
+            )
+        first, last = host_runs[0], host_runs[-1]
+        summary_lines.append(
+            f"hosts 1→{last['hosts']}: {first['rate']:.1f}→{last['rate']:.1f} jobs/s, CPU "
+            f"{sum(first['cpu_ms'].values()):.1f}→{sum(last['cpu_ms'].values()):.1f} ms/job, "
+            f"commits {first['server'].get('xact_commit', 0):.2f}→"
+            f"{last['server'].get('xact_commit', 0):.2f}/job"
+        )
+    costs = res.get("store_costs")
+    if costs:
+        lines += ["", "artifact store cost per artifact (create exclusively, verified read)"]
+        for c in costs:
+            lines.append(
+                f"  {c['store']:26} {c['size'] // 1024} KiB x {c['n']}: create "
+                f"{c['create_ms_median']:.2f} ms (p95 {c['create_ms_p95']:.2f}), verified read "
+                f"{c['read_ms_median']:.2f} ms (p95 {c['read_ms_p95']:.2f})"
+            )
+        summary_lines.append(
+            "store per artifact: "
+            + "; ".join(
+                f"{c['store'].split()[0]} create {c['create_ms_median']:.2f} ms read "
+                f"{c['read_ms_median']:.2f} ms"
+                for c in costs
+            )
+        )
 
     lines += ["", "-" * 100]
     lines += summary_lines

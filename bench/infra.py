@@ -26,8 +26,9 @@ from jobs.testing.processes import Processes, group_alive
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var" / "bench"
-E2E_DB = "bench_e2e"
-LEDGER_DB = "bench_ledger"
+# Overridable, so benches of several checkouts on one server do not empty each other's tables.
+E2E_DB = os.environ.get("BENCH_DB") or "bench_e2e"
+LEDGER_DB = os.environ.get("BENCH_LEDGER_DB") or "bench_ledger"
 OWNED = (E2E_DB, LEDGER_DB)
 
 # Tables a run fills; emptied (with their id sequences) before every run.

@@ -25,7 +25,7 @@ from django.db import models, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from jobs import conf, registry
+from jobs import conf, failures, registry
 from jobs.exceptions import JobError, PayloadInvalid
 from jobs.models import Artifact, Effect, Job
 from jobs.queue import enqueue_job
@@ -48,11 +48,14 @@ def kind(
     *,
     max_attempts: int | None = None,
     authorize_release: Callable[[Effect], str | None] | None = None,
+    redact_errors: bool | Callable[[BaseException], bool] = False,
 ) -> Callable[[Handler], Handler]:
     """Register the decorated function as the handler of job kind ``name``.
 
     Put kinds in a module ``jobkinds.py`` of any installed app: the app loads
     those modules at start-up, so every process (web, qcluster) knows every kind.
+    ``redact_errors=True`` (or a predicate on the exception): the handler's
+    exception messages may quote private values, so only class and frames are kept.
     """
 
     def register(handler: Handler) -> Handler:
@@ -63,7 +66,11 @@ def kind(
                 f"and by {_path(handler)}"
             )
         registry.register_kind(
-            name, handler, authorize_release=authorize_release, max_attempts=max_attempts
+            name,
+            handler,
+            authorize_release=authorize_release,
+            max_attempts=max_attempts,
+            redact_errors=redact_errors,
         )
         return handler
 
@@ -159,11 +166,15 @@ def obtain(
 
 @dataclass(frozen=True)
 class JobFailure:
-    """Why a job failed or is retrying: the retry class, a code and a readable detail."""
+    """Why a job failed or is retrying: the retry class, a code and a readable detail, and
+    for a handler's exception the exception as Python prints it and its traceback (class
+    and frames only, no message, when the kind sets ``redact_errors``)."""
 
     error_class: str
     code: str
     detail: str
+    exception: str = ""  # ``KeyError: 'pool'``
+    traceback: str = ""
 
 
 class JobHandle:
@@ -218,8 +229,15 @@ class JobHandle:
         """The last failure (class, code, detail), or None when there was none."""
         if not self.job.last_error_class and not self.job.last_error_code:
             return None
+        job = self.job
         return JobFailure(
-            self.job.last_error_class, self.job.last_error_code, self.job.last_error_detail
+            job.last_error_class,
+            job.last_error_code,
+            job.last_error_detail,
+            failures.headline(job.last_error_type, job.last_error_message)
+            if job.last_error_type
+            else "",
+            job.last_error_traceback,
         )
 
 

@@ -1,10 +1,22 @@
-"""Artifacts under stable keys: written once, atomically, verified by sha256.
+"""Artifacts: files written once under names that include their content hash; every read verified.
 
-A second worker that produces the same job never makes a second artifact: the
-file's name is the key, written exclusively; a file already there is compared
-with the fresh bytes and rewritten only if it differs. The row (key, sha256)
-commits with the job's publish, so there is one per key and only for a job that
-succeeded; the operator's restore (``jobs.restore``) verifies against it.
+The stable key (``job-84-rev-29``) is the business identity: one row per key,
+committed with the job's publish. The file is the bytes of one delivery, created
+exclusively under ``jobs/<kind>/<key>-<sha12>.<ext>`` and never replaced or deleted
+by a delivery. Two workers that render the same bytes meet at the same name (the
+second reuses the first's file); a worker whose bytes differ writes its own file,
+and only the publish decides which one the row names. A late writer's file is an
+orphan that ``jobs.retention.prune_orphans`` collects after a grace period.
+
+Every read goes through ``open_verified`` (``read_verified`` for small ones), which
+streams the bytes into a spool while it hashes them and raises ``ArtifactCorrupt``
+(or ``ArtifactLost``) instead of handing out bytes that do not match the row.
+
+The storage is any Django storage that can create a name exclusively
+(``create_exclusive``): this module's ``AtomicFileSystemStorage`` (``O_EXCL`` by
+hard link) on one host, ``jobs.storage_s3.S3Storage`` (``If-None-Match: *``) on
+several. A restore (``jobs.restore``) may only put back
+bytes whose sha256 equals the row's.
 """
 
 from __future__ import annotations
@@ -12,20 +24,24 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import secrets
 import tempfile
 from dataclasses import dataclass
+from typing import IO
 
 from django.core.files.base import ContentFile
 from django.core.files.storage import FileSystemStorage, Storage, storages
-from django.db import IntegrityError, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from jobs import conf
-from jobs.exceptions import ArtifactCorrupt
+from jobs.exceptions import ArtifactCorrupt, ArtifactLost
 from jobs.models import Artifact, Job
 
 log = logging.getLogger("jobs.artifacts")
+
+FOLDER = "jobs"  # every artifact file lives under this folder of the storage
+CHUNK = 64 * 1024
+SPOOL_MEMORY = 1024 * 1024  # a verified read keeps this much in memory, the rest on disk
 
 
 class AtomicFileSystemStorage(FileSystemStorage):
@@ -84,7 +100,11 @@ class AtomicFileSystemStorage(FileSystemStorage):
             os.unlink(tmp)
 
     def replace(self, name: str, data: bytes) -> None:
-        """Atomically put ``data`` under ``name`` (used only to restore a corrupt file)."""
+        """Atomically put ``data`` under ``name``.
+
+        Only ``put_back`` calls this, with bytes already checked against the row's sha256:
+        a delivery never replaces a file.
+        """
         path, tmp = self._write_temp(name, data)
         os.replace(tmp, path)
 
@@ -93,154 +113,197 @@ def get_storage() -> Storage:
     return storages[conf.get("JOBS_ARTIFACT_STORAGE")]
 
 
+def get_replica_storage() -> Storage | None:
+    """The second copy's storage (``JOBS_ARTIFACT_REPLICA_STORAGE``), or None."""
+    alias = conf.get("JOBS_ARTIFACT_REPLICA_STORAGE")
+    return storages[alias] if alias else None
+
+
 def artifact_key(job: Job) -> str:
     """The stable key: the same job and revision always name the same artifact."""
     return f"job-{job.pk}-rev-{job.output_revision}"
 
 
-def storage_name_for(job: Job, extension: str) -> str:
-    return f"jobs/{job.kind.replace('.', '-')}/{artifact_key(job)}.{extension.lstrip('.')}"
+def storage_name_for(job: Job, extension: str, sha256: str, *, suffix: str = "") -> str:
+    """The file name of these bytes: the key, the first 12 hex digits of their sha256."""
+    tail = f"-{suffix}" if suffix else ""
+    return (
+        f"{FOLDER}/{job.kind.replace('.', '-')}/{artifact_key(job)}-{sha256[:12]}{tail}"
+        f".{extension.lstrip('.')}"
+    )
 
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _read(storage: Storage, name: str) -> bytes | None:
+def _open_read(storage: Storage, name: str) -> IO[bytes]:
+    """A stream of the stored bytes: the storage's own stream if it has one (S3's body)."""
+    if hasattr(storage, "open_stream"):
+        return storage.open_stream(name)
+    return storage.open(name, "rb")
+
+
+def _copy_hashed(storage: Storage, name: str, sink: IO[bytes] | None) -> str | None:
+    """Stream the file in chunks into ``sink`` (if any); its sha256, or None if unreadable."""
+    digest = hashlib.sha256()
     try:
-        with storage.open(name, "rb") as fh:
-            return fh.read()
+        with _open_read(storage, name) as fh:
+            while chunk := fh.read(CHUNK):
+                digest.update(chunk)
+                if sink is not None:
+                    sink.write(chunk)
     except (FileNotFoundError, OSError):
         return None
+    return digest.hexdigest()
+
+
+def _digest_of(storage: Storage, name: str) -> str | None:
+    """The stored file's sha256 (streamed, nothing kept), or None if unreadable."""
+    return _copy_hashed(storage, name, None)
 
 
 def _create(storage: Storage, name: str, data: bytes) -> bool:
+    """Create ``name`` exclusively; False if the name is taken (nothing is overwritten)."""
     if hasattr(storage, "create_exclusive"):
         return storage.create_exclusive(name, data)
-    # Object stores (S3) put whole objects atomically; exists-then-save is the
-    # best a generic Storage offers. Keys are per job, so the race is with a
-    # fenced-out twin of this very job writing identical bytes.
+    # A generic Storage offers exists-then-save; ``save`` never overwrites (it renames),
+    # and an object store with conditional writes (If-None-Match: *) closes the gap.
     if storage.exists(name):
         return False
     saved = storage.save(name, ContentFile(data))
-    if saved != name:  # pragma: no cover - a backend that renamed instead of overwriting
-        storage.delete(saved)
+    if saved != name:  # pragma: no cover - another writer took the name meanwhile
+        storage.delete(saved)  # our own fresh copy under a name nothing refers to
         return False
     return True
 
 
-def _replace(storage: Storage, name: str, data: bytes) -> None:
-    if hasattr(storage, "replace"):
-        storage.replace(name, data)
-        return
-    storage.delete(name)
-    storage.save(name, ContentFile(data))
+def _put(storage: Storage, name: str, data: bytes, digest: str, job: Job, ext: str) -> tuple:
+    """Create ``data`` exclusively under ``name``, or reuse an identical file there.
+
+    A file under that name with other bytes (a torn write, a collision of the short
+    hash) is left alone: the bytes go under another unique name. Returns
+    ``(name, reused)``.
+    """
+    for _ in range(8):
+        if _create(storage, name, data):
+            return name, False
+        if _digest_of(storage, name) == digest:
+            return name, True  # identical bytes: not rewritten
+        log.warning("job=%s name=%s holds other bytes; writing under another name", job.pk, name)
+        name = storage_name_for(job, ext, digest, suffix=secrets.token_hex(3))
+    raise OSError(f"job {job.pk}: no free artifact name after 8 tries")  # pragma: no cover
 
 
 @dataclass
 class Stored:
     artifact: Artifact  # unsaved: its row goes in with the publish
-    restored: bool  # a file was there with other bytes and was written again
+    reused: bool  # a file with these very bytes was already there (not rewritten)
 
 
 def store(job: Job, data: bytes, *, content_type: str, extension: str) -> Stored:
-    """Write the job's artifact file under its stable key, or verify the one there.
+    """Create the job's artifact file exclusively under a name that includes its hash.
 
-    The row is not written here: it commits with the job's publish (``insert_row``
-    or the one-statement publish), so a job has an artifact row exactly when it
-    succeeded. A file already under the key was left by an earlier worker of this
-    job that died before publishing; equal bytes are kept, others are replaced.
+    The row is not written here: it commits with the job's publish, so a job has
+    an artifact row exactly when it succeeded, and the row names the publishing
+    worker's file. Nothing here replaces or deletes a file: a worker whose lease
+    ran out can add an orphan, never change published bytes. With a replica
+    storage configured the same bytes are also created there (restores read it).
     """
-    storage = get_storage()
-    name = storage_name_for(job, extension)
-    restored = False
-    if not _create(storage, name, data) and _read(storage, name) != data:
-        _replace(storage, name, data)
-        restored = True
-        log.warning("job=%s key=%s rewrote a file an earlier worker left", job.pk, name)
+    digest = sha256_hex(data)
+    name, reused = _put(
+        get_storage(), storage_name_for(job, extension, digest), data, digest, job, extension
+    )
+    replica = get_replica_storage()
+    if (
+        replica is not None
+        and not _create(replica, name, data)
+        and _digest_of(replica, name) != digest
+    ):
+        log.warning("job=%s name=%s replica holds other bytes; left alone", job.pk, name)
     artifact = Artifact(
         job=job,
         key=artifact_key(job),
         storage_name=name,
-        sha256=sha256_hex(data),
+        sha256=digest,
         size=len(data),
         content_type=content_type,
-        rewrites=int(restored),
     )
-    return Stored(artifact, restored)
+    return Stored(artifact, reused)
 
 
-def insert_row(artifact: Artifact) -> Artifact:
-    """Insert the row of a stored artifact (ORM publish path), or return the existing one.
+def open_verified(artifact: Artifact, *, storage: Storage | None = None) -> IO[bytes]:
+    """The one read of an artifact: a file of its bytes, only if their sha256 equals the row's.
 
-    A row can exist only from before rows moved into the publish; the file under the
-    key holds the fresh bytes, so a row with another digest takes theirs (one rewrite).
+    The bytes stream from the storage into a spool (memory up to ``SPOOL_MEMORY``, then
+    a temporary file of this host) while they are hashed; the file is handed out only
+    after the whole of it matched, so memory stays flat however large the artifact and
+    no unverified byte is ever served. Raises ``ArtifactLost`` for an artifact marked
+    lost, ``ArtifactCorrupt`` for a missing or mismatching file. The caller closes it.
     """
-    if artifact.pk is not None:
-        return artifact
+    if artifact.state == Artifact.State.LOST:
+        raise ArtifactLost(f"artifact {artifact.pk} ({artifact.key}) is lost")
+    # Handed to the caller open (it closes it): not a with block.
+    spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY, prefix="jobs-artifact-")  # noqa: SIM115
     try:
-        with transaction.atomic():
-            artifact.save(force_insert=True)
-    except IntegrityError:
-        existing = Artifact.objects.get(key=artifact.key)
-        if existing.sha256 != artifact.sha256:  # the file under the key holds the new bytes
-            existing.sha256, existing.size = artifact.sha256, artifact.size
-            existing.rewrites += 1
-            existing.save(update_fields=["sha256", "size", "rewrites"])
-        return existing
-    log.info(
-        "job=%s artifact=%s key=%s size=%s stored",
-        artifact.job_id,
-        artifact.pk,
-        artifact.key,
-        artifact.size,
-    )
-    return artifact
+        digest = _copy_hashed(storage or get_storage(), artifact.storage_name, spool)
+        if digest != artifact.sha256:
+            raise ArtifactCorrupt(f"artifact {artifact.pk} ({artifact.key}) is missing or corrupt")
+    except BaseException:
+        spool.close()
+        raise
+    spool.seek(0)
+    return spool
 
 
-def verify(
-    artifact: Artifact, *, data: bytes | None = None, storage: Storage | None = None
-) -> bool:
-    """Check stored bytes against the row; restore from ``data`` if missing or corrupt.
+def read_verified(artifact: Artifact, *, storage: Storage | None = None) -> bytes:
+    """The verified bytes in memory (small artifacts; ``open_verified`` streams).
 
-    Returns True when the file had to be restored. Without ``data`` (an operator's
-    check) a bad file is reported, not repaired.
+    Raises ``ArtifactLost`` for an artifact marked lost, ``ArtifactCorrupt`` for a
+    missing or mismatching file (nothing unverified is ever returned).
     """
-    storage = storage or get_storage()
-    stored = _read(storage, artifact.storage_name)
-    if stored is not None and sha256_hex(stored) == artifact.sha256:
-        Artifact.objects.filter(pk=artifact.pk).update(verified_at=timezone.now())
-        return False
-    if data is None:
-        raise ArtifactCorrupt(f"artifact {artifact.pk} ({artifact.key}) is missing or corrupt")
-    _replace(storage, artifact.storage_name, data)
-    Artifact.objects.filter(pk=artifact.pk).update(
-        sha256=sha256_hex(data),
-        size=len(data),
-        rewrites=F("rewrites") + 1,
-        verified_at=timezone.now(),
-    )
-    log.warning("artifact=%s key=%s restored missing or corrupt file", artifact.pk, artifact.key)
-    return True
-
-
-def read_verified(artifact: Artifact) -> bytes:
-    """The stored bytes, only if they match the recorded sha256; else ArtifactCorrupt."""
-    stored = _read(get_storage(), artifact.storage_name)
-    if stored is None or sha256_hex(stored) != artifact.sha256:
-        raise ArtifactCorrupt(f"artifact {artifact.pk} ({artifact.key}) is missing or corrupt")
-    return stored
+    with open_verified(artifact, storage=storage) as fh:
+        return fh.read()
 
 
 def is_intact(artifact: Artifact) -> bool:
     """Whether the stored bytes match the recorded sha256 (no repair)."""
-    try:
-        read_verified(artifact)
-    except ArtifactCorrupt:
+    if artifact.state == Artifact.State.LOST:
         return False
-    return True
+    return _digest_of(get_storage(), artifact.storage_name) == artifact.sha256
 
 
-def open_artifact(artifact: Artifact):
-    """Open the stored file for streaming (callers check permission first)."""
-    return get_storage().open(artifact.storage_name, "rb")
+def verify(artifact: Artifact) -> None:
+    """An operator's check: record when the bytes were last found intact, or raise.
+
+    A lost artifact whose file an operator has put back (bytes with the row's sha256)
+    is stored again.
+    """
+    if artifact.state == Artifact.State.LOST:
+        if _digest_of(get_storage(), artifact.storage_name) != artifact.sha256:
+            raise ArtifactLost(f"artifact {artifact.pk} ({artifact.key}) is lost")
+        Artifact.objects.filter(pk=artifact.pk).update(
+            state=Artifact.State.STORED, lost_reason="", verified_at=timezone.now()
+        )
+        return
+    if _digest_of(get_storage(), artifact.storage_name) != artifact.sha256:
+        raise ArtifactCorrupt(f"artifact {artifact.pk} ({artifact.key}) is missing or corrupt")
+    Artifact.objects.filter(pk=artifact.pk).update(verified_at=timezone.now())
+
+
+def put_back(artifact: Artifact, data: bytes, *, storage: Storage | None = None) -> None:
+    """Put the recorded bytes back under the row's name (a restore; never other bytes)."""
+    if sha256_hex(data) != artifact.sha256:
+        raise ValueError(f"artifact {artifact.pk}: refusing bytes of another sha256")
+    storage = storage or get_storage()
+    if hasattr(storage, "replace"):
+        storage.replace(artifact.storage_name, data)
+        return
+    if not _create(storage, artifact.storage_name, data):
+        storage.delete(artifact.storage_name)  # the bad copy; the good one goes in next
+        _create(storage, artifact.storage_name, data)
+
+
+def open_artifact(artifact: Artifact) -> IO[bytes]:
+    """The verified bytes as a file object (callers check permission first)."""
+    return open_verified(artifact)

@@ -14,9 +14,16 @@ provides the same API (``pip install django-jobs-ledger[tasks]``)::
 
 Each enqueue is one job (claim, lease, attempt rows, the retry table). The
 result id is the job id. The return value is stored as the job's artifact (JSON,
-write-once, sha256-verified); an exception is recorded as its class path and
-message (``Job.last_error_detail``, 300 characters), never a traceback or the
-arguments. The arguments are stored in ``Job.params``: pass ids, not private data.
+write-once, sha256-verified). A failure is recorded per attempt as its class, message
+and formatted traceback (``jobs.failures``; ``TaskResult.errors``, one per failed
+attempt), never the arguments; ``SystemExit`` included, and the worker lives on. The
+arguments are stored in ``Job.params``: pass ids, not private data. Arguments and
+return values must be JSON (``TypeError`` otherwise, as ``django.tasks`` specifies).
+
+Signals: ``task_enqueued`` when a job is created, ``task_started`` when a worker
+starts an attempt, ``task_finished`` once the final outcome is committed (a retry is
+not finished); the sender is the backend class. ``async def`` tasks run in an event
+loop of their own per call. Priority is refused (``supports_priority = False``).
 
 ``jobs_identity=`` (a keyword the function never sees) names the job: a second
 enqueue with the same identity returns the first job's result, and one with the
@@ -27,9 +34,12 @@ OPTIONS: ``MAX_ATTEMPTS`` (default ``JOBS_MAX_ATTEMPTS``), ``TENANT`` (default "
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import re
 import uuid
+from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -37,7 +47,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from jobs import api, registry
-from jobs.artifacts import get_storage
+from jobs.artifacts import open_verified
 from jobs.exceptions import JobError, PayloadInvalid
 from jobs.models import Attempt, Job
 from jobs.retry import classify
@@ -47,21 +57,20 @@ try:  # Django 6: the framework is built in
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import Task, TaskError
     from django.tasks.exceptions import TaskResultDoesNotExist
-    from django.tasks.signals import task_enqueued
+    from django.tasks.signals import task_enqueued, task_finished, task_started
 except ImportError:
     try:  # Django 5.2: the django-tasks backport
         from django_tasks import TaskContext, TaskResult, TaskResultStatus
         from django_tasks.backends.base import BaseTaskBackend
         from django_tasks.base import Task, TaskError
         from django_tasks.exceptions import TaskResultDoesNotExist
-        from django_tasks.signals import task_enqueued
+        from django_tasks.signals import task_enqueued, task_finished, task_started
     except ImportError:  # neither: JobsBackend explains what to install
         BaseTaskBackend = None
 
 KIND = "jobs.task"
 BACKEND = "jobs.backends.JobsBackend"
 IDENTITY_KWARG = "jobs_identity"
-_PATH_PREFIX = re.compile(r"^([A-Za-z_][\w.]*): ")
 
 
 def configured_aliases() -> list[str]:
@@ -77,12 +86,42 @@ def register_task_kind_if_configured() -> None:
 
 
 class TaskFailed(JobError):
-    """Raised when a task function raised; keeps the retry class of the original error."""
+    """Raised when a task function raised; keeps the retry class of the original error.
 
-    def __init__(self, detail: str, *, error_class: str, code: str, retry_after=None):
+    ``original`` is the task's own exception: its class, message and traceback are
+    what the attempt records (``jobs.failures``), not this wrapper's.
+    """
+
+    def __init__(
+        self, detail: str, *, error_class: str, code: str, retry_after=None, original=None
+    ):
         super().__init__(detail, code=code)
         self.error_class = error_class
         self.retry_after = retry_after
+        self.original = original
+
+
+class TaskPayloadInvalid(PayloadInvalid, TypeError):
+    """Raised when a task's arguments are not JSON (a ``TypeError``, as ``django.tasks`` says)."""
+
+
+def normalize_json(obj: Any) -> Any:
+    """``obj`` as JSON types (tuples as lists, UTF-8 bytes as text), as ``django.tasks`` does.
+
+    Raises TypeError ("Unsupported type: ...") for anything else.
+    """
+    if isinstance(obj, Mapping):
+        return {normalize_json(k): normalize_json(v) for k, v in obj.items()}
+    if isinstance(obj, bytes):
+        try:
+            return obj.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"Unsupported value: {type(obj)}") from None
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    if isinstance(obj, Sequence):
+        return [normalize_json(v) for v in obj]
+    raise TypeError(f"Unsupported type: {type(obj)}")
 
 
 def _load_task(path: str) -> Task:
@@ -95,35 +134,54 @@ def _load_task(path: str) -> Task:
     return found
 
 
+def _failed(exc: Exception, c, what: str) -> TaskFailed:
+    path = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    return TaskFailed(
+        f"{what} {path}"[:300],
+        error_class=c.error_class.value,
+        code=path[-64:],
+        retry_after=c.retry_after,
+        original=exc,
+    )
+
+
+# The task this process is running (job id, backend class, result): task_finished is sent
+# once the engine has recorded the delivery's outcome (``announce_finished``).
+_running: ContextVar[tuple[int, type, Any] | None] = ContextVar("jobs_task_running", default=None)
+
+
 def run_task(ctx) -> list:
-    """The ``jobs.task`` kind: import the task by path, call it, store its return value."""
+    """The ``jobs.task`` kind: import the task by path, call it, store its return value.
+
+    An ``async def`` task runs in an event loop of its own for this call (``Task.call``).
+    """
     p = ctx.params
-    task = _load_task(p["task"])
+    task = _enqueued_task(p)
     ctx.check_owner()
     args, kwargs = p.get("args", []), p.get("kwargs", {})
+    backend = task.get_backend()
+    result = backend.result_for(ctx.job, task) if isinstance(backend, JobsBackend) else None
+    if result is not None:
+        _running.set((ctx.job.pk, type(backend), task))
+        task_started.send(sender=type(backend), task_result=result)
     try:
         if task.takes_context:
-            result = task.get_backend().result_for(ctx.job, task)
             value = task.call(TaskContext(task_result=result), *args, **kwargs)
         else:
             value = task.call(*args, **kwargs)
     except JobError:
         raise  # the engine's own errors (PayloadInvalid, TemporaryFailure...) keep their meaning
     except Exception as exc:
-        c = classify(exc)
-        path = f"{type(exc).__module__}.{type(exc).__qualname__}"
-        raise TaskFailed(
-            f"{path}: {exc}"[:300],
-            error_class=c.error_class.value,
-            code=path[-64:],
-            retry_after=c.retry_after,
-        ) from exc
+        raise _failed(exc, classify(exc), "the task raised") from exc
     try:
-        body = json.dumps(value).encode()
-    except (TypeError, ValueError):
-        raise PayloadInvalid(
-            f"{p['task']} returned a {type(value).__name__}, which is not JSON-serialisable"
-        ) from None
+        body = json.dumps(normalize_json(value)).encode()
+    except (TypeError, ValueError) as exc:
+        # Not JSON: the same on every try, so no retry; recorded as the TypeError it is.
+        raise _failed(
+            exc,
+            classify(PayloadInvalid()),
+            f"{p['task']} returned a value that is not JSON-serialisable:",
+        ) from exc
     ctx.store_artifact(body, content_type="application/json", extension="json")
     return []
 
@@ -144,8 +202,8 @@ class JobsBackend(BaseTaskBackend or object):
 
     supports_defer = True
     supports_get_result = True
-    supports_async_task = False
-    supports_priority = False
+    supports_async_task = True  # an event loop per call in the worker (``Task.call``)
+    supports_priority = False  # the claim takes due jobs in id order, not by priority
 
     def __init__(self, alias: str, params: dict) -> None:
         if BaseTaskBackend is None:
@@ -166,16 +224,22 @@ class JobsBackend(BaseTaskBackend or object):
             raise PayloadInvalid(f"{IDENTITY_KWARG} must be a string or int of 1 to 64 chars")
         if len(task.module_path) > 100:
             raise PayloadInvalid(f"task path {task.module_path} is longer than 100 chars")
+        try:
+            args, kwargs = normalize_json(list(args)), normalize_json(kwargs)
+        except TypeError as exc:
+            raise TaskPayloadInvalid(str(exc)) from None
         job, created = api.obtain(
             KIND,
             subject_type=task.module_path,
             subject_id=str(identity),
             params={
                 "task": task.module_path,
-                "args": list(args),
+                "args": args,
                 "kwargs": kwargs,
                 "backend": self.alias,
                 "queue": task.queue_name,
+                "priority": task.priority,
+                "run_after": task.run_after.isoformat() if task.run_after else None,
             },
             run_after=task.run_after,
             tenant_key=str(self.options.get("TENANT", "")),
@@ -193,7 +257,7 @@ class JobsBackend(BaseTaskBackend or object):
         if job is None:
             raise TaskResultDoesNotExist(result_id)
         try:
-            task = _load_task(job.params.get("task", ""))
+            task = _enqueued_task(job.params)
         except PayloadInvalid as exc:
             raise TaskResultDoesNotExist(f"{result_id}: {exc}") from None
         return self.result_for(job, task)
@@ -216,7 +280,7 @@ class JobsBackend(BaseTaskBackend or object):
             last_attempted_at=claims[-1][1] if claims else None,
             args=job.params.get("args", []),
             kwargs=job.params.get("kwargs", {}),
-            backend=self.alias,
+            backend=job.params.get("backend") or self.alias,
             errors=_errors(job),
             worker_ids=[worker for worker, _ in claims],
         )
@@ -233,20 +297,67 @@ class JobsBackend(BaseTaskBackend or object):
         return []
 
 
+def _enqueued_task(params: dict) -> Task:
+    """The task as it was enqueued: queue, ``run_after``, priority and backend alias."""
+    task = _load_task(params.get("task", ""))
+    changes: dict[str, Any] = {}
+    if params.get("queue") and params["queue"] != task.queue_name:
+        changes["queue_name"] = params["queue"]
+    if params.get("run_after"):
+        changes["run_after"] = datetime.fromisoformat(params["run_after"])
+    if params.get("priority") not in (None, task.priority):
+        changes["priority"] = params["priority"]
+    if params.get("backend") and params["backend"] != task.backend:
+        changes["backend"] = params["backend"]
+    if not changes:
+        return task
+    return dataclasses.replace(task, **changes)  # as ``Task.using()`` built it
+
+
+def announce_finished(job_id: int, outcome: str) -> None:
+    """Send ``task_finished`` after a delivery of a task's job ended it (then its outcome is
+    committed); a delivery that ends in a retry is not finished."""
+    running = _running.get()
+    _running.set(None)
+    if running is None or running[0] != job_id:
+        return
+    if outcome not in (Attempt.Outcome.SUCCEEDED, Attempt.Outcome.FAILED, Attempt.Outcome.DEAD):
+        return
+    _, sender, task = running
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None or not job.is_terminal:
+        return
+    result = task.get_backend().result_for(job, task)
+    task_finished.send(sender=sender, task_result=result)
+
+
 def _errors(job: Job) -> list[TaskError]:
-    """The last failure as a TaskError: class path and message (no traceback is kept)."""
+    """One TaskError per failed attempt: the real class path and its formatted traceback."""
     if not job.last_error_class:
         return []
-    detail = job.last_error_detail
-    match = _PATH_PREFIX.match(detail)
-    path = match.group(1) if match else "jobs.exceptions.JobError"
-    text = detail if match else f"{job.last_error_class}/{job.last_error_code}: {detail}"
-    return [TaskError(exception_class_path=path, traceback=text)]
+    failed = list(
+        Attempt.objects.filter(job=job)
+        .exclude(error_type="")
+        .order_by("started_at", "id")
+        .values_list("error_type", "error_traceback")
+    )
+    if failed:
+        return [TaskError(exception_class_path=p, traceback=tb) for p, tb in failed]
+    # The engine gave up without an attempt's exception (e.g. a crashed worker's budget).
+    detail = f"{job.last_error_class}/{job.last_error_code}: {job.last_error_detail}"
+    return [TaskError(exception_class_path=_ENGINE_ERROR, traceback=detail)]
+
+
+_ENGINE_ERROR = "jobs.exceptions.JobError"
 
 
 def _return_value(job: Job) -> Any:
+    """The task's return value: the published artifact's bytes, verified (else ArtifactCorrupt).
+
+    Streamed through the verified read's spool: parsed only after the whole file matched.
+    """
     artifact = job.artifacts.order_by("id").first()
     if artifact is None:
         return None
-    with get_storage().open(artifact.storage_name, "rb") as fh:
-        return json.loads(fh.read())
+    with open_verified(artifact) as fh:
+        return json.load(fh)

@@ -2,7 +2,7 @@
 
 An UPDATE whose WHERE names the version the caller read and, for a worker's
 own writes, its lease: the same owner and a lease not yet expired by the
-database server's clock (``jobs.clock``). Zero rows updated means someone else
+database server's clock (``jobs.rules.OWNER_FENCE``). Zero rows updated means someone else
 moved first, or the lease ran out; either way the caller must do nothing more
 (a worker whose lease expired publishes nothing, even when nobody has
 reclaimed the job yet).
@@ -13,8 +13,6 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Now
-
-from jobs import clock
 
 
 def compare_and_swap(
@@ -34,9 +32,11 @@ def compare_and_swap(
     database and are not mirrored on ``obj``.
     """
     qs = type(obj)._default_manager.filter(pk=obj.pk, version=obj.version)
-    if owner is not None:
-        expiry_after = clock.after(margin) if margin else Now()
-        qs = qs.filter(lease_owner=owner, lease_expires_at__gt=expiry_after)
+    if owner is not None:  # the owner fence of ``jobs.rules`` (the statements embed it too)
+        from jobs import rules
+
+        args = {"job": obj.pk, "version": obj.version, "worker": owner, "margin": margin}
+        qs = qs.filter(rules.to_q(rules.OWNER_FENCE, **args))
     if where is not None:
         qs = qs.filter(where)
     won = qs.update(version=F("version") + 1, updated_at=Now(), **changes) == 1

@@ -7,13 +7,18 @@ runserver) stops on an Error, so a project learns what to fix before a job runs.
 |---|---|
 | jobs.E001, E002 | ``Q_CLUSTER['timeout']`` set; lease < timeout < retry |
 | jobs.E003 | the artifact storage alias exists in ``STORAGES`` |
+| jobs.E031 | an object-store artifact storage answers and refuses a second conditional create |
 | jobs.E004 | a jobs setting has a value of the wrong type or sign |
 | jobs.E020 | ``django_q`` is in ``INSTALLED_APPS`` |
 | jobs.E021, E022 | django-q2 uses its ORM broker, on the database the jobs are written to |
 | jobs.E010 (webhook.py), E011, E012, W011 | the webhook provider: timing, httpx, URL, token |
 | jobs.W012 | an e-mail send fits inside the sending lease |
-| jobs.W013 | a job's inline release fits inside ``Q_CLUSTER['timeout']`` |
+| jobs.W013 | one send fits inside ``Q_CLUSTER['timeout']`` (a release task makes one) |
+| jobs.E005 | the publish margin (``JOBS_TRANSACTION_IDLE_SECONDS``) is at most ⅔ of the lease |
+| jobs.E006 | ``JOBS_LOCK_TIMEOUT_SECONDS`` is below the lease |
 | jobs.W010 | PostgreSQL allows the connections the configured processes need (database tag) |
+| jobs.W014 | no pooler in front of PostgreSQL while prepared statements are on (database tag) |
+| jobs.I001 | which path the hot path takes on this database, and why (database tag) |
 """
 
 from __future__ import annotations
@@ -72,11 +77,51 @@ def check_storage(app_configs=None, **kwargs):
     return []
 
 
+_probed: dict[str, str | None] = {}
+
+
+@register()
+def check_exclusive_create(app_configs=None, **kwargs):
+    """Refuse an object store that is unreachable or overwrites a conditional create.
+
+    Only storages that offer ``probe_exclusive_create`` (``jobs.storage_s3.S3Storage``)
+    are probed, once per process: a probe object is created, created again with
+    ``If-None-Match: *`` (which must be refused, the first bytes kept), then deleted.
+    """
+    alias = conf.get("JOBS_ARTIFACT_STORAGE")
+    if alias not in getattr(settings, "STORAGES", {}):
+        return []  # jobs.E003 says so
+    from django.core.files.storage import storages
+
+    storage = storages[alias]
+    if not hasattr(storage, "probe_exclusive_create"):
+        return []
+    if alias not in _probed:
+        try:
+            _probed[alias] = storage.probe_exclusive_create()
+        except Exception as exc:  # unreachable, no such bucket, refused credentials
+            _probed[alias] = f"the bucket did not answer ({type(exc).__name__})"
+    problem = _probed[alias]
+    if problem is None:
+        return []
+    return [
+        Error(
+            f"artifact storage {alias!r}: {problem}",
+            hint="Artifacts are written once by conditional create (If-None-Match: *). Check "
+            "the bucket, endpoint, region and credentials (ARTIFACT_S3_*, AWS_*), and use a "
+            "store that honours conditional writes (S3, MinIO, Ceph RGW, R2, B2).",
+            id="jobs.E031",
+        )
+    ]
+
+
 @register()
 def check_setting_values(app_configs=None, **kwargs):
     """Numbers are numbers and positive: a typo fails here, not in a worker at 3 a.m."""
     errors = []
     for s in conf.SETTINGS:
+        if isinstance(s.default, bool):  # a switch (bool is an int to isinstance)
+            continue
         if not isinstance(s.default, (int, float)) and not (
             s.default is None and s.name.endswith("_SECONDS")
         ):
@@ -206,23 +251,68 @@ def check_email_timing(app_configs=None, **kwargs):
 
 @register()
 def check_inline_release(app_configs=None, **kwargs):
-    """A delivery releases its effects before returning: lease + one send < Q timeout."""
+    """Each external send runs in its own task (``jobs.tasks.release_effect``): one send
+    must end before django-q2 stops that task."""
     timeout = conf.q_cluster().get("timeout")
     if timeout is None:
         return []
-    lease = conf.lease_seconds()
     provider, budget = max(_send_budgets().items(), key=lambda item: item[1])
-    if lease + budget >= float(timeout):
+    if budget >= float(timeout):
         return [
             Warning(
-                f"JOBS_LEASE_SECONDS ({lease:g}) + one {provider} send ({budget:g}) is not "
-                f"below Q_CLUSTER['timeout'] ({timeout})",
-                hint="django-q2 may stop the worker mid-release; the dispatcher re-drives "
-                "the effect later, but the notice is late.",
+                f"one {provider} send ({budget:g}) is not below Q_CLUSTER['timeout'] ({timeout})",
+                hint="django-q2 may stop the release task mid-send; the dispatcher re-drives "
+                "the effect after its sending lease, but the notice is late.",
                 id="jobs.W013",
             )
         ]
     return []
+
+
+@register()
+def check_fences(app_configs=None, **kwargs):
+    """The publish margin and the lock timeout must leave the lease room to work.
+
+    A worker extends its lease only once it is a third spent (``JobContext.heartbeat``),
+    so a publish may start with only ⅔ of it left; a margin above that makes such a
+    job lose its own publish every time. A lock wait as long as the lease outlives it.
+    """
+    lease = conf.lease_seconds()
+    errors = []
+    margin = conf.transaction_idle_seconds()
+    if margin > lease * 2 / 3:
+        errors.append(
+            Error(
+                f"JOBS_TRANSACTION_IDLE_SECONDS ({margin:g}) is above ⅔ of "
+                f"JOBS_LEASE_SECONDS ({lease:g})",
+                hint="The publish needs that much lease left; a job that finishes before its "
+                "first heartbeat would lose its own publish every time.",
+                id="jobs.E005",
+            )
+        )
+    lock = conf.lock_timeout_seconds()
+    if lock >= lease:
+        errors.append(
+            Error(
+                f"JOBS_LOCK_TIMEOUT_SECONDS ({lock:g}) is not below JOBS_LEASE_SECONDS ({lease:g})",
+                hint="A worker waiting that long for a lock would outlive its lease.",
+                id="jobs.E006",
+            )
+        )
+    return errors
+
+
+@register(Tags.database)
+def check_hot_path(app_configs=None, databases=None, **kwargs):
+    """Say which path the claim and the publish take here, and why."""
+    from django.core.checks import Info
+
+    from jobs import sql
+
+    if not databases or "default" not in databases:
+        return []
+    _, why = sql.path()
+    return [Info(f"jobs hot path: {why}", id="jobs.I001")]
 
 
 # Per qcluster, besides its workers: the sentinel (it runs the scheduler), the pusher
@@ -305,5 +395,44 @@ def check_connections(app_configs=None, databases=None, **kwargs):
             "JOBS_EXPECTED_* settings, or put a session pooler in front of PostgreSQL. "
             "Other databases on the same server share the limit.",
             id="jobs.W010",
+        )
+    ]
+
+
+@register(Tags.database)
+def check_pooler(app_configs=None, databases=None, **kwargs):
+    """Warn when a pooler or relay sits in front of PostgreSQL and prepared statements are on.
+
+    Seen from here as a port the server does not listen on: the client connects to
+    ``PORT`` (PgBouncer's 6432, say) and ``inet_server_port()`` names another.
+    PgBouncer in transaction mode before 1.21 loses prepared statements between
+    transactions (docs/deployment.md); silent when they are off, on other databases,
+    over a Unix socket, or when the server cannot be asked.
+    """
+    alias = getattr(settings, "Q_CLUSTER", {}).get("orm") or "default"
+    if not databases or alias not in databases or not conf.prepared_statements():
+        return []
+    conn = connections[alias]
+    if conn.vendor != "postgresql":
+        return []
+    try:
+        client_port = int(conn.settings_dict.get("PORT") or 5432)
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT inet_server_port()")
+            (server_port,) = cursor.fetchone()
+    except (DatabaseError, ValueError):
+        return []
+    if server_port is None or int(server_port) == client_port:
+        return []
+    return [
+        Warning(
+            f"this process connects to port {client_port} but PostgreSQL listens on "
+            f"{server_port}: a pooler or relay is in between, and JOBS_PREPARED_STATEMENTS "
+            "is on",
+            hint="Behind PgBouncer in transaction mode before 1.21 set "
+            "JOBS_PREPARED_STATEMENTS=False; from 1.21 set max_prepared_statements (e.g. 200). "
+            "Workers need a session-mode pool (provider slots are session advisory locks). "
+            "See docs/deployment.md.",
+            id="jobs.W014",
         )
     ]

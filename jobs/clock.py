@@ -16,17 +16,26 @@ from django.db import connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper
 from django.db.models.functions import Now
 
-__all__ = ["Now", "after", "before", "worker_transaction"]
+__all__ = ["Now", "ServerNow", "after", "before", "worker_transaction"]
+
+
+class ServerNow(Now):
+    """The server's clock when the statement reads it (``clock_timestamp()`` on
+    PostgreSQL, not the statement's start): a statement that waited for a lock judges
+    a lease by the time it writes. The one-statement paths (``jobs.sql``) read it too."""
+
+    def as_postgresql(self, compiler, connection, **extra_context):
+        return self.as_sql(compiler, connection, template="CLOCK_TIMESTAMP()", **extra_context)
 
 
 def after(seconds: float) -> ExpressionWrapper:
     """The server's clock plus ``seconds``, evaluated in the statement that writes it."""
-    return ExpressionWrapper(Now() + timedelta(seconds=seconds), output_field=DateTimeField())
+    return ExpressionWrapper(ServerNow() + timedelta(seconds=seconds), output_field=DateTimeField())
 
 
 def before(seconds: float) -> ExpressionWrapper:
     """The server's clock minus ``seconds``, evaluated in the statement that compares it."""
-    return ExpressionWrapper(Now() - timedelta(seconds=seconds), output_field=DateTimeField())
+    return ExpressionWrapper(ServerNow() - timedelta(seconds=seconds), output_field=DateTimeField())
 
 
 @contextmanager

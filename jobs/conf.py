@@ -50,6 +50,25 @@ SETTINGS: tuple[Setting, ...] = (
         "The STORAGES alias artifacts are written to (check jobs.E003).",
     ),
     Setting(
+        "JOBS_ARTIFACT_REPLICA_STORAGE",
+        None,
+        "A second STORAGES alias every artifact is also written to (exclusively); a restore "
+        "copies the published bytes back from it (None: no replica, restores re-run the "
+        "producer and accept only the published sha256).",
+    ),
+    Setting(
+        "JOBS_ORPHAN_GRACE_SECONDS",
+        3600.0,
+        "manage.py jobs_prune deletes artifact files named by no row only once they are "
+        "this old (a file of a job still running may be about to be published).",
+    ),
+    Setting(
+        "JOBS_RESTORE_STALE_SECONDS",
+        300.0,
+        "A restore requested this long ago and not finished no longer holds back another "
+        "request (at least Q_CLUSTER['retry'], so a redelivered restore is not doubled).",
+    ),
+    Setting(
         "JOBS_TRANSACTION_IDLE_SECONDS",
         None,
         "PostgreSQL: the server ends a worker transaction idle this long, and a worker's own "
@@ -112,6 +131,34 @@ SETTINGS: tuple[Setting, ...] = (
         None,
         "SQLite only: folder of the in-flight slot lock files (None: next to the database).",
     ),
+    # --- flow control -------------------------------------------------------------
+    Setting(
+        "JOBS_FLOW_CACHE_SECONDS",
+        1.0,
+        "How long a process keeps the flow rules it read (jobs.models.FlowRule) before it "
+        "reads them again; a change takes effect within this plus one defer.",
+    ),
+    Setting(
+        "JOBS_FLOW_PAUSED_DEFER_SECONDS",
+        0.5,
+        "Delay (jittered up to twice) before work held back by a paused scope is due again.",
+    ),
+    Setting(
+        "JOBS_CIRCUIT_FAILURES",
+        5,
+        "Consecutive failed calls to a provider (transport, temporary, provider timeout) "
+        "that open its circuit: its effects then wait without spending attempts.",
+    ),
+    Setting(
+        "JOBS_CIRCUIT_PROBE_SECONDS",
+        1.0,
+        "First interval between two probe calls of an open circuit (doubles per failed probe).",
+    ),
+    Setting(
+        "JOBS_CIRCUIT_PROBE_CAP_SECONDS",
+        30.0,
+        "Longest interval between two probe calls of an open circuit.",
+    ),
     # --- providers ----------------------------------------------------------------
     Setting(
         "NOTICE_PROVIDER_URL",
@@ -130,6 +177,13 @@ SETTINGS: tuple[Setting, ...] = (
         "Seconds per SMTP step when Django's EMAIL_TIMEOUT is not set.",
     ),
     # --- operations ---------------------------------------------------------------
+    Setting(
+        "JOBS_HOST_NAME",
+        "",
+        "The host part of worker identities (host:pid:nonce) and of probe names "
+        "(empty: socket.gethostname()). Set it when several hosts share a name, or to "
+        "tell apart several simulated hosts on one machine.",
+    ),
     Setting(
         "JOBS_EXPECTED_WORKER_PROCESSES",
         1,
@@ -167,6 +221,13 @@ def get(name: str, default: Any = _UNSET) -> Any:
     if default is _UNSET:
         raise KeyError(f"{name} is not a setting of the jobs app (jobs.conf.SETTINGS)")
     return getattr(settings, name, default)
+
+
+def host_name() -> str:
+    """This host's name in worker identities: JOBS_HOST_NAME, else the system's."""
+    import socket
+
+    return str(get("JOBS_HOST_NAME") or socket.gethostname())
 
 
 def lease_seconds() -> float:
@@ -232,6 +293,15 @@ def outage_backoff(attempt: int) -> float:
 def q_cluster() -> dict:
     """django-q2's ``Q_CLUSTER`` (the app reads its timeout, retry and broker)."""
     return getattr(settings, "Q_CLUSTER", None) or {}
+
+
+def orphan_grace_seconds() -> float:
+    return float(get("JOBS_ORPHAN_GRACE_SECONDS"))
+
+
+def restore_stale_seconds() -> float:
+    """How old an unfinished restore request is before another may be queued."""
+    return max(float(get("JOBS_RESTORE_STALE_SECONDS")), float(q_cluster().get("retry", 60)))
 
 
 def redrive_after_seconds() -> float:

@@ -18,10 +18,28 @@ from django.db.models import Count, Max, Q
 from django.db.models.functions import Now, TruncMinute
 from django.utils import timezone
 
-from jobs import clock, stats
+from jobs import clock, failures, stats
 from jobs.models import EFFECT_STATES, JOB_STATES, Attempt, Effect, EffectEvent, Job
 
 WORKER_WINDOW = timedelta(minutes=1)
+HEALTH_WINDOW = timedelta(minutes=15)
+# Thresholds of the health line (docs/ui.md): a share of tries that failed, a wait.
+FAILING_RATE, DEGRADED_RATE = 0.5, 0.1
+FAILING_WAIT, DEGRADED_WAIT = timedelta(minutes=5), timedelta(minutes=1)
+TRIED = (
+    Attempt.Outcome.SUCCEEDED,
+    Attempt.Outcome.RETRY,
+    Attempt.Outcome.FAILED,
+    Attempt.Outcome.DEAD,
+    Attempt.Outcome.CRASHED,
+    Attempt.Outcome.LEASE_LOST,
+)
+FAILED_TRIES = (
+    Attempt.Outcome.RETRY,
+    Attempt.Outcome.FAILED,
+    Attempt.Outcome.DEAD,
+    Attempt.Outcome.CRASHED,
+)
 RETRY_HORIZON = timedelta(minutes=5)
 LIST_LIMIT = 10
 
@@ -54,12 +72,143 @@ class Snapshot:
     needs_review_count: int
     failed_deliveries: int = 0
     timeline: list[dict] = field(default_factory=list)
+    failed_tries: int = 0
+    finished_tries: int = 0
+    stopped_recently: int = 0
+    failures: list[Job] = field(default_factory=list)
+    failures_count: int = 0
 
     @property
     def oldest_due_age(self) -> timedelta | None:
         return (
             None if self.oldest_due_at is None else max(self.now - self.oldest_due_at, timedelta())
         )
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One figure of the health line: what it measures, its value in words, its level."""
+
+    key: str  # failure-rate, oldest-due, needs-review, workers
+    level: str  # ok, warn, bad
+    text: str
+    link: str = ""  # admin list behind the figure (a URL name and query), "" for none
+
+
+LEVEL_WORDS = {"ok": "OK", "warn": "Warning", "bad": "Problem"}
+
+
+@dataclass(frozen=True)
+class Health:
+    """The console's first line: healthy, degraded or failing, and why."""
+
+    status: str  # healthy, degraded, failing
+    reasons: list[Reason]
+
+    @property
+    def problems(self) -> list[Reason]:
+        return [r for r in self.reasons if r.level != "ok"]
+
+
+def error_of(job: Job, *, detail: bool = False) -> tuple[str, str]:
+    """(error class, message) of a job's last error, as operators read it.
+
+    The one place the console and the admin lists read a job's error. With ``detail``
+    (the reader holds ``jobs.view_error_detail``: a message may quote data) the message
+    is the exception as Python prints it (``KeyError: 'pool'``, ``jobs.failures``);
+    otherwise the engine's code and its own words, which carry no data.
+    """
+    cls = job.last_error_class or "—"
+    if detail and job.last_error_type:
+        return cls, failures.headline(job.last_error_type, job.last_error_message)[:300]
+    message = " · ".join(x for x in (job.last_error_code, job.last_error_detail) if x)
+    return cls, message
+
+
+def failure_rate(window: timedelta = HEALTH_WINDOW) -> tuple[int, int]:
+    """(failed tries, finished tries) in ``window``: a retry, failure, death or crash is a
+    failed try; duplicate deliveries and deferrals are no tries."""
+    since = clock.before(window.total_seconds())
+    figures = Attempt.objects.filter(finished_at__gte=since, outcome__in=TRIED).aggregate(
+        n=Count("id"), bad=Count("id", filter=Q(outcome__in=FAILED_TRIES))
+    )
+    return figures["bad"], figures["n"]
+
+
+def _ago(delta: timedelta) -> str:
+    from jobs.templatetags.jobs_console import duration
+
+    return duration(delta)
+
+
+def health(snap: Snapshot) -> Health:
+    """Judge the snapshot: failing when most tries fail, work waits long with no worker, or
+    a duplicate effect exists; degraded when some tries fail, work waits, effects need
+    review or jobs stopped lately; healthy otherwise. Every figure is listed with its level."""
+    reasons = []
+    bad, tried = snap.failed_tries, snap.finished_tries
+    rate = bad / tried if tried else 0.0
+    minutes = int(HEALTH_WINDOW.total_seconds() // 60)
+    if tried == 0:
+        reasons.append(Reason("failure-rate", "ok", f"No tries finished in the last {minutes} min"))
+    else:
+        level = "bad" if rate >= FAILING_RATE else "warn" if rate >= DEGRADED_RATE else "ok"
+        reasons.append(
+            Reason(
+                "failure-rate",
+                level,
+                f"{rate:.0%} of tries failed in the last {minutes} min ({bad} of {tried})",
+                "admin:jobs_attempt_changelist",
+            )
+        )
+    age = snap.oldest_due_age
+    if age is None:
+        reasons.append(Reason("oldest-due", "ok", "Nothing is waiting to run"))
+    else:
+        waiting_long = age >= FAILING_WAIT and not snap.workers
+        level = "bad" if waiting_long else "warn" if age >= DEGRADED_WAIT else "ok"
+        reasons.append(Reason("oldest-due", level, f"Oldest due job has waited {_ago(age)}"))
+    n = snap.needs_review_count
+    reasons.append(
+        Reason(
+            "needs-review",
+            "warn" if n else "ok",
+            f"{n} effect{'s' if n != 1 else ''} need{'s' if n == 1 else ''} review",
+            "admin:jobs_effect_changelist",
+        )
+    )
+    workers = len(snap.workers)
+    due = snap.oldest_due_at is not None
+    reasons.append(
+        Reason(
+            "workers",
+            # No worker while work is due is a problem; idle without work is not.
+            "bad" if due and not workers else "ok",
+            f"{workers} worker{'s' if workers != 1 else ''} seen in the last minute"
+            + ("" if workers else (" while jobs are due" if due else ", nothing is due")),
+        )
+    )
+    if snap.stopped_recently:
+        k = snap.stopped_recently
+        reasons.append(
+            Reason(
+                "stopped",
+                "warn",
+                f"{k} job{'s' if k != 1 else ''} failed or died in the last {minutes} min",
+            )
+        )
+    levels = {r.level for r in reasons}
+    status = "failing" if "bad" in levels else "degraded" if "warn" in levels else "healthy"
+    return Health(status, reasons)
+
+
+def recent_failures(limit: int = LIST_LIMIT) -> list[Job]:
+    """Dead and failed jobs, the most recent first (what an operator triages)."""
+    return list(
+        Job.objects.filter(state__in=[Job.State.DEAD, Job.State.FAILED]).order_by(
+            "-finished_at", "-updated_at", "-id"
+        )[:limit]
+    )
 
 
 def counts(model, states: list[str]) -> list[tuple[str, int]]:
@@ -153,6 +302,39 @@ def timeline(minutes: int = 60, *, now: datetime | None = None) -> list[dict]:
     return rows
 
 
+def job_outcomes(minutes: int = 60, *, kind: str = "", now: datetime | None = None) -> list[dict]:
+    """Jobs completed (a try succeeded) and tries failed, per minute, optionally one kind."""
+    now = (now or timezone.now()).replace(second=0, microsecond=0)
+    start = now - timedelta(minutes=minutes - 1)
+    tries = Attempt.objects.filter(finished_at__gte=start)
+    if kind:
+        tries = tries.filter(job__kind=kind)
+
+    def per_minute(qs) -> dict:
+        return dict(
+            qs.annotate(minute=TruncMinute("finished_at"))
+            .values_list("minute")
+            .annotate(n=Count("id"))
+            .order_by()
+        )
+
+    done = per_minute(tries.filter(outcome=Attempt.Outcome.SUCCEEDED))
+    failed = per_minute(tries.filter(outcome__in=FAILED_TRIES))
+    return [
+        {
+            "minute": start + timedelta(minutes=i),
+            "completed": done.get(start + timedelta(minutes=i), 0),
+            "failed": failed.get(start + timedelta(minutes=i), 0),
+        }
+        for i in range(minutes)
+    ]
+
+
+def kinds() -> list[str]:
+    """Job kinds present, for the chart's filter."""
+    return list(Job.objects.values_list("kind", flat=True).distinct().order_by("kind"))
+
+
 def snapshot(now: datetime | None = None) -> Snapshot:
     """Everything the console shows, stamped ``now`` (the chart's last minute, ages)."""
     now = now or timezone.now()
@@ -164,6 +346,7 @@ def snapshot(now: datetime | None = None) -> Snapshot:
     needs_review = Effect.objects.filter(state=Effect.State.NEEDS_REVIEW).order_by(
         "updated_at", "id"
     )
+    failed, finished = failure_rate()
     return Snapshot(
         now=now,
         jobs=counts(Job, JOB_STATES),
@@ -186,6 +369,14 @@ def snapshot(now: datetime | None = None) -> Snapshot:
         needs_review_count=needs_review.count(),
         failed_deliveries=sum(stats.failed_deliveries().values()),
         timeline=timeline(60, now=now),
+        failed_tries=failed,
+        finished_tries=finished,
+        stopped_recently=Job.objects.filter(
+            state__in=[Job.State.DEAD, Job.State.FAILED],
+            finished_at__gte=clock.before(HEALTH_WINDOW.total_seconds()),
+        ).count(),
+        failures=recent_failures(),
+        failures_count=Job.objects.filter(state__in=[Job.State.DEAD, Job.State.FAILED]).count(),
     )
 
 
@@ -208,10 +399,13 @@ def nice_ceiling(value: int) -> int:
     return 10 * power
 
 
-def chart(rows: list[dict]) -> dict:
+OUTCOME_SERIES = ("completed", "failed")
+
+
+def chart(rows: list[dict], series: tuple[str, ...] = SERIES) -> dict:
     """Geometry of the per-minute chart: polylines, axes and tick labels in SVG units."""
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-    top = nice_ceiling(max([0] + [r[k] for r in rows for k in SERIES]))
+    top = nice_ceiling(max([0] + [r[k] for r in rows for k in series]))
     step = plot_w / max(1, len(rows) - 1)
 
     def x(i: int) -> float:
@@ -221,7 +415,7 @@ def chart(rows: list[dict]) -> dict:
         return TOP + plot_h - value * plot_h / top
 
     lines = {
-        key: " ".join(f"{x(i):.1f},{y(r[key]):.1f}" for i, r in enumerate(rows)) for key in SERIES
+        key: " ".join(f"{x(i):.1f},{y(r[key]):.1f}" for i, r in enumerate(rows)) for key in series
     }
     y_ticks = [
         {"y": round(y(v), 1), "label": v} for v in ([0, top] if top < 2 else [0, top // 2, top])

@@ -64,9 +64,15 @@ class UnknownKind(JobError):
 
 
 class ArtifactCorrupt(JobError):
-    """Raised when stored bytes no longer match the artifact row and nothing can restore them."""
+    """Raised when an artifact's stored bytes are missing or do not match its row's sha256."""
 
     code = "artifact_corrupt"
+
+
+class ArtifactLost(ArtifactCorrupt):
+    """Raised when an artifact is marked lost: its published bytes cannot be produced again."""
+
+    code = "artifact_lost"
 
 
 class DeliveryFailed(JobError):

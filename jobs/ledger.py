@@ -2,9 +2,9 @@
 
 An effect's identity (``job:revision:name:recipient``) and its idempotency key
 are derived, never generated, so every retry, redelivery and re-drive names
-the same effect and sends the same key. Rows are inserted in the publish
-transaction; a worker that lost its lease publishes nothing, so it records
-nothing either.
+the same effect and sends the same key. Rows are inserted with the publish
+(``jobs.publish``); a worker that lost its lease publishes nothing, so it
+records nothing either.
 
 Delivery is its own small state machine, every arrow a CAS on ``version``
 (and the sending lease's owner where it matters) that commits together with
@@ -34,6 +34,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import time
+from collections.abc import Mapping
+from contextvars import ContextVar
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -41,10 +44,9 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from jobs import clock, conf, queue, registry
+from jobs import clock, conf, flow, queue, registry, rules
 from jobs.cas import compare_and_swap
 from jobs.models import Effect, EffectEvent, Job
-from jobs.providers import bounds
 from jobs.registry import EffectSpec
 from jobs.retry import ErrorClass, classify, effect_outcome
 
@@ -63,22 +65,20 @@ def idempotency_key(effect_id: str) -> str:
     return "fx-" + hashlib.sha256(effect_id.encode()).hexdigest()[:40]
 
 
-def prepare(
-    job: Job, specs: list[EffectSpec], *, statement_checks_recipients: bool = False
-) -> list[Effect]:
+ACCOUNT_MISSING = "recipient account no longer exists"
+ACCOUNT_REFUSED = "recipient account is inactive"
+
+
+def prepare(job: Job, specs: list[EffectSpec], *, refused: Mapping[str, str]) -> list[Effect]:
     """The job's effect rows, unsaved; transactional ones already decided.
 
     Effects of a transactional provider (the in-app notice) are released in the
-    publish: their recipient is rechecked here, right before it, and the row is
-    born ``applied`` (or ``withheld``), so it commits with the job's completion or
-    not at all. The others are born ``pending``, due now and marked enqueued: the
-    publish enqueues their messages in its transaction.
-
-    ``statement_checks_recipients``: the default policy (the account exists and is
-    active, ``withhold_reason``) is left to the one-statement publish, which checks
-    it in the same statement that commits the notice and refuses to publish if it no
-    longer holds (the caller then prepares again without this flag and the rows are
-    decided here); the kind's own check (``authorize_release``) still runs here.
+    publish: the kind's own check (``authorize_release``) runs here, right before
+    it, and the row is born ``applied`` (or ``withheld``); the account rule
+    (``jobs.rules.account_admits``) is checked by the executor in the statement or
+    transaction that commits it (``jobs.publish``). ``refused``: recipients that rule
+    refused at an earlier try, withheld with its reason. The other effects are born
+    ``pending``, due now and marked enqueued: the publish enqueues their messages.
     """
     now = timezone.now()  # shown to people only; due times below use the server's clock
     budget = conf.effect_max_attempts()
@@ -104,64 +104,20 @@ def prepare(
             updated_at=now,
         )
         if registry.get_provider(spec.provider).transactional:
-            if statement_checks_recipients:
-                effect.recipient_checked_by_statement = True
-                _decide_in_publish(effect, now, kind_release_check)
-            else:
-                _decide_in_publish(effect, now)
+            reason = refused.get(effect.recipient)
+            _decide_in_publish(effect, now, (lambda e, r=reason: r) if reason else None)
         rows.append(effect)
     return rows
 
 
-def _in_app_only(providers) -> bool:
-    from jobs.providers.inapp import InAppProvider
-
-    return all(type(registry.get_provider(name)) is InAppProvider for name in providers)
-
-
-def statement_can_take(specs: list[EffectSpec]) -> bool:
-    """Whether the one-statement publish can take these effects: in-app notices only
-    (an external one needs its queue message, another provider its own ``apply``)."""
-    return _in_app_only({spec.provider for spec in specs})
-
-
-def born_final(rows: list[Effect], worker: str):
-    """``(notices, events, recipients)`` for the one-statement publish, or None if it
-    cannot take them.
-
-    It takes effects born final through the in-app provider: applied (with their
-    notice and send event) or withheld (with the withhold event). Anything that
-    needs a message or a provider's own code goes through ``write``.
-    ``recipients``: whose account the statement must find active (``prepare``).
-    """
-    if not _in_app_only({e.provider for e in rows}):
-        return None
-    if any(e.state not in (State.APPLIED, State.WITHHELD) for e in rows):
-        return None  # a release check raised: pending, retried by the table
-    notices, events = [], []
-    recipients = [e.recipient for e in rows if getattr(e, "recipient_checked_by_statement", 0)]
-    for e in rows:
-        provider = registry.get_provider(e.provider)
-        if e.state == State.APPLIED:
-            notice = provider.notice_for(e)
-            notice.effect_key = e.effect_id
-            notices.append(notice)
-            event = _event_row(e, worker, EffectEvent.Action.SEND)
-        else:
-            event = _withhold_event(e, worker)
-        event.effect_key = e.effect_id
-        events.append(event)
-    return notices, events, recipients
-
-
-def log_born(rows: list[Effect], worker: str) -> None:
+def log_born(rows, worker: str) -> None:
     """The log lines of effects released with the publish (after it committed)."""
     for e in rows:
         if e.state == State.APPLIED:
             _log(e, "applied", worker, ref=e.provider_ref, with_publish=True)
 
 
-def _withhold_event(effect: Effect, worker: str) -> EffectEvent:
+def withhold_event(effect: Effect, worker: str) -> EffectEvent:
     return _event_row(
         effect,
         worker,
@@ -172,42 +128,23 @@ def _withhold_event(effect: Effect, worker: str) -> EffectEvent:
     )
 
 
-def record(job: Job, specs: list[EffectSpec], worker: str = "") -> list[Effect]:
-    """Prepare and insert the job's effects; call inside the publish transaction."""
-    return write(prepare(job, specs), worker)
+def send_event(effect: Effect, worker: str) -> EffectEvent:
+    return _event_row(effect, worker, EffectEvent.Action.SEND)
 
 
-def write(rows: list[Effect], worker: str = "") -> list[Effect]:
-    """Insert prepared effects (``prepare``); call inside the publish transaction.
-
-    Transactional effects are applied here, each in a savepoint: one whose apply
-    fails goes back to pending (the caller enqueues it) without undoing the publish.
-    """
-    if not rows:
-        return []
-    Effect.objects.bulk_create(rows)
-    events = []
-    for e in rows:
-        if e.state == State.WITHHELD:
-            events.append(_withhold_event(e, worker))
-        elif e.version:  # the release check raised: recorded, then retried by the table
-            events.append(
-                _event_row(
-                    e,
-                    worker,
-                    EffectEvent.Action.CHECK,
-                    error_class=e.last_error_class,
-                    code=e.last_error_code,
-                )
-            )
-    events += _apply_in_publish([e for e in rows if e.state == State.APPLIED], worker)
-    EffectEvent.objects.bulk_create(events)
-    return rows
+def check_failed_event(effect: Effect, worker: str) -> EffectEvent:
+    """A release check that raised in the publish: recorded, then retried by the table."""
+    return _event_row(
+        effect,
+        worker,
+        EffectEvent.Action.CHECK,
+        error_class=effect.last_error_class,
+        code=effect.last_error_code,
+    )
 
 
 def _decide_in_publish(effect: Effect, now, check=None) -> None:
-    """Recheck the recipient now (``check``: the whole policy by default): the row is
-    born applied or withheld.
+    """Run the kind's release check (or ``check``) now: the row is born applied or withheld.
 
     If the check itself fails, the row goes in ``pending`` at version 1 with the
     failure recorded (one attempt spent), and the ordinary release path retries
@@ -215,7 +152,7 @@ def _decide_in_publish(effect: Effect, now, check=None) -> None:
     """
     effect.attempts = 1
     try:
-        reason = (check or withhold_reason)(effect)
+        reason = (check or kind_release_check)(effect)
     except Exception as exc:  # the retry table decides, in release
         c = classify(exc)
         effect.version = 1
@@ -233,11 +170,24 @@ def _decide_in_publish(effect: Effect, now, check=None) -> None:
         effect.applied_at = now
 
 
-def _apply_in_publish(effects: list[Effect], worker: str) -> list[EffectEvent]:
-    """Write each transactional effect; one whose apply fails goes back to pending.
+def apply_failed(effect: Effect, worker: str, exc: BaseException) -> EffectEvent:
+    """A transactional apply (or building its notice) failed: back to pending, by the table."""
+    c = classify(exc)
+    effect.state, effect.applied_at, effect.version = State.PENDING, None, 1
+    effect.last_error_class, effect.last_error_code = c.error_class, c.code
+    effect.next_attempt_at = effect.enqueued_for = Now()
+    _log(effect, "apply_failed", worker, error_class=c.error_class, code=c.code)
+    return _event_row(
+        effect, worker, EffectEvent.Action.SEND, error_class=c.error_class, code=c.code
+    )
 
-    Returns the events to insert: the send of each applied effect (version 0,
-    born applied) and, for a failed apply, the arrow back to pending (version 1).
+
+def apply_in_publish(effects: list[Effect], worker: str) -> list[EffectEvent]:
+    """Apply each effect of a transactional provider (not the in-app notice, whose row
+    is in the plan) in a savepoint; one whose apply fails goes back to pending.
+
+    Returns the events to insert: the send of each applied effect (version 0, born
+    applied) or, for a failed apply, the arrow back to pending (version 1).
     """
     events, refs, failed = [], [], []
     for effect in effects:
@@ -246,21 +196,11 @@ def _apply_in_publish(effects: list[Effect], worker: str) -> list[EffectEvent]:
             with transaction.atomic():  # a savepoint: a failed apply leaves the publish intact
                 effect.provider_ref = str(provider.apply(effect))[:200]
         except Exception as exc:  # the retry table decides, in release
-            c = classify(exc)
-            effect.state, effect.applied_at, effect.version = State.PENDING, None, 1
-            effect.last_error_class, effect.last_error_code = c.error_class, c.code
-            effect.next_attempt_at = effect.enqueued_for = Now()
+            events.append(apply_failed(effect, worker, exc))
             failed.append(effect)
-            events.append(
-                _event_row(
-                    effect, worker, EffectEvent.Action.SEND, error_class=c.error_class, code=c.code
-                )
-            )
-            _log(effect, "apply_failed", worker, error_class=c.error_class, code=c.code)
             continue
         refs.append(effect)
-        events.append(_event_row(effect, worker, EffectEvent.Action.SEND))
-        _log(effect, "applied", worker, ref=effect.provider_ref, with_publish=True)
+        events.append(send_event(effect, worker))
     if refs:
         Effect.objects.bulk_update(refs, ["provider_ref"])
     if failed:
@@ -352,19 +292,28 @@ def claim_send(effect: Effect, worker: str) -> str:
     return "claimed" if won else "skipped"
 
 
-def withhold_reason(effect: Effect) -> str | None:
-    """Current policy for this recipient, asked right before the send.
+_checked_user: ContextVar = ContextVar("jobs_release_checked_user", default=None)
 
-    The default part (the account exists and is active) is also what the
-    one-statement publish checks in SQL (``jobs.sql.publish``): change both together.
-    """
-    user = get_user_model().objects.filter(pk=effect.recipient).first()
+
+def withhold_reason(effect: Effect) -> str | None:
+    """Current policy for this recipient, asked right before the send: the account rule
+    (``jobs.rules.account_admits``, read by the database in one query), then the kind's
+    own check. The publish checks the same rule in its statement (``jobs.publish``)."""
+    user_model = get_user_model()
+    user = (
+        user_model._default_manager.filter(pk=effect.recipient)
+        .annotate(jobs_admitted=rules.admitted(user_model))
+        .first()
+    )
     if user is None:
-        return "recipient account no longer exists"
-    if not user.is_active:
-        return "recipient account is inactive"
-    effect.recipient_user = user  # a kind's own check reads it (``recipient_user``)
-    return kind_release_check(effect)
+        return ACCOUNT_MISSING
+    if not user.jobs_admitted:
+        return ACCOUNT_REFUSED
+    token = _checked_user.set(user)  # a kind's own check reads it (``recipient_user``)
+    try:
+        return kind_release_check(effect)
+    finally:
+        _checked_user.reset(token)
 
 
 def kind_release_check(effect: Effect) -> str | None:
@@ -377,10 +326,10 @@ def kind_release_check(effect: Effect) -> str | None:
 
 def recipient_user(effect: Effect):
     """The recipient's user row for a kind's ``authorize_release``: the one the release
-    check just read, or read now (the one-statement publish checks the account in SQL)."""
-    user = getattr(effect, "recipient_user", None)
-    if user is None:
-        user = get_user_model().objects.get(pk=effect.recipient)
+    check just read, or read now (the publish checks the account rule in its executor)."""
+    user = _checked_user.get()
+    if user is None or str(user.pk) != str(effect.recipient):
+        user = get_user_model()._default_manager.get(pk=effect.recipient)
     return user
 
 
@@ -420,24 +369,46 @@ def release(effect: Effect, worker: str) -> str:
         # provider without keys cannot tell a resend from a new one. An operator decides.
         return _sender_lost(effect, worker)
 
-    wait = float(conf.get("JOBS_PROVIDER_SLOT_WAIT_SECONDS"))
-    slot = reason = ref = None
+    # Flow rules (jobs.flow): pause, the in-flight bound in force, the rate, the circuit.
+    gate = flow.provider_gate(
+        provider.name, provider.in_flight_limit(), lambda: effect.job.tenant_key, worker
+    )
+    if gate.review:
+        return _circuit_expired(effect, worker, gate.review)
+    if gate.hold is not None:
+        return _defer(effect, worker, prior, hold=gate.hold)
+    # One budget for the slots and the rate: a send still ends within its lease (E010).
+    deadline = time.monotonic() + float(conf.get("JOBS_PROVIDER_SLOT_WAIT_SECONDS"))
+    slot = reason = ref = held = None
     called = False
     try:
-        with bounds.in_flight(provider.name, provider.in_flight_limit(), wait=wait) as slot:
-            if slot is not None:
-                # Current policy, asked inside the slot: nothing stands between it and the call.
-                reason = withhold_reason(effect)
-                if not reason:
+        provider.prepare(effect)  # the slow part of a send, before its start is taken
+        with flow.slots(gate, deadline=deadline) as slot:
+            if slot:
+                # Inside the slot: the current policy, then the rate's start, then the
+                # call; nothing stands between the start and the call.
+                held, reason = flow.take_within(
+                    gate, deadline=deadline, check=lambda: withhold_reason(effect)
+                )
+                if held is None and not reason:
                     called = True
                     ref = provider.send(effect)
     except Exception as exc:  # the retry table decides, not this except
-        return _record_failure(effect, worker, provider, exc, called=called, prior=prior)
-    if slot is None:
+        return _record_failure(
+            effect, worker, provider, exc, called=called, prior=prior, probe=gate.probe
+        )
+    if gate.probe and not called:  # another sender may probe at once
+        flow.probe_abandoned(provider.name, worker)
+    if not slot:
         return _defer(effect, worker, prior)
+    if held is not None:
+        return _defer(effect, worker, prior, hold=held)
     if reason:
         return _withhold(effect, worker, reason)
-    return _applied(effect, worker, ref)
+    outcome = _applied(effect, worker, ref)
+    # After the ledger committed: the count restarts, an open circuit closes.
+    flow.circuit_success(provider.name, worker)
+    return outcome
 
 
 def _release_transactional(effect: Effect, worker: str, provider) -> str:
@@ -498,50 +469,104 @@ def _withhold(effect: Effect, worker: str, reason: str) -> str:
     return State.WITHHELD if won else "lease_lost"
 
 
-def _sender_lost(effect: Effect, worker: str) -> str:
+def _stop_for_review(
+    effect: Effect, worker: str, *, error_class: str, code: str, reason: str, log_code: str
+) -> str:
+    """This claim sent nothing and must not send: the effect waits for a person
+    (``needs_review``), its attempt given back."""
     won = _move(
         effect,
         worker,
         EffectEvent.Action.STOP,
         owner=worker,
-        error_class=ErrorClass.PROVIDER_TIMEOUT,
-        code="sender_lost",
+        error_class=error_class,
+        code=code,
         state=State.NEEDS_REVIEW,
         attempts=max(0, effect.attempts - 1),  # this claim sent nothing
         lease_expires_at=None,
-        reason="a sender stopped mid-send; it may have arrived and the provider cannot deduplicate",
-        last_error_class=ErrorClass.PROVIDER_TIMEOUT,
-        last_error_code="sender_lost",
+        next_attempt_at=None,
+        reason=reason[:300],
+        last_error_class=error_class,
+        last_error_code=code,
     )
-    _log(effect, State.NEEDS_REVIEW if won else "lease_lost", worker, code="sender_lost")
+    _log(effect, State.NEEDS_REVIEW if won else "lease_lost", worker, code=log_code)
     return State.NEEDS_REVIEW if won else "lease_lost"
 
 
-def _defer(effect: Effect, worker: str, prior: str) -> str:
-    """No in-flight slot freed in time: hand the effect back, spending no attempt."""
+def _sender_lost(effect: Effect, worker: str) -> str:
+    return _stop_for_review(
+        effect,
+        worker,
+        error_class=ErrorClass.PROVIDER_TIMEOUT,
+        code="sender_lost",
+        reason="a sender stopped mid-send; it may have arrived and the provider cannot deduplicate",
+        log_code="sender_lost",
+    )
+
+
+def _defer(
+    effect: Effect, worker: str, prior: str, *, hold: flow.Hold | None = None, unsure=False
+) -> str:
+    """No in-flight slot freed in time, or a flow rule holds the provider back (``hold``:
+    paused, rate, open circuit): hand the effect back, spending no attempt."""
     # A re-driven expired send may have landed: it goes back as unknown, not pending.
-    state = prior if prior in (State.PENDING, State.UNKNOWN) else State.UNKNOWN
-    delay = float(conf.get("JOBS_PROVIDER_DEFER_SECONDS")) * (1 + random.random())
+    state = prior if prior in (State.PENDING, State.UNKNOWN) and not unsure else State.UNKNOWN
+    if hold is None:
+        delay = float(conf.get("JOBS_PROVIDER_DEFER_SECONDS")) * (1 + random.random())
+        code = "provider_busy"
+    else:
+        delay, code = hold.delay, hold.code
     won = _move(
         effect,
         worker,
         EffectEvent.Action.DEFER,
         owner=worker,
-        code="provider_busy",
+        code=code,
+        note=hold.scope if hold is not None else "",
         state=state,
         attempts=max(0, effect.attempts - 1),
         lease_expires_at=None,
         next_attempt_at=clock.after(delay),
     )
-    _log(effect, "deferred", worker, reason="provider_busy", delay=f"{delay:.2f}")
+    _log(effect, "deferred", worker, reason=code, delay=f"{delay:.2f}")
     return "deferred" if won else "lease_lost"
 
 
+def _circuit_expired(effect: Effect, worker: str, reason: str) -> str:
+    """The provider's circuit stayed open past the outage window: a person decides."""
+    return _stop_for_review(
+        effect,
+        worker,
+        error_class=ErrorClass.TEMPORARY,
+        code="circuit_open_too_long",
+        reason=reason,
+        log_code="circuit_open",
+    )
+
+
 def _record_failure(
-    effect: Effect, worker: str, provider, exc: BaseException, *, called: bool, prior: str
+    effect: Effect,
+    worker: str,
+    provider,
+    exc: BaseException,
+    *,
+    called: bool,
+    prior: str,
+    probe: bool = False,
 ) -> str:
-    """Write what the retry table says a failed release means."""
+    """Write what the retry table says a failed release means.
+
+    A failed call of the classes that open a provider's circuit is counted on its row
+    (``jobs.flow``); one that failed while the circuit was already open (another
+    sender opened it after this one read it closed) belongs to the outage: the effect
+    gets its attempt back and waits, as if it had been held at the gate.
+    """
     c = classify(exc)
+    outage = called and c.error_class in flow.CIRCUIT_CLASSES
+    if outage and flow.circuit_failure(provider.name, worker, probe=probe):
+        hold = flow.Hold(flow.provider_scope(provider.name), "circuit_open", 1.0)
+        unsure = c.rule.may_have_landed
+        return _defer(effect, worker, prior, hold=_later(hold, c.retry_after), unsure=unsure)
     verdict = effect_outcome(
         c,
         attempts=effect.attempts,
@@ -573,6 +598,12 @@ def _record_failure(
     outcome = verdict.state if won else "lease_lost"
     _log(effect, outcome, worker, error_class=c.error_class, code=c.code)
     return outcome
+
+
+def _later(hold: flow.Hold, retry_after: float | None) -> flow.Hold:
+    """The hold, no earlier than the provider's Retry-After, jittered."""
+    delay = max(hold.delay, retry_after or 0.0) * (1 + random.random())
+    return flow.Hold(hold.scope, hold.reason, delay)
 
 
 # --- operator actions: change the row and enqueue in one transaction, return at once ---

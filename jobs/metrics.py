@@ -78,8 +78,68 @@ class EngineCollector:
         yield in_flight
 
 
+class FlowCollector:
+    """Each flow scope's rule and what it holds (``jobs.flowview``), and each circuit."""
+
+    def collect(self):
+        from jobs.flowview import scope_views
+
+        views = scope_views()
+        labels = ["scope"]
+        families = {
+            "paused": GaugeMetricFamily(
+                "jobs_flow_paused", "1 when the scope is paused", labels=labels
+            ),
+            "bound": GaugeMetricFamily(
+                "jobs_flow_concurrency",
+                "The concurrency bound in force (rule or default)",
+                labels=labels,
+            ),
+            "rate": GaugeMetricFamily(
+                "jobs_flow_rate_per_second",
+                "The scope's rate rule, in starts per second",
+                labels=labels,
+            ),
+            "in_flight": GaugeMetricFamily(
+                "jobs_flow_in_flight",
+                "Running jobs or calls in flight under the scope now",
+                labels=labels,
+            ),
+            "started": GaugeMetricFamily(
+                "jobs_flow_started_last_minute",
+                "Starts under the scope in the last minute",
+                labels=labels,
+            ),
+            "waiting": GaugeMetricFamily(
+                "jobs_flow_waiting", "Jobs or effects of the scope waiting to start", labels=labels
+            ),
+        }
+        circuit = GaugeMetricFamily(
+            "jobs_provider_circuit",
+            "1 for the provider circuit's current state",
+            labels=["provider", "state"],
+        )
+        for v in views:
+            families["paused"].add_metric([v.scope], 1 if v.paused else 0)
+            if v.concurrency:
+                families["bound"].add_metric([v.scope], v.concurrency)
+            if v.rule is not None and v.rule.rate:
+                families["rate"].add_metric([v.scope], v.rule.rate / v.rule.period_seconds)
+            families["in_flight"].add_metric([v.scope], v.in_flight)
+            families["started"].add_metric([v.scope], v.started_last_minute)
+            families["waiting"].add_metric([v.scope], v.waiting)
+            if v.circuit:
+                for state in ("closed", "open", "half_open"):
+                    circuit.add_metric(
+                        [v.scope.removeprefix("provider:"), state], int(v.circuit == state)
+                    )
+        yield from families.values()
+        yield circuit
+
+
 def render() -> bytes:
     """The Prometheus text exposition of the engine's figures."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector())
+    registry.register(FlowCollector())
     return generate_latest(registry)

@@ -1,7 +1,10 @@
 """Jobs, the deliveries that reached a worker, artifacts and the effect ledger.
 
-Only ``jobs.transitions`` writes ``Job.state``; only ``jobs.ledger`` writes
-``Effect.state``. Every such write is a compare-and-swap on ``version``.
+The arrows of ``Job.state`` are defined in ``jobs.transitions``; the hot path's two
+statements (``jobs.sql``: claim and publish) write the same arrows with the same
+fences (``jobs.rules``). Only ``jobs.ledger`` writes ``Effect.state``, apart from the
+effects born with the publish (``jobs.publish``). Every such write is a
+compare-and-swap on ``version``.
 """
 
 from __future__ import annotations
@@ -83,6 +86,19 @@ class Job(models.Model):
     last_error_class = models.CharField(max_length=32, blank=True, default="")
     last_error_code = models.CharField(max_length=64, blank=True, default="")
     last_error_detail = models.CharField(max_length=300, blank=True, default="")
+    # The last failure as operators read it (``jobs.failures``): behind view_error_detail.
+    last_error_type = models.CharField(
+        max_length=200, blank=True, default="", db_default="", help_text="exception class path"
+    )
+    last_error_message = models.TextField(
+        blank=True,
+        default="",
+        db_default="",
+        help_text="bounded; empty when the kind redacts errors",
+    )
+    last_error_traceback = models.TextField(
+        blank=True, default="", db_default="", help_text="bounded, no locals"
+    )
     outage_since = models.DateTimeField(
         null=True, blank=True, help_text="a dependency outage has held this job up since"
     )
@@ -117,6 +133,9 @@ class Job(models.Model):
             models.Index(fields=["tenant_key", "state"], name="jobs_job_tenant_state_idx"),
         ]
         ordering = ["-id"]
+        permissions = [
+            ("view_error_detail", "Can view error messages and tracebacks of failed attempts")
+        ]
 
     def __str__(self) -> str:
         subject = f"{self.subject_type}:{self.subject_id}"
@@ -148,6 +167,18 @@ class Attempt(models.Model):
     outcome = models.CharField(max_length=24, choices=Outcome.choices, blank=True, default="")
     error_class = models.CharField(max_length=32, blank=True, default="")
     error_code = models.CharField(max_length=64, blank=True, default="")
+    error_type = models.CharField(
+        max_length=200, blank=True, default="", db_default="", help_text="exception class path"
+    )
+    error_message = models.TextField(
+        blank=True,
+        default="",
+        db_default="",
+        help_text="bounded; empty when the kind redacts errors",
+    )
+    error_traceback = models.TextField(
+        blank=True, default="", db_default="", help_text="bounded, no locals"
+    )
     retry_delay_seconds = models.FloatField(null=True, blank=True)
 
     class Meta:
@@ -158,19 +189,57 @@ class Attempt(models.Model):
         return f"attempt {self.number} of job {self.job_id}: {self.outcome or 'running'}"
 
 
+class JobEvent(models.Model):
+    """An operator's arrow on a job (cancel, requeue, retry now), written in the CAS's
+    transaction: who acted, from which state to which, at which version."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    action = models.CharField(max_length=32)
+    actor = models.CharField(max_length=200)
+    from_state = models.CharField(max_length=16)
+    to_state = models.CharField(max_length=16)
+    version = models.PositiveBigIntegerField()
+    note = models.CharField(max_length=300, blank=True, default="")
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["job", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.action} of job {self.job_id} by {self.actor}"
+
+
 class Artifact(models.Model):
+    """A published artifact: the row names the winner's file and its sha256, never changed.
+
+    The file (``storage_name`` includes the content hash) is created exclusively and
+    never replaced by a delivery; a restore may only put back bytes with this sha256,
+    else the artifact is ``lost`` (``jobs.restore``).
+    """
+
+    class State(models.TextChoices):
+        STORED = "stored"
+        LOST = "lost"  # the published bytes cannot be read or produced again
+
     job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="artifacts")
     key = models.CharField(
         max_length=200, unique=True, help_text="derived from job id and revision"
     )
-    storage_name = models.CharField(max_length=300)
+    storage_name = models.CharField(max_length=300, help_text="includes the content hash")
     sha256 = models.CharField(max_length=64)
     size = models.PositiveBigIntegerField()
     content_type = models.CharField(max_length=100)
     created_at = models.DateTimeField(default=timezone.now)
     verified_at = models.DateTimeField(null=True, blank=True)
     rewrites = models.PositiveIntegerField(
-        default=0, help_text="times a missing/corrupt file was restored"
+        default=0, help_text="times a restore put the recorded bytes back"
+    )
+    state = models.CharField(max_length=16, choices=State.choices, default=State.STORED)
+    lost_reason = models.CharField(
+        max_length=300, blank=True, default="", help_text="why lost (ids and hashes only)"
+    )
+    restore_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="a restore is in flight since (cleared when it ends)"
     )
 
     class Meta:
@@ -300,3 +369,90 @@ class Notice(models.Model):
 
     def __str__(self) -> str:
         return self.title
+
+
+class FlowRule(models.Model):
+    """A flow-control rule for one scope, changed live (``manage.py jobs_limits``, admin,
+    console); ``jobs.flow`` enforces it where work starts. Settings are the defaults; a
+    row wins. Scopes: ``provider:<name>``, ``tenant:<key>``, ``kind:<name>`` and
+    ``provider:<name>/tenant:<key>`` (a provider's partition per tenant).
+
+    The rate is a GCRA (a token bucket of burst 1): ``next_free_at`` is the theoretical
+    arrival time of the next start, advanced by ``period_seconds / rate`` in one UPDATE
+    by the server's clock (``jobs.flow.take``). A provider's row also carries its
+    circuit breaker.
+    """
+
+    class Circuit(models.TextChoices):
+        CLOSED = "closed"
+        OPEN = "open"
+        HALF_OPEN = "half_open"
+
+    scope = models.CharField(max_length=200, unique=True)
+    concurrency = models.PositiveIntegerField(
+        null=True, blank=True, help_text="most running at once (empty: the settings' default)"
+    )
+    rate = models.PositiveIntegerField(
+        null=True, blank=True, help_text="most starts per period (empty: no rate limit)"
+    )
+    period_seconds = models.FloatField(default=1.0)
+    paused = models.BooleanField(default=False)
+    next_free_at = models.DateTimeField(
+        null=True, blank=True, help_text="GCRA: when the next start may happen (server clock)"
+    )
+    circuit_state = models.CharField(max_length=16, choices=Circuit.choices, default=Circuit.CLOSED)
+    circuit_failures = models.PositiveIntegerField(
+        default=0, help_text="consecutive failed calls (transport, temporary, timeout)"
+    )
+    circuit_opened_at = models.DateTimeField(null=True, blank=True)
+    circuit_probe_at = models.DateTimeField(
+        null=True, blank=True, help_text="open: when the next probe may go; half-open: its lease"
+    )
+    circuit_probes = models.PositiveIntegerField(default=0, help_text="failed probes so far")
+    circuit_prober = models.CharField(max_length=200, blank=True, default="")
+    updated_at = models.DateTimeField(default=timezone.now)
+    updated_by = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        ordering = ["scope"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(period_seconds__gt=0), name="jobs_flowrule_period_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.scope
+
+    @property
+    def interval_seconds(self) -> float | None:
+        """Seconds between two starts under the rate (None: no rate)."""
+        return self.period_seconds / self.rate if self.rate else None
+
+    def describe(self) -> str:
+        parts = []
+        if self.paused:
+            parts.append("paused")
+        if self.concurrency is not None:
+            parts.append(f"concurrency {self.concurrency}")
+        if self.rate:
+            parts.append(f"rate {self.rate}/{self.period_seconds:g}s")
+        return ", ".join(parts) or "no limit (defaults)"
+
+
+class FlowRuleChange(models.Model):
+    """Who changed a flow rule, from what to what (the audit history; invariant 10)."""
+
+    scope = models.CharField(max_length=200)
+    action = models.CharField(max_length=16)  # set | pause | resume | delete | circuit
+    actor = models.CharField(max_length=200)
+    before = models.CharField(max_length=300, blank=True, default="")
+    after = models.CharField(max_length=300, blank=True, default="")
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["scope", "at"], name="jobs_flowchange_scope_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.scope} by {self.actor}"

@@ -85,6 +85,8 @@ class JobKind:
     # Current policy for releasing an effect: a reason to withhold it, or None to send.
     authorize_release: Callable[[Effect], str | None] | None = None
     max_attempts: int | None = None
+    # True, or a predicate on the exception: keep only its class and frames, no message.
+    redact_errors: bool | Callable[[BaseException], bool] = False
 
 
 _kinds: dict[str, JobKind] = {}
@@ -97,9 +99,15 @@ def register_kind(
     *,
     authorize_release: Callable[[Effect], str | None] | None = None,
     max_attempts: int | None = None,
+    redact_errors: bool | Callable[[BaseException], bool] = False,
 ) -> JobKind:
-    """Register a job kind (idempotent, so ``ready()`` may run twice in tests)."""
-    kind = JobKind(name, handler, authorize_release, max_attempts)
+    """Register a job kind (idempotent, so ``ready()`` may run twice in tests).
+
+    ``redact_errors``: the kind's exception messages may carry private values;
+    True (or a predicate returning True for an exception) keeps only the class
+    and the traceback's frames of its failures.
+    """
+    kind = JobKind(name, handler, authorize_release, max_attempts, redact_errors)
     _kinds[name] = kind
     return kind
 

@@ -1,35 +1,49 @@
-"""Restoring a finished job's artifact whose stored bytes no longer match its row.
+"""Restoring a published artifact whose stored file no longer matches its row.
 
-Whoever finds the file missing or corrupt (a download, an operator) asks for a
-restore (``jobs.queue.enqueue_restore``); a worker then re-runs the job kind's
-producer under the job's stable key and rewrites the file in place — the same
-artifact row, the same key, the same ``artifacts.verify`` a second worker uses when
-it finds a bad file. The job's state and its effects are not touched: the notices
-went out when the job published, and whatever effects the producer asks for again
-are ignored."""
+A restore never changes published bytes. It may only put back bytes whose sha256
+equals the row's:
+
+1. from the replica storage (``JOBS_ARTIFACT_REPLICA_STORAGE``) if one is configured
+   and its copy verifies;
+2. else by re-running the job kind's producer (``RestoreContext``: nothing is stored
+   or published by the handler; its bytes are captured) and accepting them only if
+   their sha256 equals the row's.
+
+When the producer runs and gives other bytes (the source data changed since the
+publish), or refuses for good (validation, authorization), the artifact is marked
+``lost`` with a reason the operator can read; readers get "rebuild it as a new
+revision" and nothing is served. A transient failure of the producer (database or
+dependency unavailable, an unknown error) marks nothing: the next reader who finds
+the file bad asks again. The row's sha256, key and storage name never change.
+
+At most one restore per artifact is in flight: ``jobs.queue.enqueue_restore`` takes
+the row's ``restore_requested_at`` marker; the task clears it when it ends.
+"""
 
 from __future__ import annotations
 
 import logging
 
 from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
 
 from jobs import artifacts, registry, transitions
-from jobs.exceptions import LeaseLost
+from jobs.exceptions import ArtifactCorrupt, LeaseLost
 from jobs.models import Artifact, Job
-from jobs.retry import classify
+from jobs.retry import POLICY, classify
 from jobs.runner import JobContext
 
 log = logging.getLogger("jobs.restore")
 
 
 class RestoreContext(JobContext):
-    """A handler context for a finished job: no lease; the job must still be succeeded."""
+    """A handler context for a finished job: no lease, nothing stored; the bytes are captured."""
 
     def __init__(self, job: Job, worker: str, artifact: Artifact):
         super().__init__(job, worker, attempt=None, on_stage=None)
         self.target = artifact
-        self.restored = False
+        self.produced: bytes | None = None
 
     def check_owner(self) -> None:
         # Nobody holds a finished job; the fence is that it is still the finished job.
@@ -41,30 +55,45 @@ class RestoreContext(JobContext):
 
     def store_artifact(self, data: bytes, *, content_type: str, extension: str) -> Artifact:
         self.check_owner()
-        # The row lock makes concurrent restores of one artifact take turns: the second
-        # finds the file intact and writes nothing.
-        with transaction.atomic():
-            locked = Artifact.objects.select_for_update().get(pk=self.target.pk)
-            self.restored = artifacts.verify(locked, data=data)
-        self.artifact = locked
-        return locked
+        self.produced = data
+        self.artifact = self.target
+        return self.target
 
 
 def restore_artifact(artifact_pk: int) -> str:
-    """The django-q2 task: re-run the producer if the stored bytes are missing or corrupt.
+    """The django-q2 task: put the published bytes back, or mark the artifact lost.
 
     Never raises (a failed restore is not redelivered forever): the outcome is returned
-    and logged with ids and error class only; the next reader who finds the file bad
-    asks again.
+    and logged with ids and error class only. The restore marker is cleared at the end,
+    whatever the outcome.
     """
+    try:
+        return _restore(artifact_pk)
+    finally:
+        Artifact.objects.filter(pk=artifact_pk).update(restore_requested_at=None)
+
+
+def _restore(artifact_pk: int) -> str:
     artifact = Artifact.objects.select_related("job").filter(pk=artifact_pk).first()
     if artifact is None:
         return "missing"
+    if artifact.state == Artifact.State.LOST:
+        return "lost"
     if artifacts.is_intact(artifact):
         return "intact"
     job = artifact.job
     if job.state != Job.State.SUCCEEDED:
-        return "not_finished"  # the job's own worker stores and verifies it
+        return "not_finished"  # the job's own worker stores it
+
+    replica = artifacts.get_replica_storage()
+    if replica is not None:
+        try:
+            data = artifacts.read_verified(artifact, storage=replica)
+        except ArtifactCorrupt:
+            log.warning("artifact=%s job=%s replica copy missing or corrupt", artifact.pk, job.pk)
+        else:
+            return _put_back(artifact, data, "restored_from_replica")
+
     ctx = RestoreContext(job, transitions.worker_identity(), artifact)
     try:
         registry.get_kind(job.kind).handler(ctx)
@@ -77,10 +106,50 @@ def restore_artifact(artifact_pk: int) -> str:
             c.error_class.value,
             c.code,
         )
-        return f"failed:{c.error_class.value}"
-    if ctx.artifact is None:
-        return "not_produced"
-    if not ctx.restored:
-        return "intact"
-    log.info("artifact=%s job=%s restored by re-running its producer", artifact.pk, job.pk)
-    return "restored"
+        if POLICY[c.error_class].safe_to_retry:
+            return f"failed:{c.error_class.value}"  # transient: not lost, ask again later
+        return _mark_lost(
+            artifact,
+            f"re-running the producer was refused ({c.error_class.value}/{c.code[:64]})",
+        )
+    if ctx.produced is None:
+        return _mark_lost(artifact, "re-running the producer stored no artifact")
+    digest = artifacts.sha256_hex(ctx.produced)
+    if digest != artifact.sha256:
+        return _mark_lost(
+            artifact,
+            f"re-running the producer gave other bytes (sha256 {digest[:12]}, published "
+            f"{artifact.sha256[:12]}): the source data changed since the publish",
+        )
+    return _put_back(artifact, ctx.produced, "restored")
+
+
+def _put_back(artifact: Artifact, data: bytes, outcome: str) -> str:
+    # The row lock makes concurrent restores of one artifact take turns (a stale marker
+    # can let a second one start): the second finds the file intact and writes nothing.
+    with transaction.atomic():
+        locked = Artifact.objects.select_for_update().get(pk=artifact.pk)
+        if locked.state == Artifact.State.LOST:
+            return "lost"
+        if artifacts.is_intact(locked):
+            return "intact"
+        artifacts.put_back(locked, data)
+        Artifact.objects.filter(pk=locked.pk).update(
+            rewrites=F("rewrites") + 1, verified_at=timezone.now()
+        )
+    log.info("artifact=%s job=%s %s the published bytes", artifact.pk, artifact.job_id, outcome)
+    return outcome
+
+
+def _mark_lost(artifact: Artifact, reason: str) -> str:
+    with transaction.atomic():
+        locked = Artifact.objects.select_for_update().get(pk=artifact.pk)
+        if locked.state == Artifact.State.LOST:
+            return "lost"
+        if artifacts.is_intact(locked):
+            return "intact"  # put back meanwhile (an operator, a replica sync)
+        Artifact.objects.filter(pk=locked.pk).update(
+            state=Artifact.State.LOST, lost_reason=reason[:300]
+        )
+    log.warning("artifact=%s job=%s marked lost", artifact.pk, artifact.job_id)
+    return "lost"

@@ -6,17 +6,29 @@ So only effects in a final state, of finished jobs, older than a window far
 longer than any redelivery (django-q2 ``retry``, leases, the dispatcher's
 re-drives) are removed. Job rows are kept: they are what makes a second
 request for the same output return the same job.
+
+Artifact files named by no row (orphans: a late writer's bytes, a crashed
+worker's file of a job that later published other bytes, a torn temporary file)
+are deleted once older than ``JOBS_ORPHAN_GRACE_SECONDS`` and only when their job
+is not live (queued, running, waiting for a retry), whose next delivery could still
+publish (reuse) the file. A file a row names is never deleted. Listing, reading
+times and deleting go through Django's Storage API only, so an object store works
+as well as the filesystem.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from datetime import timedelta
 
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import conf
-from jobs.models import Attempt, Effect, Job
+from jobs import artifacts, conf
+from jobs.models import Artifact, Attempt, Effect, Job
+
+_JOB_OF_NAME = re.compile(r"(?:^|/)job-(\d+)-rev-\d+")
 
 
 def minimum_days() -> float:
@@ -53,3 +65,58 @@ def prune(*, older_than_days: float, dry_run: bool = False) -> dict[str, int]:
             attempts.delete()
             effects.delete()
     return counts
+
+
+def _walk(storage, folder: str) -> Iterator[str]:
+    """Every file name under ``folder`` of ``storage`` (Storage.listdir, recursively)."""
+    try:
+        dirs, files = storage.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for name in files:
+        yield f"{folder}/{name}"
+    for sub in dirs:
+        yield from _walk(storage, f"{folder}/{sub}")
+
+
+def orphans(*, older_than_seconds: float | None = None) -> list[str]:
+    """Artifact files no row names, of no live job (older than the given age, if any)."""
+    storage = artifacts.get_storage()
+    named = set(Artifact.objects.values_list("storage_name", flat=True))
+    candidates = [name for name in _walk(storage, artifacts.FOLDER) if name not in named]
+    job_ids = {int(m.group(1)) for n in candidates if (m := _JOB_OF_NAME.search(n))}
+    live = set(
+        Job.objects.filter(pk__in=job_ids)
+        .exclude(state__in=Job.TERMINAL)
+        .values_list("pk", flat=True)
+    )
+    cutoff = None
+    if older_than_seconds is not None:
+        cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
+    found = []
+    for name in candidates:
+        m = _JOB_OF_NAME.search(name)
+        if m and int(m.group(1)) in live:
+            continue  # its next delivery may still publish this very file
+        if cutoff is not None:
+            try:
+                if storage.get_modified_time(name) >= cutoff:
+                    continue
+            except (FileNotFoundError, OSError):
+                continue
+        found.append(name)
+    return found
+
+
+def prune_orphans(*, dry_run: bool = False) -> int:
+    """Delete orphan artifact files older than ``JOBS_ORPHAN_GRACE_SECONDS``; their count."""
+    stale = orphans(older_than_seconds=conf.orphan_grace_seconds())
+    if not dry_run:
+        named = set(
+            Artifact.objects.filter(storage_name__in=stale).values_list("storage_name", flat=True)
+        )
+        storage = artifacts.get_storage()
+        for name in stale:
+            if name not in named:  # a row written since the listing keeps its file
+                storage.delete(name)
+    return len(stale)

@@ -76,7 +76,17 @@ CODE_RULES: dict[str, Rule] = {
     "provider_not_configured": Rule(
         False, False, "failed", "needs_review", "a provider setting is missing"
     ),
+    # A handler or task that tries to end the process (sys.exit(), exit()) or misuses a
+    # generator's exit: a bug in that code, the same on every try. The worker lives on.
+    "SystemExit": Rule(
+        False, False, "failed", "needs_review", "the code tried to exit the worker process"
+    ),
+    "GeneratorExit": Rule(
+        False, False, "failed", "needs_review", "GeneratorExit escaped the handler"
+    ),
 }
+# BaseExceptions that are not Exceptions, by the code they get (the class name).
+PROCESS_EXITS = ("SystemExit", "GeneratorExit")
 
 # What an operator reads on an effect that stopped, by code or class (the code is appended).
 _EFFECT_REASONS = {
@@ -195,6 +205,13 @@ def _chain(exc: BaseException):
 
 def classify(exc: BaseException) -> Classified:
     """Map an exception to its retry class; the code names the cause, never the data."""
+    if not isinstance(exc, Exception):
+        name = type(exc).__name__
+        for base in type(exc).__mro__:
+            if base.__name__ in PROCESS_EXITS and base.__module__ == "builtins":
+                name = base.__name__
+                break
+        return Classified(ErrorClass.UNKNOWN, name[:64])
     for err in _chain(exc):
         if isinstance(err, JobError) and err.error_class:
             return Classified(

@@ -10,13 +10,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError, connection, transaction
-
-from jobs import artifacts, clock, conf, ledger, queue, registry, sql, transitions
-from jobs.exceptions import LeaseLost
+from jobs import artifacts, clock, conf, failures, publish, registry, transitions
+from jobs.exceptions import JobError, LeaseLost
 from jobs.models import Artifact, Attempt, Job
 from jobs.retry import classify, job_outcome
 
@@ -66,10 +63,11 @@ class JobContext:
         self._lease_extended_at = time.monotonic()
 
     def store_artifact(self, data: bytes, *, content_type: str, extension: str) -> Artifact:
-        """Store (or verify) the job's one artifact file; its row commits with the publish.
+        """Store the job's artifact file, write-once under a name with its hash (a file
+        with the same bytes is reused); its row commits with the publish.
 
-        Ownership is checked here only if the handler has not checked it yet: the
-        file goes under the job's own key, and the publish CAS fences the row.
+        Ownership is checked here only if the handler has not checked it yet: a late
+        writer can only add a file no row names, and the publish CAS fences the row.
         """
         if not self._owner_checked:
             self.check_owner()
@@ -107,7 +105,9 @@ def run_delivery(
         transitions.finish_attempt(attempt, Outcome.LEASE_LOST)
         log.info("job=%s worker=%s lease lost during work", job.pk, worker)
         return DeliveryResult(job_id, Outcome.LEASE_LOST, worker)
-    except Exception as exc:  # the retry table decides what this means
+    except KeyboardInterrupt:
+        raise  # a signal to this process: it stops; the lease's expiry tells the rest
+    except BaseException as exc:  # SystemExit too: the retry table decides; the worker lives
         return _handle_failure(ctx, exc)
 
     effects = _publish(ctx, specs)
@@ -124,95 +124,36 @@ def run_delivery(
 def _publish(ctx: JobContext, specs: list) -> list | None:
     """running → succeeded with the artifact row, the effects and the attempt's outcome.
 
-    One statement when it can (PostgreSQL, effects born final in-app: ``jobs.sql``),
-    else one ORM transaction that also enqueues the external effects' messages.
-    Returns the effects, or None when the CAS lost (nothing was written).
+    One plan (``jobs.publish``), carried out by one statement where it can and by
+    one ORM transaction elsewhere. If the account rule refuses a recipient at that
+    moment, the plan is built again with that recipient withheld (each round
+    withholds at least one more, so this ends). Returns the effects, or None when
+    the fence failed (nothing was written).
     """
-    job, worker, attempt = ctx.job, ctx.worker, ctx.attempt
-    if sql.available() and ledger.statement_can_take(specs):
-        rows = ledger.prepare(job, specs, statement_checks_recipients=True)
-        born = ledger.born_final(rows, worker)
-        if born is not None:
-            done = _publish_one_statement(ctx, rows, *born)
-            if done is not _REFUSED:
-                return done
-    # Every transactional effect's recipient is rechecked here, right before the publish.
-    rows = ledger.prepare(job, specs)
-    with clock.worker_transaction():
-        if not transitions.publish(job, worker):
+    refused: dict[str, str] = {}
+    while True:
+        plan = publish.build(ctx.job, ctx.worker, ctx.attempt, ctx.artifact, specs, refused=refused)
+        result = publish.carry_out(plan)
+        if result.status == publish.Status.WON:
+            return result.effects
+        if result.status == publish.Status.LOST:
             return None
-        if ctx.artifact is not None:
-            ctx.artifact = artifacts.insert_row(ctx.artifact)
-        effects = ledger.write(rows, worker)
-        transitions.finish_attempt(attempt, Outcome.SUCCEEDED)
-        # External sends leave this task: each gets its own message, committed with
-        # the publish, so a slow provider never holds the job's delivery open.
-        for effect in effects:
-            if effect.state == ledger.State.PENDING:
-                queue.enqueue_effect(effect)
-    return effects
+        log.info("job=%s a recipient's account changed; withholding it", ctx.job.pk)
+        refused.update(result.refused)
 
 
-_REFUSED = object()  # the one-statement publish did not happen; the ORM path decides
-
-
-def _publish_one_statement(
-    ctx: JobContext, rows: list, notices: list, events: list, recipients: list
-):
-    """The one-statement publish: the effects, None if the CAS lost, or ``_REFUSED``."""
-    job, worker = ctx.job, ctx.worker
-    try:
-        with transaction.atomic() if connection.in_atomic_block else nullcontext():
-            done = sql.publish(
-                job,
-                worker,
-                changes=transitions.publish_changes(),
-                margin=conf.transaction_idle_seconds(),
-                attempt_id=ctx.attempt.pk,
-                artifact=ctx.artifact,
-                effects=rows,
-                notices=notices,
-                events=events,
-                recipients=recipients,
-            )
-    except DatabaseError as exc:  # e.g. a recipient deleted since the recheck
-        log.warning(
-            "job=%s one-statement publish refused (%s); ORM path", job.pk, type(exc).__name__
-        )
-        return _REFUSED
-    if done.recipients_changed:
-        log.info("job=%s a recipient's account changed; rechecking each one", job.pk)
-        return _REFUSED
-    if not done.won:
-        return None
-    transitions.mirror_publish(job, worker)
-    ctx.attempt.outcome = Outcome.SUCCEEDED
-    if ctx.artifact is not None:
-        if done.artifact_id is None:  # a row from before rows moved into the publish
-            ctx.artifact = artifacts.insert_row(ctx.artifact)
-        else:
-            ctx.artifact.pk = done.artifact_id
-            ctx.artifact._state.adding = False
-    for effect in rows:
-        effect.pk = done.effect_ids.get(effect.effect_id)
-        effect._state.adding = False
-        if effect.effect_id in done.notice_ids:
-            effect.provider_ref = f"notice:{done.notice_ids[effect.effect_id]}"
-    ledger.log_born(rows, worker)
-    return rows
-
-
-def _handle_failure(ctx: JobContext, exc: Exception) -> DeliveryResult:
+def _handle_failure(ctx: JobContext, exc: BaseException) -> DeliveryResult:
     job, worker, attempt = ctx.job, ctx.worker, ctx.attempt
     c = classify(exc)
-    fields = {"error_class": c.error_class.value, "error_code": c.code}
+    error = failures.capture(exc, redact=_redacts(job.kind))
+    fields = {"error_class": c.error_class.value, "error_code": c.code, **error.attempt_fields()}
     # The outcome and its attempt row commit together: a crash cannot leave a blank attempt.
     with clock.worker_transaction():
         state = job_outcome(
             c,
             attempts=job.attempts,
             max_attempts=job.max_attempts,
-            outage_for=_outage_for(job),
+            outage_for=_outage_for(job, attempt),
             outage_window=conf.outage_window_seconds(),
         )
         if state in ("retry_wait", "outage_wait"):
@@ -230,6 +171,7 @@ def _handle_failure(ctx: JobContext, exc: Exception) -> DeliveryResult:
                 code=c.code,
                 detail=c.detail,
                 outage=outage,
+                **error.job_fields(),
             )
             outcome, fields["retry_delay_seconds"] = Outcome.RETRY, delay
         else:
@@ -238,18 +180,34 @@ def _handle_failure(ctx: JobContext, exc: Exception) -> DeliveryResult:
                 if state == "failed"
                 else (transitions.bury, Outcome.DEAD)
             )
-            won = write(job, worker, error_class=c.error_class, code=c.code, detail=c.detail)
+            won = write(
+                job,
+                worker,
+                error_class=c.error_class,
+                code=c.code,
+                detail=c.detail,
+                **error.job_fields(),
+            )
         if not won:
             outcome = Outcome.LEASE_LOST
         transitions.finish_attempt(attempt, outcome, **fields)
+    # One line per failed attempt: ids, class, code and frames; never the message or params.
+    line = {"job": job.pk, "kind": job.kind, "attempt": attempt.number, "outcome": outcome}
+    line.update(error=error.type_path, code=c.code, frames=failures.frames_text(exc))
+    log.warning(" ".join(f"{k}={v}" for k, v in line.items()), extra=line)
     return DeliveryResult(job.pk, outcome, worker)
 
 
-def _outage_for(job: Job) -> float | None:
-    """Seconds this job has been held up by an outage, by the server's clock at the claim."""
-    if job.outage_since is None:
+def _redacts(kind: str):
+    try:
+        return registry.get_kind(kind).redact_errors
+    except JobError:  # no such kind: its failure is the engine's own message
+        return False
+
+
+def _outage_for(job: Job, attempt: Attempt) -> float | None:
+    """Seconds this job has been held up by an outage, by the server's clock at the claim
+    (the attempt's start)."""
+    if job.outage_since is None or attempt.started_at is None:
         return None
-    db_now = getattr(job, "db_now", None)
-    if db_now is None:
-        return None
-    return (db_now - job.outage_since).total_seconds()
+    return (attempt.started_at - job.outage_since).total_seconds()

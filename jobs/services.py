@@ -7,9 +7,9 @@ commit together or not at all.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
@@ -58,6 +58,19 @@ def needs_message(due_field: str) -> Q:
     )
 
 
+def _same_instant(field: str, at: datetime) -> Q:
+    """``field`` holds the instant ``at`` read from it.
+
+    SQLite keeps the server clock's values as text with milliseconds
+    (``STRFTIME('%f')``) and Django compares with microseconds: the same instant
+    is matched within a millisecond there (text compares in time order).
+    """
+    if connection.vendor != "sqlite":
+        return Q(**{field: at})
+    tick = timedelta(milliseconds=1)
+    return Q(**{f"{field}__gt": at - tick, f"{field}__lt": at + tick})
+
+
 def mark_enqueued(model, pk: int, due_field: str, due_at: datetime | None, states) -> bool:
     """Claim the right to enqueue ``pk`` now: one message per due time (and per lost one).
 
@@ -67,7 +80,7 @@ def mark_enqueued(model, pk: int, due_field: str, due_at: datetime | None, state
     """
     rows = model.objects.filter(pk=pk, state__in=states)
     if due_at is not None:
-        rows = rows.filter(**{due_field: due_at})
+        rows = rows.filter(_same_instant(due_field, due_at))
     rows = rows.filter(needs_message(due_field))
     if not rows.select_for_update(skip_locked=True).values_list("pk", flat=True):
         return False
@@ -80,25 +93,35 @@ def _after_operator_change(job: Job) -> None:
             enqueue_job(job)
 
 
-def cancel_job(job: Job) -> bool:
-    """Operator: stop a job that has not started or is waiting to retry."""
-    return transitions.cancel(job)
+def cancel_job(job: Job, *, operator: str = "") -> bool:
+    """Operator: stop a job that has not started or is waiting to retry.
+
+    Each of these arrows writes its history row (``JobEvent``, naming ``operator``)
+    in the transaction of its compare-and-swap.
+    """
+    return transitions.cancel(job, actor=_actor(operator))
 
 
-def requeue_job(job: Job) -> bool:
+def requeue_job(job: Job, *, operator: str = "") -> bool:
     """Operator: give a failed or dead job a fresh attempt budget and enqueue it."""
-    if not transitions.requeue(job):
-        return False
-    _after_operator_change(job)
+    with transaction.atomic():
+        if not transitions.requeue(job, actor=_actor(operator)):
+            return False
+        _after_operator_change(job)
     return True
 
 
-def retry_job_now(job: Job) -> bool:
+def retry_job_now(job: Job, *, operator: str = "") -> bool:
     """Operator: run a waiting job now instead of at its backoff time."""
-    if not transitions.retry_now(job):
-        return False
-    _after_operator_change(job)
+    with transaction.atomic():
+        if not transitions.retry_now(job, actor=_actor(operator)):
+            return False
+        _after_operator_change(job)
     return True
+
+
+def _actor(operator: str) -> str:
+    return f"operator:{operator}" if operator else "operator"
 
 
 def recheck_and_release(effect: Effect, *, operator: str) -> bool:

@@ -16,8 +16,13 @@ lock timeout (``clock.worker_transaction``), publishes instead. Being one
 statement in autocommit, neither can be left idle in a transaction by a frozen
 worker: the server commits it, or nothing, by itself.
 
-SQLite and custom transactional providers take the ORM path (``transitions``,
-``ledger.record``); the ``jobs_tenant_admits`` function comes from migration 0007.
+Their conditions are not spelled here: the claimability, the owner fence, the live
+lease and the account release rule come from ``jobs.rules``, which renders the same
+definitions for the ORM. The publish carries out a ``jobs.publish.Plan``; the ORM
+executor in ``jobs.publish`` carries out the same plan elsewhere (SQLite, psycopg2,
+effects that need a queue message or a provider's own code). The tenant function
+``jobs_tenant_admits_v2`` comes from migration 0008. psycopg is imported only when
+a statement runs: a site on SQLite or psycopg2 never loads it.
 """
 
 from __future__ import annotations
@@ -26,26 +31,59 @@ import functools
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import datetime
 from types import SimpleNamespace
 
-import psycopg
 from django.contrib.auth import get_user_model
-from django.core.exceptions import FieldDoesNotExist
 from django.db import connection, models
 from django.db.models.functions import Now
-from psycopg.types.numeric import Int8
 
-from jobs import conf
+from jobs import conf, rules
 from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, Notice
 
 NOW = "clock_timestamp()"
 
 
+def path() -> tuple[bool, str]:
+    """Whether the one-statement paths apply to the default connection, and why (or why not)."""
+    if connection.vendor != "postgresql":
+        return False, f"the database is {connection.vendor}, not PostgreSQL: the ORM path"
+    try:
+        from django.db.backends.postgresql.psycopg_any import is_psycopg3
+    except ImportError:  # pragma: no cover - no driver at all
+        is_psycopg3 = False
+    if not is_psycopg3:
+        return False, "PostgreSQL through psycopg2: the ORM path (psycopg 3 is needed)"
+    return True, "PostgreSQL through psycopg 3: one statement for the claim and the publish"
+
+
 def available() -> bool:
     """Whether the one-statement paths apply to the default connection."""
-    return connection.vendor == "postgresql"
+    return path()[0]
+
+
+def _int8(value: int):
+    from psycopg.types.numeric import Int8
+
+    return Int8(value)
+
+
+def refusal(exc: BaseException) -> str | None:
+    """The SQLSTATE name of a refusal the statements mean to give way on, else None.
+
+    Only these make the caller take the ORM path: the job's row locked by another
+    transaction (``lock_not_available``) and a recipient deleted between the check
+    and the insert (``foreign_key_violation``). A lost connection or anything else
+    is an error, not a refusal.
+    """
+    from psycopg import errors
+
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    if isinstance(cause, errors.LockNotAvailable):
+        return "lock_not_available"
+    if isinstance(cause, errors.ForeignKeyViolation):
+        return "foreign_key_violation"
+    return None
 
 
 class _Prepared:
@@ -56,7 +94,7 @@ class _Prepared:
     statements only. The ORM's client-side binding cursors are not affected.
     """
 
-    def __init__(self, cursor: psycopg.Cursor, prepare: bool):
+    def __init__(self, cursor, prepare: bool):
         self._cursor, self._prepare = cursor, prepare
         self._query = None
 
@@ -76,6 +114,8 @@ def _cursor() -> Iterator:
     Wrapped like Django's own cursors (errors translated, execute wrappers run,
     queries logged under DEBUG and in ``CaptureQueriesContext``).
     """
+    import psycopg
+
     connection.close_if_health_check_failed()  # what Django's own cursor() does first
     connection.ensure_connection()
     prepare = conf.prepared_statements()
@@ -117,28 +157,27 @@ def _q(name: str) -> str:
 # --- claim ----------------------------------------------------------------------------
 
 
-def claim(job_id: int, worker: str, *, lease: float, bound: int) -> tuple[Job, Attempt] | None:
-    """queued or due retry_wait → running, with its attempt row, in one statement.
-
-    Returns ``(job, attempt)`` or None when the job is not plainly claimable now
-    (not due, running, finished, budget spent, tenant at its bound, missing):
-    the ORM claim then decides and records what that delivery was.
-    """
+@functools.cache
+def _claim_statement() -> tuple[str, rules.Rendered]:
     job_t, attempt_t = _q(Job._meta.db_table), _q(Attempt._meta.db_table)
     columns = ", ".join(_q(f.column) for f in Job._meta.concrete_fields)
-    S = Job.State
-    sql = f"""
+    claimable = rules.to_sql(rules.CLAIMABLE, Job, quote=_q)
+    # A job whose kind or tenant has an active flow rule: the rules are judged by
+    # ``jobs_flow_admits_v1`` (jobs.rules.flow_function_sql); otherwise the tenant bound.
+    ruled = rules.flow_ruled_sql(job_t, quote=_q)
+    assert not ruled.slots, "the flow-rule condition has no parameters"
+    text = f"""
         WITH claimed AS (
             UPDATE {job_t} SET
                 state = %s, attempts = attempts + 1, lease_owner = %s,
                 lease_expires_at = {NOW} + make_interval(secs => %s),
                 next_attempt_at = NULL, started_at = COALESCE(started_at, {NOW}),
                 version = version + 1, updated_at = {NOW}
-            WHERE id = %s
-              AND state IN (%s, %s)
-              AND (next_attempt_at IS NULL OR next_attempt_at <= {NOW})
-              AND attempts < max_attempts
-              AND (tenant_key = '' OR jobs_tenant_admits(tenant_key, id, %s::integer))
+            WHERE id = %s AND {claimable.text}
+              AND CASE WHEN {ruled.text}
+                  THEN jobs_flow_admits_v1(kind, tenant_key, id, %s::integer)
+                  ELSE tenant_key = '' OR jobs_tenant_admits_v2(tenant_key, id, %s::integer)
+              END
             RETURNING {columns}
         ), attempt AS (
             INSERT INTO {attempt_t}
@@ -148,8 +187,22 @@ def claim(job_id: int, worker: str, *, lease: float, bound: int) -> tuple[Job, A
         )
         SELECT claimed.*, attempt.id, attempt.started_at FROM claimed CROSS JOIN attempt
     """
-    params = [S.RUNNING, worker, float(lease), Int8(job_id), S.QUEUED, S.RETRY_WAIT, Int8(bound)]
-    params.append(worker)
+    return _compact(text), claimable
+
+
+def claim(job_id: int, worker: str, *, lease: float, bound: int) -> tuple[Job, Attempt] | None:
+    """queued or due retry_wait → running, with its attempt row, in one statement.
+
+    Returns ``(job, attempt)`` (the attempt's ``started_at`` is the server's clock at
+    the claim) or None when the job is not plainly claimable now (not due, running,
+    finished, budget spent, tenant at its bound or its lock busy, a flow rule of its
+    kind or tenant holding it back or its lock busy, missing): the ORM
+    claim then decides and records what that delivery was. The lease is computed by
+    the server's clock when the row is written, after the tenant's lock is held.
+    """
+    sql, claimable = _claim_statement()
+    params = [Job.State.RUNNING, worker, float(lease), _int8(job_id), *claimable.params()]
+    params += [_int8(bound), _int8(bound), worker]
     with _cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -157,21 +210,23 @@ def claim(job_id: int, worker: str, *, lease: float, bound: int) -> tuple[Job, A
         return None
     *values, attempt_id, db_now = row
     job = Job.from_db(connection.alias, _JOB_ATTNAMES, _convert(Job, values))
-    job.db_now = db_now
     attempt = Attempt(pk=attempt_id, job=job, number=job.attempts, worker=worker, started_at=db_now)
     attempt._state.adding, attempt._state.db = False, job._state.db
     return job, attempt
 
 
+@functools.cache
+def _still_owner_statement() -> tuple[str, rules.Rendered]:
+    fence = rules.to_sql(rules.STILL_OWNER, Job, quote=_q)
+    return f"SELECT 1 FROM {_q(Job._meta.db_table)} WHERE {fence.text}", fence
+
+
 def still_owner(job: Job, worker: str) -> bool:
     """Whether ``worker`` holds ``job`` at the version it last wrote, on a live lease."""
-    sql = f"""
-        SELECT 1 FROM {_q(Job._meta.db_table)}
-        WHERE id = %s AND version = %s AND lease_owner = %s AND state = %s
-          AND lease_expires_at > {NOW}
-    """
+    sql, fence = _still_owner_statement()
+    params = fence.params(job=_int8(job.pk), version=_int8(job.version), worker=worker, margin=0.0)
     with _cursor() as cursor:
-        cursor.execute(sql, [Int8(job.pk), Int8(job.version), worker, Job.State.RUNNING])
+        cursor.execute(sql, params)
         return cursor.fetchone() is not None
 
 
@@ -197,15 +252,6 @@ def _convert(model: type[models.Model], values: list) -> list:
 # --- publish --------------------------------------------------------------------------
 
 
-@dataclass
-class Published:
-    won: bool  # the CAS: the job is succeeded and everything below committed with it
-    recipients_changed: bool = False  # refused: an account to notify is gone or inactive
-    artifact_id: int | None = None
-    effect_ids: dict[str, int] = field(default_factory=dict)  # effect_id → pk
-    notice_ids: dict[str, int] = field(default_factory=dict)  # effect_id → notice pk
-
-
 # Inserted columns of each table, without the primary key and the parent's foreign key
 # (the statement takes those from the rows it has just written).
 _SKIP = {Artifact: "job_id", Effect: "job_id", Notice: "effect_id", EffectEvent: "effect_id"}
@@ -224,11 +270,13 @@ def _record_type(model: type[models.Model], *, key: bool = False) -> str:
     return ", ".join((["_key text"] if key else []) + defs)
 
 
-def _rows_json(model: type[models.Model], objs: list, key=None) -> str:
-    """The unsaved rows as one JSON array: one parameter, whatever their number."""
+def _rows_json(model: type[models.Model], objs: list, keys: list | None = None) -> str:
+    """The unsaved rows as one JSON array: one parameter, whatever their number.
+
+    ``keys``: per row, the effect_id it belongs to (nothing has a pk yet)."""
     out = []
-    for obj in objs:
-        row = {} if key is None else {"_key": key(obj)}
+    for i, obj in enumerate(objs):
+        row = {} if keys is None else {"_key": keys[i]}
         for f in _fields(model):
             value = getattr(obj, f.attname)
             if isinstance(value, models.Expression | Now):
@@ -242,20 +290,23 @@ def _rows_json(model: type[models.Model], objs: list, key=None) -> str:
     return json.dumps(out, default=str)
 
 
+def _keyed_json(model: type[models.Model], pairs) -> str:
+    """``(effect_id, row)`` pairs as JSON rows that name their effect by ``_key``."""
+    return _rows_json(model, [row for _, row in pairs], keys=[key for key, _ in pairs])
+
+
 @functools.cache
-def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> str:
+def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> tuple[str, tuple]:
     """The publish, one text for every job (so the server plans it once per connection).
 
     ``changes``: ``(field name, is the server's clock)`` of the job's publish columns.
+    Returns the text and the rendered rules it embeds (their parameters, in order).
     """
     job_t = _q(Job._meta.db_table)
     user = get_user_model()
-    try:
-        active = user._meta.get_field("is_active")
-        inactive = f" OR NOT u.{_q(active.column)}" if active.concrete else ""
-    except FieldDoesNotExist:
-        inactive = ""
     pk = user._meta.pk
+    admits = rules.to_sql(rules.account_admits(user), user, alias="u", quote=_q)
+    fence = rules.to_sql(rules.OWNER_FENCE, Job, quote=_q)
     sets = ["version = version + 1", f"updated_at = {NOW}"]
     for name, clock in changes:
         sets.append(f"{_q(Job._meta.get_field(name).column)} = {NOW if clock else '%s'}")
@@ -266,25 +317,25 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> str:
     def names(model):
         return ", ".join(_q(f.column) for f in _fields(model))
 
+    ref = f"'{rules.NOTICE_REF_PREFIX}' || n.id"
     effect_picks = ", ".join(
-        "COALESCE('notice:' || n.id, v.provider_ref)"
-        if f.column == "provider_ref"
-        else f"v.{_q(f.column)}"
+        f"COALESCE({ref}, v.provider_ref)" if f.column == "provider_ref" else f"v.{_q(f.column)}"
         for f in _fields(Effect)
     )
-    return _compact(f"""
-        WITH refused_recipient AS (
-            SELECT r.id FROM jsonb_array_elements_text(%s::jsonb) AS r(id)
+    text = _compact(f"""
+        WITH refused AS (
+            SELECT r.id, CASE WHEN u.{_q(pk.column)} IS NULL THEN 'missing' ELSE 'refused' END
+                AS why
+            FROM jsonb_array_elements_text(%s::jsonb) AS r(id)
             LEFT JOIN {_q(user._meta.db_table)} u
                    ON u.{_q(pk.column)} = r.id::{pk.cast_db_type(connection)}
-            WHERE u.{_q(pk.column)} IS NULL{inactive}
+            WHERE u.{_q(pk.column)} IS NULL OR NOT {admits.text}
         ), locked AS (
             SELECT id FROM {job_t} WHERE id = %s FOR UPDATE NOWAIT
         ), job AS (
             UPDATE {job_t} SET {", ".join(sets)}
-            WHERE id = (SELECT id FROM locked) AND version = %s AND lease_owner = %s
-              AND lease_expires_at > {NOW} + make_interval(secs => %s)
-              AND NOT EXISTS (SELECT 1 FROM refused_recipient)
+            WHERE id = (SELECT id FROM locked) AND {fence.text}
+              AND NOT EXISTS (SELECT 1 FROM refused)
             RETURNING id
         ), attempt AS (
             UPDATE {_q(Attempt._meta.db_table)} SET outcome = %s, finished_at = {NOW}
@@ -294,7 +345,6 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> str:
             INSERT INTO {_q(Artifact._meta.db_table)} (job_id, {names(Artifact)})
             SELECT job.id, {cols(Artifact)}
             FROM job, jsonb_to_recordset(%s::jsonb) AS v({_record_type(Artifact)})
-            ON CONFLICT (key) DO NOTHING
             RETURNING id
         ), notice_row AS MATERIALIZED (
             SELECT v.*, nextval(pg_get_serial_sequence('{Notice._meta.db_table}', 'id')) AS id
@@ -317,54 +367,59 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> str:
             JOIN effect e ON e.effect_id = v._key
             RETURNING id
         )
-        SELECT (SELECT count(*) FROM job), (SELECT count(*) FROM refused_recipient),
+        SELECT (SELECT count(*) FROM job), (SELECT json_object_agg(id, why) FROM refused),
                (SELECT id FROM artifact),
                (SELECT json_object_agg(effect_id, id) FROM effect),
                (SELECT json_object_agg(_key, id) FROM notice_row)
     """)
+    return text, (admits, fence)
 
 
-def publish(
-    job: Job,
-    worker: str,
-    *,
-    changes: dict,
-    margin: float,
-    attempt_id: int,
-    artifact: Artifact | None,
-    effects: list[Effect],
-    notices: list[Notice],
-    events: list[EffectEvent],
-    recipients: list[str],
-) -> Published:
-    """running → succeeded with everything that commits with it, in one statement.
+def publish(plan):
+    """Carry out a ``jobs.publish.Plan`` in one statement: running → succeeded with the
+    attempt's outcome, the artifact row, the effects born final, their notices and events.
 
-    ``changes``: the job's publish columns (``transitions.publish_changes``; an
-    expression there can only be ``Now()``). The effects are born in their final
-    state (applied or withheld); ``notices`` and ``events`` name their effect by
-    an ``effect_key`` attribute (the effect's ``effect_id``: nothing has a pk yet).
-    The attempt's outcome is written only if the CAS won.
-
-    ``recipients``: user ids whose account must exist and be active for the publish
-    to happen at all (the default release policy, ``ledger.withhold_reason``, checked
-    in the statement that commits the notices). If one fails, nothing is written and
-    ``recipients_changed`` says so: the caller decides those effects the slow way.
+    The account rule is checked for ``plan.accounts`` in the same statement; if it
+    refuses one, nothing is written and the result names them. If the owner fence
+    fails, nothing is written. On a win the plan's instances get their ids.
     """
-    statement = _publish_statement(tuple((k, isinstance(v, Now)) for k, v in changes.items()))
-    params = [json.dumps(recipients), Int8(job.pk)]
+    from jobs.ledger import ACCOUNT_MISSING, ACCOUNT_REFUSED
+    from jobs.publish import Result, Status
+
+    job = plan.job
+    changes = dict(plan.changes)
+    statement, (admits, fence) = _publish_statement(
+        tuple((k, isinstance(v, Now)) for k, v in changes.items())
+    )
+    params = [json.dumps(list(plan.accounts)), *admits.params(), _int8(job.pk)]
     params += [v for v in changes.values() if not isinstance(v, Now)]
-    params += [Int8(job.version), worker, float(margin)]
-    params += [Attempt.Outcome.SUCCEEDED, Int8(attempt_id)]
-    params.append(_rows_json(Artifact, [artifact] if artifact is not None else []))
-    params.append(_rows_json(Notice, notices, key=lambda n: n.effect_key))
-    params.append(_rows_json(Effect, effects))
-    params.append(_rows_json(EffectEvent, events, key=lambda ev: ev.effect_key))
+    params += fence.params(
+        job=_int8(job.pk), version=_int8(job.version), worker=plan.worker, margin=plan.margin
+    )
+    params += [Attempt.Outcome.SUCCEEDED, _int8(plan.attempt.pk)]
+    params.append(_rows_json(Artifact, [plan.artifact] if plan.artifact is not None else []))
+    params.append(_keyed_json(Notice, plan.notices))
+    params.append(_rows_json(Effect, list(plan.effects)))
+    params.append(_keyed_json(EffectEvent, plan.events))
     with _cursor() as cursor:
         cursor.execute(statement, params)
         won, refused, artifact_id, effect_ids, notice_ids = cursor.fetchone()
     if not won:
-        return Published(False, recipients_changed=bool(refused))
-    return Published(True, False, artifact_id, _json(effect_ids), _json(notice_ids))
+        if refused:
+            why = {"missing": ACCOUNT_MISSING, "refused": ACCOUNT_REFUSED}
+            reasons = {str(k): why[v] for k, v in _json(refused).items()}
+            return Result(Status.ACCOUNTS_REFUSED, "statement", reasons)
+        return Result(Status.LOST, "statement")
+    if plan.artifact is not None:
+        plan.artifact.pk = artifact_id
+        plan.artifact._state.adding = False
+    effect_ids, notice_ids = _json(effect_ids), _json(notice_ids)
+    for effect in plan.effects:
+        effect.pk = effect_ids[effect.effect_id]
+        effect._state.adding = False
+        if effect.effect_id in notice_ids:
+            effect.provider_ref = rules.notice_reference(notice_ids[effect.effect_id])
+    return Result(Status.WON, "statement")
 
 
 def _compact(statement: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import Count, Q, Sum
 
-from jobs.models import Attempt, Effect, EffectEvent, Job
+from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job
 
 Action = EffectEvent.Action
 
@@ -71,8 +71,22 @@ def collect_providers() -> dict[str, dict]:
     return out
 
 
-def collect() -> dict:
-    """Jobs by state, deliveries, duplicate deliveries, retries by class, effects by state."""
+def artifact_figures() -> dict:
+    """Artifact rows by state and orphan files (named by no row; ``jobs_prune`` collects them)."""
+    from jobs.retention import orphans
+
+    return {
+        "by_state": dict(Artifact.objects.values_list("state").annotate(n=Count("id")).order_by()),
+        "orphan_files": len(orphans()),
+    }
+
+
+def collect(*, artifacts: bool = False) -> dict:
+    """Jobs by state, deliveries, duplicate deliveries, retries by class, effects by state.
+
+    ``artifacts`` adds the artifact figures (``manage.py jobs_stats`` asks for them);
+    counting orphans lists the artifact storage, too slow for every /metrics scrape.
+    """
     outcomes = dict(Attempt.objects.values_list("outcome").annotate(n=Count("id")).order_by())
     retries = dict(
         Attempt.objects.filter(outcome=Attempt.Outcome.RETRY)
@@ -113,6 +127,7 @@ def collect() -> dict:
         "providers": providers,
         "provider_in_flight": provider_in_flight(),
         "duplicate_effects": duplicate_effects,
+        **({"artifacts": artifact_figures()} if artifacts else {}),
     }
 
 

@@ -296,6 +296,10 @@ class Options:
     grace: float = 5.0  # a message untaken this long is waiting
     check_every: float = 2.0  # how often the database (the queue, once idle) is looked at
     quick_exit: float = 10.0  # a child that ran less than this backs off further
+    # Until its first delivery a cluster may still be booting (django imports, N worker
+    # processes forked): on a loaded host that can take longer than ``stall_seconds``,
+    # and restarting it then only starts the slow boot again.
+    boot_grace: float = 30.0
 
 
 class Supervisor:
@@ -407,11 +411,15 @@ class Supervisor:
         )
 
     def _idle_seconds(self) -> float:
+        """How long the cluster has made no progress (no delivery began or ended)."""
         try:
             touched = self.progress.stat().st_mtime
         except OSError:
             touched = 0.0
-        return time.time() - max(touched, self.started_at, self.resumed_at)
+        since = max(touched, self.started_at, self.resumed_at)
+        if touched < self.started_at:  # no delivery since it started: it may be booting
+            since = max(since, self.started_at + self.options.boot_grace)
+        return time.time() - since
 
     def _watch(self) -> tuple[str, str] | None:
         """Wait until the child exits or stalls ((kind, why)) or a signal came (None).

@@ -8,7 +8,7 @@ redelivers the message.
 
 from __future__ import annotations
 
-from jobs import dispatch, ledger, runner, transitions
+from jobs import backends, dispatch, ledger, runner, transitions
 from jobs.models import Effect
 from jobs.supervisor import delivery
 
@@ -16,7 +16,10 @@ from jobs.supervisor import delivery
 def run_job(job_id: int) -> str:
     """One delivery of a job; returns after every outcome is committed (then django-q2 acks)."""
     with delivery("run_job", job_id):
-        return runner.run_delivery(job_id).outcome
+        outcome = runner.run_delivery(job_id).outcome
+        # A django.tasks task that this delivery finished: task_finished, now it is committed.
+        backends.announce_finished(job_id, outcome)
+        return outcome
 
 
 def release_effect(effect_pk: int) -> str:

@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.views.decorators.cache import never_cache
 
-from jobs import conf, console, stats
+from jobs import conf, console, flowview, stats
 
 
 def _token_ok(request: HttpRequest) -> bool:
@@ -41,17 +41,38 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
     """
     if not request.user.has_perm("jobs.view_job"):
         raise PermissionDenied
+    from jobs.admin import can_view_error_detail, subject_labels
+
     snap = console.snapshot()
     rows = snap.timeline
+    labels = subject_labels(snap.failures)
+    detail = can_view_error_detail(request)
+    failures = [
+        (
+            job,
+            labels.get((job.subject_type, job.subject_id), f"{job.subject_type}:{job.subject_id}"),
+            *console.error_of(job, detail=detail),
+        )
+        for job in snap.failures
+    ]
+    kind = request.GET.get("kind", "")[:64]
+    outcomes = console.job_outcomes(60, kind=kind, now=snap.now)
     context = {
         **admin.site.each_context(request),
         "title": "Operations console",
+        "kind": kind,
+        "kinds": console.kinds(),
+        "outcomes_chart": console.chart(outcomes, console.OUTCOME_SERIES),
+        "outcome_totals": {k: sum(r[k] for r in outcomes) for k in console.OUTCOME_SERIES},
         "snap": snap,
+        "health": console.health(snap),
+        "failures": failures,
         "stats": stats.collect(),
         "chart": console.chart(rows),
         "first_minute": rows[0]["minute"],
         "last_minute": rows[-1]["minute"],
         "totals": {k: sum(r[k] for r in rows) for k in console.SERIES},
+        "flow": flowview.scope_views(),
     }
     if request.GET.get("part") == "live":
         return TemplateResponse(request, "jobs/_console_live.html", context)

@@ -1,34 +1,57 @@
-"""Admin for reviewers and operators.
+"""Admin for reviewers, operators and office admins.
 
 Operators (model-wide permissions, e.g. the ``operators`` group) see every
 request. Reviewers see only the requests they hold ``review_permitrequest`` on,
-read-only; assignments are managed with guardian's object-permission screen.
+read-only. Office admins (``permits.assign_reviewer``) assign and revoke reviewers
+on each request's "Assign reviewers" page; every grant and revocation is recorded
+(``ReviewerAssignment``) and listed on the request's page; nobody grants themselves.
+Guardian's generic object-permission screens are for superusers only.
+
 Applicant contacts appear (and can be edited) only for holders of
 ``permits.view_applicant_contact``, and each page that shows them is recorded.
+Without it no changelist lookup, ordering, search or filter may reach them, here or
+through a relation from another model: such a URL answers 400 (Django's
+``DisallowedModelAdminLookup``) whatever its value, and is logged without the value.
 Nothing per request is kept on the shared ModelAdmin instances.
 """
 
 from __future__ import annotations
 
-from django.contrib import admin
-from django.http import Http404
-from django.urls import reverse
+import logging
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.exceptions import DisallowedModelAdminLookup
+from django.contrib.admin.options import IS_POPUP_VAR
+from django.contrib.admin.utils import unquote
+from django.contrib.admin.views.main import ORDER_VAR
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.core.exceptions import FieldDoesNotExist, PermissionDenied
+from django.db.models.constants import LOOKUP_SEP
+from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils.html import format_html
 from guardian.admin import GuardedModelAdmin
-from guardian.shortcuts import get_objects_for_user
+from guardian.shortcuts import get_objects_for_user, get_users_with_perms
 
 from jobs.admin import register_subject
 from jobs.models import Job
-from permits import reports, selectors
+from permits import reports, selectors, services
 from permits.models import (
+    ASSIGN_PERM,
     CONTACT_PERM,
     PRIVATE_FIELDS,
     REVIEW_PERM,
     ApplicantContactView,
     PermitRequest,
     ReviewDecision,
+    ReviewerAssignment,
     Tenant,
 )
+
+log = logging.getLogger("permits.admin")
 
 
 def _is_operator(request, model=PermitRequest) -> bool:
@@ -43,6 +66,85 @@ def _is_reviewer(request) -> bool:
 def sees_contacts(request) -> bool:
     """Whether the admin shows this user the applicant contacts (their own permission)."""
     return request.user.is_active and request.user.has_perm(CONTACT_PERM)
+
+
+# --- no lookup, ordering, search or filter on applicant fields without the permission ----
+
+
+def private_field_reached(model, lookup: str) -> str | None:
+    """The applicant field that the changelist lookup ``lookup`` reaches from ``model``
+    (directly or through relations, forward or reverse), or None."""
+    for part in lookup.split(LOOKUP_SEP):
+        try:
+            field = model._meta.get_field(part)
+        except FieldDoesNotExist:
+            return None  # a transform or lookup name (or nothing the query accepts)
+        if issubclass(model, PermitRequest) and field.name in PRIVATE_FIELDS:
+            return field.name
+        if not field.is_relation or field.related_model is None:
+            return None
+        model = field.related_model
+    return None
+
+
+def _log_refusal(request, model, what: str, field: str) -> None:
+    """The refusal, logged with the field's name and never the value asked about."""
+    log.warning(
+        "admin %s refused: user=%s model=%s field=%s (needs %s)",
+        what,
+        request.user.pk,
+        model._meta.label_lower,
+        field,
+        CONTACT_PERM,
+    )
+
+
+def _strip_search_prefix(name: str) -> str:
+    return name.lstrip("=^@")
+
+
+class PrivateFieldsGuard:
+    """For every admin of the site's models: applicant fields are out of reach of URL
+    lookups, ordering, search and list filters unless the user holds the contact
+    permission (a changelist that accepted ``?applicant_phone__startswith=`` answered
+    yes or no for any prefix: an oracle that spelled out the values)."""
+
+    def lookup_allowed(self, lookup, value, request):
+        if not sees_contacts(request):
+            field = private_field_reached(self.model, lookup)
+            if field is not None:
+                _log_refusal(request, self.model, "lookup", field)
+                return False  # Django answers DisallowedModelAdminLookup: 400
+        return super().lookup_allowed(lookup, value, request)
+
+    def changelist_view(self, request, extra_context=None):
+        if not sees_contacts(request):
+            # Django orders by column numbers only; a name here is refused all the same.
+            for name in request.GET.get(ORDER_VAR, "").split("."):
+                field = private_field_reached(self.model, name.lstrip("-"))
+                if field is not None:
+                    _log_refusal(request, self.model, "ordering", field)
+                    raise DisallowedModelAdminLookup(f"Ordering by {field} not allowed")
+        return super().changelist_view(request, extra_context)
+
+    def _public(self, request, names):
+        if sees_contacts(request):
+            return names
+        return type(names)(
+            n
+            for n in names
+            if not isinstance(n, str)
+            or private_field_reached(self.model, _strip_search_prefix(n)) is None
+        )
+
+    def get_search_fields(self, request):
+        return self._public(request, super().get_search_fields(request))
+
+    def get_list_filter(self, request):
+        return self._public(request, super().get_list_filter(request))
+
+    def get_sortable_by(self, request):
+        return self._public(request, super().get_sortable_by(request))
 
 
 class DecisionInline(admin.TabularInline):
@@ -61,13 +163,152 @@ class DecisionInline(admin.TabularInline):
         return obj is None or _is_operator(request) or request.user.has_perm(REVIEW_PERM, obj)
 
 
+class AssignmentInline(admin.TabularInline):
+    """Every grant and revocation on this request: who, whom, what, when (read-only)."""
+
+    model = ReviewerAssignment
+    fk_name = "request"
+    extra = 0
+    can_delete = False
+    verbose_name_plural = "Assignments (grants and revocations, newest first)"
+    fields = readonly_fields = ("at", "action", "permission", "reviewer", "group", "actor", "via")
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.has_perm("permits.view_reviewerassignment")
+
+
+class AssignForm(forms.Form):
+    reviewer = forms.ModelChoiceField(queryset=None, label="Assign a reviewer")
+
+    def __init__(self, *args, candidates, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["reviewer"].queryset = candidates
+
+
+def can_assign(request) -> bool:
+    return request.user.is_active and request.user.has_perm(ASSIGN_PERM)
+
+
 @admin.register(PermitRequest)
-class PermitRequestAdmin(GuardedModelAdmin):
+class PermitRequestAdmin(PrivateFieldsGuard, GuardedModelAdmin):
     list_display = ("reference", "tenant", "work_type", "status", "output_revision", "report_state")
     list_filter = ("tenant", "status", "work_type")
     search_fields = ("reference", "parcel", "site_address")
     readonly_fields = ("current_report", "output_revision")
-    inlines = [DecisionInline]
+    inlines = [DecisionInline, AssignmentInline]
+    change_form_template = "admin/permits/permitrequest/change_form.html"
+    assign_template = "admin/permits/permitrequest/reviewers.html"
+
+    def get_urls(self):
+        info = self.opts.app_label, self.opts.model_name
+        return [
+            path(
+                "<path:object_id>/reviewers/",
+                self.admin_site.admin_view(self.reviewers_view),
+                name=f"{info[0]}_{info[1]}_reviewers",
+            ),
+            *super().get_urls(),
+        ]
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        # A request saved into review gets its report asked for (the one rule, in services).
+        services.ensure_report(obj)
+
+    # -- assignments: the office admins' page ------------------------------------------
+
+    def reviewers_view(self, request, object_id):
+        """Assign and revoke reviewers of one request (``permits.assign_reviewer``)."""
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        if not can_assign(request):
+            raise PermissionDenied
+        obj = self.get_object(request, unquote(object_id))
+        assigned = list(
+            get_users_with_perms(
+                obj, only_with_perms_in=["review_permitrequest"], with_group_users=False
+            ).order_by("username")
+        )
+        candidates = (
+            get_user_model()
+            .objects.filter(is_active=True, groups__name="reviewers")
+            .exclude(pk__in=[u.pk for u in assigned])
+            .exclude(pk=request.user.pk)  # nobody grants themselves
+            .order_by("username")
+            .distinct()
+        )
+        form = AssignForm(candidates=candidates)
+        if request.method == "POST":
+            action = request.POST.get("action")
+            if action == "assign":
+                if request.POST.get("reviewer") == str(request.user.pk):
+                    raise services.SelfGrantRefused
+                form = AssignForm(request.POST, candidates=candidates)
+                if form.is_valid():
+                    user = form.cleaned_data["reviewer"]
+                    services.assign_reviewer(obj, user, by=request.user, via="assign page")
+                    self.message_user(request, f"{user} now reviews {obj}.", messages.SUCCESS)
+                    return HttpResponseRedirect(request.path)
+            elif action == "revoke":
+                user = next((u for u in assigned if str(u.pk) == request.POST.get("user")), None)
+                if user is None:
+                    self.message_user(
+                        request, "That reviewer is not assigned (any more).", messages.WARNING
+                    )
+                else:
+                    services.revoke_reviewer(obj, user, by=request.user, via="assign page")
+                    self.message_user(request, f"{user} no longer reviews {obj}.", messages.SUCCESS)
+                return HttpResponseRedirect(request.path)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Assign reviewers: {obj}",
+            "opts": self.opts,
+            "original": obj,
+            "assigned": assigned,
+            "form": form,
+            "records": obj.assignment_records.select_related("reviewer", "group", "actor")[:50],
+            "is_popup": IS_POPUP_VAR in request.GET,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, self.assign_template, context)
+
+    # -- guardian's generic screens: superusers only, never for themselves ---------------
+
+    def _superusers_only(self, request) -> None:
+        if not (request.user.is_active and request.user.is_superuser):
+            raise PermissionDenied
+
+    def obj_perms_manage_view(self, request, object_pk):
+        self._superusers_only(request)
+        return super().obj_perms_manage_view(request, object_pk)
+
+    def obj_perms_manage_user_view(self, request, object_pk, user_id):
+        self._superusers_only(request)
+        if str(user_id) == str(request.user.pk):
+            raise services.SelfGrantRefused
+        with services.acting(request.user, "object permissions screen"):
+            return super().obj_perms_manage_user_view(request, object_pk, user_id)
+
+    def obj_perms_manage_group_view(self, request, object_pk, group_id):
+        self._superusers_only(request)
+        if Group.objects.filter(pk=group_id, user=request.user).exists():
+            raise services.SelfGrantRefused
+        with services.acting(request.user, "object permissions screen"):
+            return super().obj_perms_manage_group_view(request, object_pk, group_id)
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        context["can_assign_reviewers"] = obj is not None and can_assign(request)
+        context["can_manage_object_permissions"] = request.user.is_superuser
+        if obj is not None and sees_contacts(request):  # this page shows the contacts
+            ApplicantContactView.objects.create(viewer=request.user, request=obj)
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
     fieldsets = [
         (None, {"fields": ("tenant", "reference", "status", "output_revision", "current_report")}),
         (
@@ -129,11 +370,6 @@ class PermitRequestAdmin(GuardedModelAdmin):
             '<a href="{}">{}</a>', reverse("admin:jobs_job_change", args=[job.pk]), text
         )
 
-    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
-        if obj is not None and sees_contacts(request):  # this page shows the contacts
-            ApplicantContactView.objects.create(viewer=request.user, request=obj)
-        return super().render_change_form(request, context, add, change, form_url, obj)
-
     def get_object(self, request, object_id, from_field=None):
         obj = super().get_object(request, object_id, from_field)
         if obj is None:
@@ -146,12 +382,12 @@ class PermitRequestAdmin(GuardedModelAdmin):
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(PrivateFieldsGuard, admin.ModelAdmin):
     list_display = ("key", "name")
 
 
 @admin.register(ApplicantContactView)
-class ApplicantContactViewAdmin(admin.ModelAdmin):
+class ApplicantContactViewAdmin(PrivateFieldsGuard, admin.ModelAdmin):
     """Who saw which request's applicant contacts in the admin, and when (read-only)."""
 
     list_display = ("viewed_at", "viewer", "request")
@@ -170,7 +406,7 @@ class ApplicantContactViewAdmin(admin.ModelAdmin):
 
 
 @admin.register(ReviewDecision)
-class ReviewDecisionAdmin(admin.ModelAdmin):
+class ReviewDecisionAdmin(PrivateFieldsGuard, admin.ModelAdmin):
     list_display = ("request", "reviewer", "decision", "revision", "decided_at")
     list_filter = ("decision",)
     readonly_fields = ("request", "reviewer", "decision", "revision", "decided_at", "comment")
@@ -179,6 +415,25 @@ class ReviewDecisionAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(ReviewerAssignment)
+class ReviewerAssignmentAdmin(PrivateFieldsGuard, admin.ModelAdmin):
+    """Every grant and revocation of an object permission on a request (read-only)."""
+
+    list_display = ("at", "action", "permission", "reviewer", "group", "request", "actor", "via")
+    list_filter = ("action", "via")
+    search_fields = ("reviewer__username", "actor__username", "request__reference")
+    readonly_fields = ("at", "action", "permission", "reviewer", "group", "request", "actor", "via")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
         return False
 
 

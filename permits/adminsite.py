@@ -70,6 +70,12 @@ def reject_malformed_ids(view: Callable) -> Callable:
 
 
 class SiteAdmin(admin.AdminSite):
+    # One product: the admin carries the reviewer site's name (and colours, see
+    # templates/admin/base_site.html and static/admin-theme.css).
+    site_header = "Permit review · operations"
+    site_title = "Permit review operations"
+    index_title = "Operations"
+
     def admin_view(self, view, cacheable=False):
         # The id check runs inside the login and permission check, so an anonymous
         # visitor is sent to the login page as before, whatever the URL.

@@ -9,9 +9,10 @@ class PermitsConfig(AppConfig):
 
     def ready(self) -> None:
         from permits import jobkinds
-        from permits.signals import create_groups
+        from permits.signals import connect_assignment_audit, create_groups
 
         jobkinds.register()
+        connect_assignment_audit()
         # After every app's migrate, so all permissions exist.
         post_migrate.connect(create_groups, dispatch_uid="permits.create_groups")
 

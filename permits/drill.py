@@ -38,6 +38,7 @@ from permits.models import PermitRequest
 from permits.services import report_request, revoke_reviewer
 
 DEADLOCK_KIND = "drill.deadlock"
+RENDERED_KIND = "drill.rendered_report"
 
 
 @dataclass
@@ -144,8 +145,23 @@ def deadlock_handler(ctx: JobContext) -> list[EffectSpec]:
     return []
 
 
+def rendered_handler(ctx: JobContext) -> list[EffectSpec]:
+    """The permit report, rendered, then a pause point, then stored with no heartbeat between.
+
+    Like a plain function (a ``django.tasks`` task) that cannot heartbeat: a worker
+    paused at "rendered" still stores its bytes after its lease ran out.
+    """
+    ctx.check_owner()
+    permit = PermitRequest.objects.select_related("tenant").get(pk=int(ctx.job.subject_id))
+    pdf = reports.render_report(permit, ctx.job)
+    ctx.stage("rendered")
+    ctx.store_artifact(pdf, content_type="application/pdf", extension="pdf")
+    return []
+
+
 def register() -> None:
     register_kind(DEADLOCK_KIND, deadlock_handler, max_attempts=3)
+    register_kind(RENDERED_KIND, rendered_handler, max_attempts=3)
 
 
 # --- the steps ---------------------------------------------------------------------------
@@ -168,6 +184,7 @@ def step_takeover(d: Drill) -> None:
 
     def pause_after_artifact(stage: str, ctx: JobContext) -> None:
         if stage == "artifact_stored":
+            result["name"] = ctx.artifact.storage_name
             stored.set()
             resume.wait(60)
 
@@ -181,7 +198,7 @@ def step_takeover(d: Drill) -> None:
     thread.start()
     d.check("worker 1 stored the artifact", stored.wait(30))
     storage = artifacts.get_storage()
-    path = storage.path(artifacts.storage_name_for(job, "pdf"))
+    path = storage.path(result["name"])
     first_file = os.stat(path).st_ino
     d.check(
         "the artifact's row waits for worker 1's publish",
@@ -201,7 +218,9 @@ def step_takeover(d: Drill) -> None:
         second_result.outcome,
     )
     rows = list(Artifact.objects.filter(job=job))
-    same = os.stat(path).st_ino == first_file and [a.rewrites for a in rows] == [0]
+    same = os.stat(path).st_ino == first_file and [(a.storage_name, a.rewrites) for a in rows] == [
+        (result["name"], 0)
+    ]
     d.check("worker 2 verified worker 1's file instead of making one", same)
     d.row(
         "3 reclaim, verify, publish", "worker-2", f"{second_result.outcome}; artifact verified", job
@@ -238,6 +257,84 @@ def step_takeover(d: Drill) -> None:
     d.check(
         "stored bytes match the recorded sha256",
         artifacts.is_intact(Artifact.objects.get(job=job)),
+    )
+
+
+def step_stale_bytes(d: Drill) -> None:
+    """Worker 1 renders, pauses before it stores; the office is renamed; worker 2 publishes
+    other bytes; worker 1 stores late: the published bytes stay worker 2's."""
+    permit = PermitRequest.objects.select_related("tenant").get(pk=1)
+    job, _ = request_job(
+        RENDERED_KIND,
+        subject_type="permits.permitrequest",
+        subject_id=permit.pk,
+        output_revision=permit.output_revision,
+        tenant_key=permit.tenant.key,
+    )
+    first, second = _identity("worker-1"), _identity("worker-2")
+    rendered, resume = threading.Event(), threading.Event()
+    seen: dict = {}
+
+    def pause_before_store(stage: str, ctx: JobContext) -> None:
+        if stage == "rendered":
+            rendered.set()
+            resume.wait(60)
+        elif stage == "artifact_stored":
+            seen["first"] = ctx.artifact.storage_name
+
+    def run_first():
+        try:
+            seen["first_result"] = run_delivery(job.pk, worker=first, on_stage=pause_before_store)
+        finally:
+            connections.close_all()
+
+    def note_second(stage: str, ctx: JobContext) -> None:
+        if stage == "artifact_stored":
+            seen["second"] = (ctx.artifact.storage_name, ctx.artifact.sha256)
+
+    thread = threading.Thread(target=run_first)
+    thread.start()
+    d.check("worker 1 rendered its bytes", rendered.wait(30))
+    d.row("4a claim, render, pause", "worker-1", "rendered; paused before it stores", job)
+    time.sleep(float(settings.JOBS_LEASE_SECONDS) + 0.3)
+    tenant = permit.tenant
+    old_name = tenant.name
+    type(tenant).objects.filter(pk=tenant.pk).update(name=f"{old_name} (renamed)")
+    try:
+        second_result = run_delivery(job.pk, worker=second, on_stage=note_second)
+        d.check("worker 2 publishes other bytes", second_result.outcome == "succeeded")
+        d.row("4b office renamed; reclaim", "worker-2", f"{second_result.outcome}", job)
+        resume.set()
+        thread.join(30)
+    finally:
+        resume.set()
+        type(tenant).objects.filter(pk=tenant.pk).update(name=old_name)
+    first_result = seen.get("first_result")
+    d.check(
+        "late worker 1 publishes nothing",
+        first_result is not None and first_result.outcome == "lease_lost",
+    )
+    rows = list(Artifact.objects.filter(job=job))
+    d.check("one artifact row", len(rows) == 1)
+    art = rows[0] if rows else None
+    second_name, second_sha = seen.get("second", ("", ""))
+    d.check(
+        "the row names worker 2's file and hash",
+        art is not None and (art.storage_name, art.sha256) == (second_name, second_sha),
+    )
+    d.check(
+        "worker 1's late bytes went to their own file",
+        bool(seen.get("first")) and seen["first"] != second_name,
+    )
+    d.check(
+        "the published bytes stay worker 2's",
+        art is not None and artifacts.sha256_hex(artifacts.read_verified(art)) == second_sha,
+    )
+    d.row(
+        "4c resume, store late",
+        "worker-1",
+        "stored an orphan; publish CAS lost -> " + (first_result.outcome if first_result else "?"),
+        job,
     )
 
 
@@ -356,6 +453,7 @@ def run(write: Callable[[str], None]) -> bool:
     try:
         for step in (
             step_takeover,
+            step_stale_bytes,
             lambda d: step_provider_timeout(d, server),
             step_deadlock,
             step_malformed,

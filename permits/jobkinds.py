@@ -12,6 +12,7 @@ from django.contrib.auth import get_user_model
 from jobs.exceptions import PayloadInvalid
 from jobs.registry import EffectSpec, register_kind
 from jobs.runner import JobContext
+from jobs.words import set_provider_words
 
 
 def demo_summary(ctx: JobContext) -> list[EffectSpec]:
@@ -45,3 +46,6 @@ def register() -> None:
     register_kind("demo.summary", demo_summary)
     reports.register()
     drill.register()
+    # The webhook carries notices to the reviewer's device: that is its name on both
+    # sides (the reviewer's "Notice to your device", the admin's "Device · webhook").
+    set_provider_words("webhook", "Device", "device")

@@ -14,6 +14,8 @@ from django.utils import timezone
 REVIEW_PERM = "permits.review_permitrequest"
 # Reading applicant contacts in the admin is its own duty, apart from running jobs.
 CONTACT_PERM = "permits.view_applicant_contact"
+# Granting and revoking review is a third duty (office admins), audited, never to oneself.
+ASSIGN_PERM = "permits.assign_reviewer"
 PRIVATE_FIELDS = ("applicant_name", "applicant_phone", "applicant_email", "applicant_id_number")
 
 
@@ -74,6 +76,7 @@ class PermitRequest(models.Model):
         permissions = [
             ("review_permitrequest", "Can review this permit request"),
             ("view_applicant_contact", "Can see applicant contacts in the admin"),
+            ("assign_reviewer", "Can assign and revoke reviewers of permit requests"),
         ]
 
     def __str__(self) -> str:
@@ -139,3 +142,72 @@ class ApplicantContactView(models.Model):
 
     def __str__(self) -> str:
         return f"{self.viewer} viewed the applicant contacts of {self.request}"
+
+
+class ReviewerAssignment(models.Model):
+    """One grant or revocation of an object permission on a request (the audit trail).
+
+    Written in the transaction that changes guardian's row, whatever screen or code
+    path changed it (``permits.signals``); never edited.
+    """
+
+    class Action(models.TextChoices):
+        GRANTED = "granted", "Granted"
+        REVOKED = "revoked", "Revoked"
+
+    request = models.ForeignKey(
+        PermitRequest, on_delete=models.CASCADE, related_name="assignment_records"
+    )
+    action = models.CharField(max_length=10, choices=Action.choices)
+    permission = models.CharField(max_length=100, help_text="the permission's codename")
+    reviewer = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="review_assignments",
+        help_text="whom (a user)",
+    )
+    group = models.ForeignKey(
+        "auth.Group",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="whom (a group)",
+    )
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="who; empty for the system (seed, shell, migrations)",
+    )
+    via = models.CharField(max_length=40, blank=True, help_text="the screen or command")
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        whom = self.reviewer or self.group
+        return f"{self.permission} {self.action} for {whom} on {self.request}"
+
+
+class ReportRebuild(models.Model):
+    """One rebuild a user started (a new output revision): what per-user limits count."""
+
+    request = models.ForeignKey(PermitRequest, on_delete=models.CASCADE, related_name="+")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    revision = models.PositiveIntegerField()
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["requested_by", "at"], name="permits_rebuild_user_at")]
+
+    def __str__(self) -> str:
+        return f"{self.requested_by} rebuilt {self.request} as revision {self.revision}"

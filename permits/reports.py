@@ -269,4 +269,6 @@ def authorize_release(effect: Effect) -> str | None:
 
 
 def register() -> None:
-    register_kind(KIND, build_report, authorize_release=authorize_release)
+    # The report reads applicant contacts: an exception's message could quote one, so its
+    # failures keep class and frames only (DESIGN: no private field in an error field).
+    register_kind(KIND, build_report, authorize_release=authorize_release, redact_errors=True)

@@ -1,14 +1,19 @@
-"""Request-level safety rules of the site: private pages are never stored, and which
-address a login attempt comes from.
+"""Request-level safety rules of the site: private pages are never stored, which
+address a login attempt comes from, and the login limits.
 
-Both are wired in settings (``MIDDLEWARE``, ``AXES_CLIENT_IP_CALLABLE``).
+All are wired in settings (``MIDDLEWARE``, ``AXES_CLIENT_IP_CALLABLE``, ``AXES_HANDLER``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from axes.attempts import get_cool_off_threshold
+from axes.handlers.database import AxesDatabaseHandler
+from axes.helpers import get_failure_limit
+from axes.models import AccessAttempt
 from django.conf import settings
+from django.db.models import Sum
 from django.http import HttpRequest, HttpResponse
 from django.utils.cache import add_never_cache_headers
 
@@ -46,3 +51,30 @@ def client_ip(request: HttpRequest) -> str:
         if last:
             return last
     return request.META.get("REMOTE_ADDR", "")
+
+
+class LoginLimitsHandler(AxesDatabaseHandler):
+    """django-axes' database handler with a second, higher limit per address.
+
+    axes locks a username at one address after ``LOGIN_FAILURE_LIMIT`` failures (its
+    ``AXES_LOCKOUT_PARAMETERS``). Password spraying tries few passwords on many usernames
+    and never reaches that; so failures from one address are also summed across usernames,
+    and at ``LOGIN_ADDRESS_FAILURE_LIMIT`` every login from that address is refused (the
+    lockout page says so) until the cool-off passes or someone deletes the address's rows.
+    The same ``AccessAttempt`` rows are counted, so every unlock path of axes still works.
+    """
+
+    def get_failures(self, request, credentials=None) -> int:
+        failures = super().get_failures(request, credentials)
+        if address_failures(request) >= settings.LOGIN_ADDRESS_FAILURE_LIMIT:
+            request.login_address_capped = True
+            return max(failures, get_failure_limit(request, credentials))
+        return failures
+
+
+def address_failures(request) -> int:
+    """Failed logins from the request's address, across usernames, within the cool-off."""
+    attempts = AccessAttempt.objects.filter(ip_address=request.axes_ip_address)
+    if settings.AXES_COOLOFF_TIME is not None:
+        attempts = attempts.filter(attempt_time__gte=get_cool_off_threshold(request))
+    return attempts.aggregate(n=Sum("failures_since_start"))["n"] or 0

@@ -6,7 +6,7 @@ from django.db.models import Exists, OuterRef
 from django.http import Http404
 from guardian.shortcuts import get_objects_for_user
 
-from jobs.models import Artifact, Attempt, Job, Notice
+from jobs.models import Artifact, Attempt, Job, JobEvent, Notice
 from permits import reports
 from permits.models import REVIEW_PERM, PermitRequest, ReviewDecision
 
@@ -19,6 +19,36 @@ def requests_for(user):
         klass=PermitRequest.objects.select_related("tenant"),
         accept_global_perms=False,
     ).order_by("-submitted_at", "-id")
+
+
+DECIDED = (
+    PermitRequest.Status.APPROVED,
+    PermitRequest.Status.CHANGES_REQUESTED,
+    PermitRequest.Status.REJECTED,
+    PermitRequest.Status.WITHDRAWN,
+)
+
+
+def queue_view(mine, *, view: str, oldest_first: bool = False, reference: str = ""):
+    """A reviewer's requests: ``todo`` (still in review) or ``decided`` (a decision is in
+    force, or the applicant withdrew), by submitted date, optionally by reference."""
+    found = (
+        mine.filter(status__in=DECIDED) if view == "decided" else mine.exclude(status__in=DECIDED)
+    )
+    if reference:
+        found = found.filter(reference__icontains=reference)
+    order = ("submitted_at", "id") if oldest_first else ("-submitted_at", "-id")
+    return found.order_by(*order)
+
+
+def queue_counts(mine) -> dict[str, int]:
+    """How many of the reviewer's requests are to do and decided (for the view tabs)."""
+    from django.db.models import Count, Q
+
+    return mine.aggregate(
+        todo=Count("pk", filter=~Q(status__in=DECIDED)),
+        decided=Count("pk", filter=Q(status__in=DECIDED)),
+    )
 
 
 def request_for(user, pk: int) -> PermitRequest:
@@ -62,6 +92,13 @@ def attempts_of(job: Job | None):
     if job is None:
         return Attempt.objects.none()
     return Attempt.objects.filter(job=job).order_by("started_at", "id")
+
+
+def operator_events_of(job: Job | None):
+    """Operators' actions on the job (requeue, retry now, cancel), oldest first."""
+    if job is None:
+        return JobEvent.objects.none()
+    return JobEvent.objects.filter(job=job).order_by("at", "id")
 
 
 def notices_for(user):

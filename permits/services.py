@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Count, F, Min
 from django.utils import timezone
-from guardian.shortcuts import assign_perm, remove_perm
+from guardian.shortcuts import assign_perm, get_user_perms, remove_perm
 
 from jobs.models import Job, Notice
 from jobs.services import request_job
 from permits import reports, selectors
-from permits.models import PermitRequest, ReviewDecision
+from permits.models import PermitRequest, ReportRebuild, ReviewDecision
 
 
 def report_request(permit: PermitRequest, *, revision: int | None = None) -> tuple[Job, bool]:
@@ -23,6 +31,118 @@ def report_request(permit: PermitRequest, *, revision: int | None = None) -> tup
         output_revision=revision,
         tenant_key=permit.tenant.key,
     )
+
+
+#: A request in review needs its current revision's report (a submitted one is not
+#: in review yet: nobody looks at it; it gets its report when it enters review).
+REVIEWING = (PermitRequest.Status.IN_REVIEW,)
+
+
+def ensure_report(permit: PermitRequest) -> tuple[Job | None, bool]:
+    """Ask for the current revision's report when the request is under review (idempotent).
+
+    Called by every write that puts a request into review or moves its output
+    revision (``enter_review``, ``assign_reviewer``, ``request_new_revision``, the
+    admin's save), so reviewers never press a button to get the report. A request that
+    left review (decided, withdrawn) gets none; (None, False) then.
+    """
+    if permit.status not in REVIEWING:
+        return None, False
+    return report_request(permit)
+
+
+def enter_review(permit: PermitRequest) -> tuple[Job | None, bool]:
+    """Put the request into review and ask for its report in the same transaction."""
+    with transaction.atomic():
+        PermitRequest.objects.filter(pk=permit.pk).update(status=PermitRequest.Status.IN_REVIEW)
+        permit.status = PermitRequest.Status.IN_REVIEW
+        return ensure_report(permit)
+
+
+def regenerate_cancelled(permit: PermitRequest, *, seen_revision: int) -> tuple[Job, bool]:
+    """The fallback for a report an operator cancelled: a fresh revision, once per revision.
+
+    A cancelled job stays cancelled (one job per kind, subject and revision), so the way
+    forward is the next revision, like a rebuild, without counting against the user's
+    rebuild limit (nobody asked twice: the first report never came).
+    """
+    job = selectors.report_job(permit, seen_revision)
+    if job is None:
+        return report_request(permit, revision=seen_revision)
+    if job.state != Job.State.CANCELLED:
+        return job, False
+    return request_new_revision(permit, seen_revision=seen_revision)
+
+
+class RebuildRefused(Exception):
+    """Raised when a rebuild is not started; the message says why and what to do."""
+
+
+class ReportStillBeingPrepared(RebuildRefused):
+    """Raised when the current revision's report is still being prepared."""
+
+    def __init__(self, revision: int) -> None:
+        super().__init__(
+            f"The report of revision {revision} is still being prepared. Wait until it is "
+            "ready (or has stopped), then rebuild if you still need to."
+        )
+
+
+class RebuildLimitReached(RebuildRefused):
+    """Raised when the user already started as many rebuilds as the window allows."""
+
+    def __init__(self, limit: int, minutes: int, next_at: datetime) -> None:
+        self.next_at = next_at
+        super().__init__(
+            f"You started {limit} rebuild{'s' if limit != 1 else ''} in the last {minutes} "
+            f"minutes, the most allowed. You can start another after "
+            f"{timezone.localtime(next_at):%H:%M} ({settings.TIME_ZONE})."
+        )
+
+
+PREPARING = (Job.State.QUEUED, Job.State.RUNNING, Job.State.RETRY_WAIT)
+
+
+def rebuild_limit() -> tuple[int, int]:
+    """(rebuilds, per minutes) one user may start: ``REBUILD_LIMIT`` per
+    ``REBUILD_LIMIT_WINDOW_MINUTES``, read at call time."""
+    return (
+        int(getattr(settings, "REBUILD_LIMIT", 5)),
+        int(getattr(settings, "REBUILD_LIMIT_WINDOW_MINUTES", 60)),
+    )
+
+
+def rebuild_report(permit: PermitRequest, user, *, seen_revision: int) -> tuple[Job, bool]:
+    """A reviewer's rebuild: a new revision, within the bounds of one user's work.
+
+    Refused (``RebuildRefused``) while the current revision's report is still being
+    prepared, and past the user's limit of rebuilds per window. A double submit of the
+    page that saw an older revision is no rebuild and is never refused. The user's row
+    is locked first, so two of their rebuilds at once are counted one after the other.
+    """
+    with transaction.atomic():
+        list(get_user_model().objects.select_for_update().filter(pk=user.pk).values("pk"))
+        current = PermitRequest.objects.select_for_update().get(pk=permit.pk)
+        if current.output_revision == seen_revision:
+            job = selectors.report_job(current)
+            if job is not None and job.state in PREPARING:
+                raise ReportStillBeingPrepared(seen_revision)
+            limit, minutes = rebuild_limit()
+            recent = ReportRebuild.objects.filter(
+                requested_by=user, at__gte=timezone.now() - timedelta(minutes=minutes)
+            )
+            counted = recent.aggregate(n=Count("pk"), first=Min("at"))
+            if counted["n"] >= limit:
+                raise RebuildLimitReached(
+                    limit, minutes, counted["first"] + timedelta(minutes=minutes)
+                )
+        job, created = request_new_revision(current, seen_revision=seen_revision)
+        permit.output_revision = current.output_revision
+        if created:
+            ReportRebuild.objects.create(
+                request=current, requested_by=user, revision=current.output_revision
+            )
+    return job, created
 
 
 def request_new_revision(permit: PermitRequest, *, seen_revision: int) -> tuple[Job, bool]:
@@ -150,12 +270,62 @@ def withdraw(permit: PermitRequest) -> bool:
     return done == 1
 
 
-def assign_reviewer(permit: PermitRequest, user) -> None:
-    assign_perm("review_permitrequest", user, permit)
+# --- assignments: their own duty, recorded, never to oneself ---------------------------
+
+_acting: ContextVar[tuple[object | None, str]] = ContextVar("permits_acting", default=(None, ""))
 
 
-def revoke_reviewer(permit: PermitRequest, user) -> None:
-    remove_perm("review_permitrequest", user, permit)
+class SelfGrantRefused(PermissionDenied):
+    """Raised when someone tries to grant a permission to themselves (or to their group)."""
+
+    def __init__(self) -> None:
+        super().__init__("Nobody can grant a permission to themselves.")
+
+
+@contextmanager
+def acting(user, via: str) -> Iterator[None]:
+    """Attribute the grants and revocations made inside to ``user`` through ``via``."""
+    token = _acting.set((user, via))
+    try:
+        yield
+    finally:
+        _acting.reset(token)
+
+
+def current_actor() -> tuple[object | None, str]:
+    """(who, through what) changes object permissions now; (None, "") for the system."""
+    return _acting.get()
+
+
+def _holds_review(user, permit: PermitRequest) -> bool:
+    return get_user_perms(user, permit).filter(codename="review_permitrequest").exists()
+
+
+def assign_reviewer(permit: PermitRequest, user, *, by=None, via: str = "") -> bool:
+    """Grant ``user`` review of ``permit``; recorded (``ReviewerAssignment``) when it is new.
+
+    ``by`` is who grants (None: the system, e.g. the demo seed); nobody grants themselves.
+    Returns whether it was a new grant.
+    """
+    if by is not None and by.pk == user.pk:
+        raise SelfGrantRefused
+    with transaction.atomic(), acting(by, via or ("system" if by is None else "service")):
+        before = _holds_review(user, permit)
+        assign_perm("review_permitrequest", user, permit)
+        ensure_report(permit)  # the reviewer finds the report ready, never a button
+    return not before
+
+
+def revoke_reviewer(permit: PermitRequest, user, *, by=None, via: str = "") -> bool:
+    """Take review of ``permit`` from ``user``; recorded. Returns whether it was held.
+
+    A notice the engine has not released yet is withheld at its release (the recheck of
+    ``permits.reports.authorize_release``), and the reviewer's pages answer 404 at once.
+    """
+    with transaction.atomic(), acting(by, via or ("system" if by is None else "service")):
+        before = _holds_review(user, permit)
+        remove_perm("review_permitrequest", user, permit)
+    return before
 
 
 def mark_notices_read(user, *, pk: int | None = None) -> int:

@@ -91,6 +91,12 @@ if not ALLOWED_HOSTS:
     if not DEBUG:
         raise ImproperlyConfigured("ALLOWED_HOSTS must be set when DEBUG is off" + _DEMO_HINT)
     ALLOWED_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
+if not DEBUG and "*" in ALLOWED_HOSTS:
+    # "*" turns off Django's Host header check: password-reset and notice links, caches and
+    # logs would trust whatever host a client sends.
+    raise ImproperlyConfigured(
+        "ALLOWED_HOSTS must name the site's hosts when DEBUG is off, not '*' (docs/production.md)"
+    )
 
 # Set BEHIND_PROXY=1 only when a proxy that sets X-Forwarded-Proto (and appends the client
 # to X-Forwarded-For) is the only way in: then, and only then, those headers are trusted.
@@ -117,6 +123,7 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",  # static files, before anything else
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    "permits.friendly.FriendlyNotFound",  # the site's 404 and 500 pages also with DEBUG on
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -240,6 +247,27 @@ STORAGES = {
     },
 }
 
+# Artifacts on S3-compatible object storage (several hosts; docs/deployment.md): set
+# ARTIFACT_S3_BUCKET. Credentials come from boto3's chain (AWS_ACCESS_KEY_ID and
+# AWS_SECRET_ACCESS_KEY in the environment, an instance role), never from this file.
+# jobs.E031 probes at start-up that the bucket answers and refuses a second
+# conditional create (If-None-Match: *).
+ARTIFACT_S3_BUCKET = os.environ.get("ARTIFACT_S3_BUCKET", "")
+if ARTIFACT_S3_BUCKET:
+    STORAGES["artifacts"] = {
+        "BACKEND": "jobs.storage_s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": ARTIFACT_S3_BUCKET,
+            "endpoint_url": os.environ.get("ARTIFACT_S3_ENDPOINT_URL") or None,
+            "region_name": os.environ.get("ARTIFACT_S3_REGION") or None,
+            "location": os.environ.get("ARTIFACT_S3_PREFIX", ""),
+            # MinIO, Ceph and moto on a bare host name want path-style addressing.
+            "addressing_style": os.environ.get("ARTIFACT_S3_ADDRESSING_STYLE") or None,
+            "file_overwrite": False,
+            "default_acl": None,
+        },
+    }
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "queue"
 LOGOUT_REDIRECT_URL = "login"
@@ -273,16 +301,29 @@ CONTENT_SECURITY_POLICY = {
 }
 
 # Login throttling (django-axes), on the site login and the admin login alike: a username
-# is locked from one address after LOGIN_FAILURE_LIMIT failures, for LOGIN_LOCKOUT_MINUTES
-# (0: until an operator unlocks it with `manage.py axes_reset_username` or the admin).
+# is locked from one address after LOGIN_FAILURE_LIMIT failures, and an address after
+# LOGIN_ADDRESS_FAILURE_LIMIT failures across usernames (password spraying), each for
+# LOGIN_LOCKOUT_MINUTES (0: until an office admin or operator unlocks it: deleting the
+# rows in the admin, or `manage.py axes_reset_username` / `axes_reset_ip`). docs/access.md.
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
 if AXES_FAILURE_LIMIT < 1:
     raise ImproperlyConfigured(f"LOGIN_FAILURE_LIMIT must be at least 1, got {AXES_FAILURE_LIMIT}")
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+LOGIN_ADDRESS_FAILURE_LIMIT = env_int("LOGIN_ADDRESS_FAILURE_LIMIT", 20)
+if LOGIN_ADDRESS_FAILURE_LIMIT < AXES_FAILURE_LIMIT:
+    raise ImproperlyConfigured(
+        "LOGIN_ADDRESS_FAILURE_LIMIT must be at least LOGIN_FAILURE_LIMIT "
+        f"({AXES_FAILURE_LIMIT}), got {LOGIN_ADDRESS_FAILURE_LIMIT}"
+    )
+AXES_HANDLER = "permits.security.LoginLimitsHandler"
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_LOCKOUT_MINUTES", 30)) or None
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/lockout.html"
 AXES_CLIENT_IP_CALLABLE = "permits.security.client_ip"
+
+# Bounded work per user (permits.services.rebuild_report): rebuilds one user may start.
+REBUILD_LIMIT = env_int("REBUILD_LIMIT", 5)
+REBUILD_LIMIT_WINDOW_MINUTES = env_int("REBUILD_LIMIT_WINDOW_MINUTES", 60)
 
 # Prometheus scrapes /metrics with "Authorization: Bearer $METRICS_TOKEN"; operators too.
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
@@ -307,6 +348,10 @@ JOBS_TENANT_CONCURRENCY = env_int("JOBS_TENANT_CONCURRENCY", 4)
 JOBS_BACKOFF_FLOOR_SECONDS = env_float("JOBS_BACKOFF_FLOOR_SECONDS", 1.0)
 JOBS_BACKOFF_BASE_SECONDS = env_float("JOBS_BACKOFF_BASE_SECONDS", 2.0)
 JOBS_BACKOFF_CAP_SECONDS = env_float("JOBS_BACKOFF_CAP_SECONDS", 300.0)
+# Off behind PgBouncer in transaction mode before 1.21 (docs/deployment.md, jobs.W014).
+JOBS_PREPARED_STATEMENTS = env_bool("JOBS_PREPARED_STATEMENTS", True)
+# Several simulated hosts on one machine (make scaleout) tell themselves apart by this.
+JOBS_HOST_NAME = os.environ.get("JOBS_HOST_NAME", "")
 
 Q_CLUSTER = {
     "name": "permits",

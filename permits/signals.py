@@ -1,7 +1,11 @@
-"""Groups exist after migrate: ``reviewers`` (object permissions only) and ``operators``.
+"""Groups exist after migrate: ``reviewers`` (object permissions only), ``operators`` and
+``office-admins``; and every grant or revocation of review is recorded.
 
-Operators run jobs; reading applicant contacts (``view_applicant_contact``) is a separate
-duty that is granted to people one by one, never through the ``operators`` group.
+Operators run jobs. Reading applicant contacts (``view_applicant_contact``) is a separate
+duty granted to people one by one, never through a group. Assigning reviewers
+(``assign_reviewer``) is the office admins' duty: they hold nothing else but the view of
+requests, the assignment records and the login lockouts they may lift. Nobody but a
+superuser holds guardian's own object-permission models or screens.
 """
 
 from __future__ import annotations
@@ -11,12 +15,33 @@ from django.contrib.auth.models import Group, Permission
 OPERATOR_MODELS = {
     "jobs": ["job", "attempt", "artifact", "effect", "effectevent", "notice"],
     "permits": ["tenant", "permitrequest", "reviewdecision"],
-    "guardian": ["userobjectpermission", "groupobjectpermission"],
     "axes": ["accessattempt"],  # deleting a lockout's row unlocks that login
 }
-NOT_FOR_OPERATORS = {"view_applicant_contact"}
-# Read-only for operators: django-q2's queue and task pages (evidence, not controls).
-OPERATOR_VIEW_ONLY = {"django_q": ["ormq", "success", "failure", "schedule"]}
+NOT_FOR_OPERATORS = {"view_applicant_contact", "assign_reviewer"}
+# Read-only for operators: django-q2's queue and task pages (evidence, not controls), and
+# the record of assignments.
+OPERATOR_VIEW_ONLY = {
+    "django_q": ["ormq", "success", "failure", "schedule"],
+    "permits": ["reviewerassignment"],
+}
+OFFICE_ADMINS = "office-admins"
+OFFICE_ADMIN_PERMS = [
+    ("permits", "assign_reviewer"),
+    ("permits", "view_permitrequest"),
+    ("permits", "view_reviewerassignment"),
+    ("axes", "view_accessattempt"),
+    ("axes", "delete_accessattempt"),  # unlock a login (or an address)
+]
+
+
+def _perms(pairs):
+    return [
+        p
+        for p in Permission.objects.filter(codename__in=[c for _, c in pairs]).select_related(
+            "content_type"
+        )
+        if (p.content_type.app_label, p.codename) in set(pairs)
+    ]
 
 
 def create_groups(sender=None, **kwargs) -> None:
@@ -41,3 +66,79 @@ def create_groups(sender=None, **kwargs) -> None:
         )
     ]
     operators.permissions.add(*wanted)
+    # What earlier versions gave operators and no longer do (a migrate takes it back).
+    operators.permissions.remove(
+        *Permission.objects.filter(content_type__app_label="guardian"),
+        *Permission.objects.filter(
+            content_type__app_label="permits", codename__in=NOT_FOR_OPERATORS
+        ),
+    )
+    office, _ = Group.objects.get_or_create(name=OFFICE_ADMINS)
+    office.permissions.add(*_perms(OFFICE_ADMIN_PERMS))
+
+
+# --- grants and revocations of object permissions on requests: recorded, never to oneself ---
+
+
+def _on_requests(instance) -> bool:
+    from django.contrib.contenttypes.models import ContentType
+
+    from permits.models import PermitRequest
+
+    return instance.content_type_id == ContentType.objects.get_for_model(PermitRequest).pk
+
+
+def refuse_self_grant(sender, instance, raw=False, **kwargs) -> None:
+    """The last line of "nobody grants a permission to themselves": whatever screen or
+    code path writes guardian's row, a known actor may not be its holder."""
+    from permits.services import SelfGrantRefused, current_actor
+
+    if raw or not instance._state.adding or not _on_requests(instance):
+        return
+    actor, _ = current_actor()
+    if actor is None:
+        return
+    group_id = getattr(instance, "group_id", None)
+    if getattr(instance, "user_id", None) == actor.pk or (
+        group_id is not None and actor.groups.filter(pk=group_id).exists()
+    ):
+        raise SelfGrantRefused
+
+
+def _record(instance, action: str) -> None:
+    from permits.models import ReviewerAssignment
+    from permits.services import current_actor
+
+    actor, via = current_actor()
+    ReviewerAssignment.objects.create(
+        request_id=int(instance.object_pk),
+        action=action,
+        permission=instance.permission.codename,
+        reviewer_id=getattr(instance, "user_id", None),
+        group_id=getattr(instance, "group_id", None),
+        actor=actor,
+        via=via or "system",
+    )
+
+
+def record_grant(sender, instance, created=False, raw=False, **kwargs) -> None:
+    if created and not raw and _on_requests(instance):
+        _record(instance, "granted")
+
+
+def record_revocation(sender, instance, **kwargs) -> None:
+    from permits.models import PermitRequest
+
+    if _on_requests(instance) and PermitRequest.objects.filter(pk=instance.object_pk).exists():
+        _record(instance, "revoked")
+
+
+def connect_assignment_audit() -> None:
+    from django.db.models.signals import post_delete, post_save, pre_save
+    from guardian.models import GroupObjectPermission, UserObjectPermission
+
+    for model in (UserObjectPermission, GroupObjectPermission):
+        uid = model.__name__
+        pre_save.connect(refuse_self_grant, sender=model, dispatch_uid=f"permits.self.{uid}")
+        post_save.connect(record_grant, sender=model, dispatch_uid=f"permits.grant.{uid}")
+        post_delete.connect(record_revocation, sender=model, dispatch_uid=f"permits.revoke.{uid}")

@@ -14,11 +14,12 @@ protocol words stay on the operators' pages in the admin.
 
 from __future__ import annotations
 
-import io
 import logging
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from functools import wraps
+from urllib.parse import quote, urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -26,14 +27,16 @@ from django.core.paginator import Paginator
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from jobs.artifacts import read_verified
-from jobs.exceptions import ArtifactCorrupt
+from jobs.artifacts import open_verified
+from jobs.exceptions import ArtifactCorrupt, ArtifactLost, TemporaryFailure
 from jobs.models import Attempt, Effect, Job, Notice
 from jobs.queue import enqueue_restore
+from jobs.words import JOB_STATE_WORDS, effect_state_word, provider_words
 from permits import selectors, services
 from permits.forms import DecisionForm, NewRevisionForm
 from permits.models import PermitRequest
@@ -73,31 +76,26 @@ class ReportState:
 NO_REPORT = ReportState(
     "none", "Not requested", "No report has been requested for this revision yet.", True
 )
+# The state's word and tone come from the engine's one table (``jobs.words``, the admin
+# shows the same word); the reviewer's explanation of what it means for a report is ours.
+EXPLANATIONS = {
+    State.QUEUED: "The report is waiting for its turn; it starts by itself.",
+    State.RUNNING: "The report is being prepared.",
+    State.RETRY_WAIT: "A temporary problem interrupted the report; it is tried again by itself.",
+    State.SUCCEEDED: "The report is ready to download.",
+    State.FAILED: "The report cannot be built as requested and is not tried again; "
+    "operators can see why.",
+    State.DEAD: "Every allowed try failed; an operator will review it and can try again.",
+    State.CANCELLED: "An operator cancelled it.",
+}
 REPORT_STATES = {
-    State.QUEUED: ReportState(
-        "queued", "Requested", "The report is waiting for its turn; it starts by itself.", False
-    ),
-    State.RUNNING: ReportState("running", "Being prepared", "The report is being prepared.", False),
-    State.RETRY_WAIT: ReportState(
-        "waiting",
-        "Retrying soon",
-        "A temporary problem interrupted the report; it is tried again by itself.",
-        False,
-    ),
-    State.SUCCEEDED: ReportState("ready", "Ready", "The report is ready to download.", True),
-    State.FAILED: ReportState(
-        "failed",
-        "Could not be built",
-        "The report cannot be built as requested and is not tried again; operators can see why.",
-        True,
-    ),
-    State.DEAD: ReportState(
-        "failed",
-        "Stopped",
-        "Every allowed try failed; an operator will review it and can try again.",
-        True,
-    ),
-    State.CANCELLED: ReportState("cancelled", "Cancelled", "An operator cancelled it.", True),
+    state: ReportState(
+        JOB_STATE_WORDS[state].tone,
+        JOB_STATE_WORDS[state].word,
+        explanation,
+        state in Job.TERMINAL,
+    )
+    for state, explanation in EXPLANATIONS.items()
 }
 
 CAUSES = {
@@ -109,22 +107,22 @@ CAUSES = {
     "unknown": "an unexpected error",
 }
 
-# Notice channels (effect providers) and delivery states, in a reviewer's words.
-CHANNELS = {
-    "inapp": ("Inbox", "inbox"),
-    "webhook": ("Device", "device"),
-    "email": ("E-mail", "e-mail"),
+# What a state means for the reader of a notice, around the shared word (lower-cased). Kept
+# short: a notice's badge does not wrap, and it must fit a phone.
+NOTICE_WORDING = {
+    "withheld": "{word}: you were not assigned when it was due",
+    "needs_review": "{word} by an operator",
 }
-NOTICE_STATES = {
-    # effect state: (badge tone, words)
-    "pending": ("queued", "waiting to be sent"),
-    "sending": ("running", "being sent"),
-    "applied": ("ready", "delivered"),
-    "unknown": ("waiting", "delivery retrying"),
-    "withheld": ("none", "not sent: you were not assigned when it was due"),
-    "failed": ("failed", "could not be delivered"),
-    "needs_review": ("waiting", "an operator is checking the delivery"),
-}
+
+
+def notice_state(state: str) -> tuple[str, str]:
+    """(badge tone, words) of a notice's delivery state: the engine's word, lower-cased for
+    the sentence "Notice to your inbox: delivered", with the reviewer's detail around it."""
+    shared = effect_state_word(state)
+    word = shared.word[:1].lower() + shared.word[1:]
+    return shared.tone, NOTICE_WORDING.get(state, "{word}").format(word=word)
+
+
 EVENT_TONES = {
     "queued": "muted",
     "ready": "ok",
@@ -164,41 +162,102 @@ def _cause(error_class: str) -> str:
     return CAUSES.get(error_class, "an error")
 
 
-def attempt_events(job: Job, attempts) -> list[Event]:
-    """Tries of the report in plain words; repeated queue deliveries and deferrals are left out."""
+OPERATOR_ACTIONS = {
+    "requeue": "An operator asked for it again",
+    "retry_now": "An operator asked to try again now",
+    "cancel": "Cancelled by an operator",
+}
+
+
+def _hm(at: datetime | None) -> str:
+    return "" if at is None else f"{timezone.localtime(at):%H:%M}"
+
+
+def _round_events(tries: list, *, ended: str | None, ended_at: datetime | None) -> list[Event]:
+    """One round of tries (between operator actions) in at most three lines.
+
+    ``ended`` is the job state a finished round ended in (``failed``/``dead``), or None.
+    A round that could not build the report is one plain sentence; interruptions that
+    were tried again by themselves are counted on one line, not listed one by one.
+    """
+    if not tries:
+        return []
+    first, last = tries[0], tries[-1]
+    if ended in (State.FAILED, State.DEAD) or last.outcome in (Outcome.FAILED, Outcome.DEAD):
+        n = len(tries)
+        when = _hm(first.started_at)
+        until = _hm(last.finished_at or ended_at)
+        span = f"at {when}" if n == 1 or when == until else f"between {when} and {until}"
+        times = "once" if n == 1 else f"{n} times"
+        cause = _cause(last.error_class)
+        text = (
+            f"We tried {times} {span} and could not build it ({cause}); "
+            "the office's operators have been told"
+        )
+        return [Event("bad", text, last.finished_at or ended_at)]
+    events = [Event("running", "Being prepared", first.started_at)]
+    interrupted = [
+        a for a in tries if a.outcome in (Outcome.RETRY, Outcome.CRASHED, Outcome.LEASE_LOST)
+    ]
+    if interrupted:
+        causes = sorted({_cause(a.error_class) for a in interrupted if a.outcome == Outcome.RETRY})
+        why = f" by {' and '.join(causes)}" if causes else ""
+        times = "once" if len(interrupted) == 1 else f"{len(interrupted)} times"
+        events.append(
+            Event(
+                "warn",
+                f"Interrupted {times}{why}; tried again by itself",
+                interrupted[-1].finished_at,
+            )
+        )
+    if last.outcome == Outcome.SUCCEEDED:
+        events.append(Event("ok", "Ready", last.finished_at))
+    return events
+
+
+def attempt_events(job: Job, attempts, operator_events=()) -> list[Event]:
+    """The report's story in plain words: requested, each round of tries in a line or
+    three, and what operators did (JobEvent rows) in between. Repeated queue deliveries
+    and deferrals are left out; worker names and attempt numbers never appear."""
     events = [Event("muted", "Requested", job.created_at)]
     tries = [a for a in attempts if a.number > 0]
-    for i, a in enumerate(tries):
-        events.append(
-            Event("running", "Being prepared again" if i else "Being prepared", a.started_at)
-        )
-        if a.outcome == Outcome.SUCCEEDED:
-            events.append(Event("ok", "Ready", a.finished_at))
-        elif a.outcome == Outcome.RETRY:
+    actions = sorted(operator_events, key=lambda e: (e.at, e.pk))
+    rounds: list[list] = [[]]
+    marks = []
+    for a in tries:
+        while actions and actions[0].at <= a.started_at:
+            marks.append((len(rounds) - 1, actions.pop(0)))
+            rounds.append([])
+        rounds[-1].append(a)
+    for action in actions:
+        marks.append((len(rounds) - 1, action))
+        rounds.append([])
+    marks_by_round = dict(marks)
+    for i, round_tries in enumerate(rounds):
+        is_last = i == len(rounds) - 1
+        action = marks_by_round.get(i)
+        ended = job.state if is_last else None
+        if action is not None and action.action == "requeue":
+            ended = action.from_state  # a requeue follows a round that stopped (failed/dead)
+        events.extend(_round_events(round_tries, ended=ended, ended_at=job.finished_at))
+        if action is not None:
+            words = OPERATOR_ACTIONS.get(action.action, "An operator acted on it")
             events.append(
                 Event(
-                    "warn",
-                    f"Interrupted by {_cause(a.error_class)}; tried again by itself",
-                    a.finished_at,
+                    "muted" if action.action == "cancel" else "running",
+                    f"{words} at {_hm(action.at)}",
+                    action.at,
                 )
             )
-        elif a.outcome in (Outcome.CRASHED, Outcome.LEASE_LOST):
-            events.append(Event("warn", "Interrupted; picked up again by itself", a.finished_at))
-        elif a.outcome == Outcome.FAILED:
-            events.append(
-                Event("bad", f"Could not be built: {_cause(a.error_class)}", a.finished_at)
-            )
-        elif a.outcome == Outcome.DEAD:
-            events.append(
-                Event(
-                    "bad", "Stopped after its last try; an operator will review it", a.finished_at
-                )
-            )
-    if job.state == State.DEAD and not any(a.outcome == Outcome.DEAD for a in tries):
+    if job.state == State.DEAD and not tries:
         events.append(
-            Event("bad", "Stopped: no tries left; an operator will review it", job.finished_at)
+            Event(
+                "bad",
+                "Stopped before any try; the office's operators have been told",
+                job.finished_at,
+            )
         )
-    elif job.state == State.CANCELLED:
+    elif job.state == State.CANCELLED and not any(a.action == "cancel" for a in operator_events):
         events.append(Event("muted", "Cancelled by an operator", job.finished_at))
     return events
 
@@ -207,11 +266,12 @@ def notice_deliveries(job: Job | None, user) -> list[Delivery]:
     """The delivery state of each of this user's notices for the job, in plain words."""
     rows = []
     for effect in selectors.effects_for_recipient(job, user):
-        channel, place = CHANNELS.get(effect.provider, ("Other", "other channel"))
+        provider = provider_words(effect.provider)
+        channel, place = provider.label, provider.place
         shown = effect.state
         if shown == Effect.State.PENDING and effect.attempts:
             shown = Effect.State.UNKNOWN  # tried already, waiting for the next try
-        tone, words = NOTICE_STATES.get(shown, ("none", shown))
+        tone, words = notice_state(shown)
         at = effect.applied_at or effect.updated_at
         rows.append(Delivery(channel, place, effect.state, shown, tone, words, at))
     return rows
@@ -226,12 +286,40 @@ def notice_events(deliveries: list[Delivery]) -> list[Event]:
     ]
 
 
+def decision_wait(job: Job | None, permit: PermitRequest) -> str:
+    """Why the decision is not open yet, and when it will be (empty once the report is ready)."""
+    rev = permit.output_revision
+    head = f"You can decide once the report of revision {rev} is ready: "
+    if job is None:
+        return head + "no report is being prepared. Generate it above."
+    if job.state == State.CANCELLED:
+        return head + "an operator cancelled it. Generate it again above."
+    if job.state in services.PREPARING:
+        return head + (
+            "it is being prepared now, usually within a minute. This page updates by itself."
+        )
+    return head + "it could not be built. The office's operators have been told and can try again."
+
+
 # --- helpers -----------------------------------------------------------------------
+
+
+def _has_admin_duties(request: HttpRequest) -> bool:
+    """Whether the admin would show this user anything (a staff flag alone is no duty)."""
+    from django.contrib import admin
+
+    if not request.user.is_staff:
+        return False
+    return any(
+        request.user.has_module_perms(app_label)
+        for app_label in {m._meta.app_label for m in admin.site._registry}
+    )
 
 
 def _render(request: HttpRequest, template: str, context: dict, status: int = 200):
     if request.user.is_authenticated:
         context.setdefault("unread_notices", selectors.unread_notice_count(request.user))
+        context.setdefault("show_admin", _has_admin_duties(request))
     return render(request, template, context, status=status)
 
 
@@ -243,14 +331,21 @@ def _report_context(permit: PermitRequest, user) -> dict:
     settled = all(d.state in Effect.FINAL for d in deliveries)
     events = []
     if job is not None:
-        events = attempt_events(job, selectors.attempts_of(job)) + notice_events(deliveries)
+        events = attempt_events(
+            job, selectors.attempts_of(job), selectors.operator_events_of(job)
+        ) + notice_events(deliveries)
     status_text = " ".join(
         [state.explanation] + [f"Notice to your {d.place}: {d.words}." for d in deliveries]
     )
+    ready = job is not None and job.state == State.SUCCEEDED
     return {
         "permit": permit,
         "job": job,
         "state": state,
+        "report_ready": ready,
+        "preparing": job is not None and job.state in services.PREPARING,
+        "can_generate": job is None or job.state == State.CANCELLED,
+        "decision_wait": "" if ready else decision_wait(job, permit),
         "finished": state.finished and settled,
         "artifact": selectors.artifact_of(job),
         "events": events,
@@ -287,19 +382,47 @@ def _report_filename(permit: PermitRequest, revision: int) -> str:
     return f"{permit.reference}-r{revision}.pdf"
 
 
+def content_disposition(name: str, *, inline: bool = False) -> str:
+    """``attachment`` (or ``inline``) with a sanitized ASCII ``filename`` and the exact name
+    as RFC 6266's ``filename*`` (RFC 5987 UTF-8 encoding): no quote, backslash, path
+    separator or control character of a reference reaches the header raw."""
+    ascii_name = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "report.pdf"
+    kind = "inline" if inline else "attachment"
+    return f"{kind}; filename=\"{ascii_name}\"; filename*=UTF-8''{quote(name, safe='')}"
+
+
 # --- pages -------------------------------------------------------------------------
 
 
 @login_required
 @require_GET
 def queue(request: HttpRequest) -> HttpResponse:
-    """My queue: requests I may review, newest first, with each current report's state."""
-    pages = Paginator(selectors.requests_for(request.user), QUEUE_PAGE_SIZE)
+    """My queue: "To do" (still in review) or "Decided", sorted by submitted date (newest
+    first unless ``sort=oldest``), searchable by reference, each with its report's state."""
+    view = "decided" if request.GET.get("view") == "decided" else "todo"
+    sort = "oldest" if request.GET.get("sort") == "oldest" else "newest"
+    q = request.GET.get("q", "").strip()[:40]
+    mine = selectors.requests_for(request.user)
+    counts = selectors.queue_counts(mine)
+    found = selectors.queue_view(mine, view=view, oldest_first=sort == "oldest", reference=q)
+    pages = Paginator(found, QUEUE_PAGE_SIZE)
     page = pages.get_page(request.GET.get("page"))
     permits = list(page.object_list)
     jobs = selectors.report_jobs_by_permit(permits)
     rows = [(p, jobs.get(p.pk), report_state(jobs.get(p.pk))) for p in permits]
-    return _render(request, "permits/queue.html", {"page": page, "rows": rows, "nav": "queue"})
+    keep = {"view": view, "sort": sort, "q": q}
+    context = {
+        "page": page,
+        "rows": rows,
+        "nav": "queue",
+        "view": view,
+        "sort": sort,
+        "q": q,
+        "counts": counts,
+        "page_query": urlencode({k: v for k, v in keep.items() if v}),
+        "sort_query": urlencode({k: v for k, v in {"view": view, "q": q}.items() if v}),
+    }
+    return _render(request, "permits/queue.html", context)
 
 
 @login_required
@@ -327,11 +450,16 @@ def report_status(request: HttpRequest, pk: int) -> HttpResponse:
 @friendly_404
 @require_GET
 def report_download(request: HttpRequest, pk: int) -> HttpResponse:
-    """Send the report; the object permission is checked again on every download.
+    """Send the report, ``inline`` (the browser's PDF viewer opens it) or, with
+    ``?download=1``, as an attachment; the object permission is checked on every request.
 
-    The stored bytes are checked against the artifact's sha256 first: a missing or
-    corrupt file is never sent; the reader gets a clear page and the engine is asked
-    to restore the file (``jobs.restore``).
+    Every byte served is read through ``open_verified``: streamed into a spool while its
+    sha256 is checked, and served from the spool only once the whole file matched (flat
+    memory, never an unverified byte). A
+    missing or corrupt file is never sent: the reader gets a clear page and the engine
+    is asked to restore it (``jobs.restore``; one restore in flight however many
+    downloads). A lost artifact (its published bytes cannot be produced again) answers
+    410 with "rebuild it as a new revision".
     """
     permit = selectors.request_for(request.user, pk)
     revision = permit.output_revision
@@ -344,24 +472,36 @@ def report_download(request: HttpRequest, pk: int) -> HttpResponse:
     if artifact is None:
         raise Http404("No finished report for this revision")
     try:
-        data = read_verified(artifact)  # the bytes served are the bytes checked
+        verified = open_verified(artifact)  # the bytes served are the bytes checked
+    except ArtifactLost:
+        context = {"permit": permit, "revision": revision}
+        return _render(request, "permits/report_lost.html", context, status=410)
     except ArtifactCorrupt:
         log.warning(
             "artifact=%s key=%s failed its sha256 check at download", artifact.pk, artifact.key
         )
-        enqueue_restore(artifact)
+        enqueue_restore(artifact)  # a no-op while a restore of it is in flight
+        response = _render(
+            request, "permits/report_unavailable.html", {"permit": permit}, status=503
+        )
+        response["Retry-After"] = "60"
+        return response
+    except TemporaryFailure:  # the object store did not answer: nothing to restore
+        log.warning("artifact=%s storage unavailable at download", artifact.pk)
         response = _render(
             request, "permits/report_unavailable.html", {"permit": permit}, status=503
         )
         response["Retry-After"] = "60"
         return response
     log.info("permit=%s artifact=%s user=%s download", permit.pk, artifact.pk, request.user.pk)
-    return FileResponse(
-        io.BytesIO(data),
-        as_attachment=True,
-        filename=_report_filename(permit, revision),
-        content_type=artifact.content_type or "application/pdf",
+    content_type = artifact.content_type or "application/pdf"
+    inline = request.GET.get("download") != "1"
+    # ``verified`` is closed (and its spool removed) by the response when sent.
+    response = FileResponse(verified, as_attachment=not inline, content_type=content_type)
+    response["Content-Disposition"] = content_disposition(
+        _report_filename(permit, revision), inline=inline
     )
+    return response
 
 
 @login_required
@@ -371,7 +511,9 @@ def request_revision(request: HttpRequest, pk: int) -> HttpResponse:
     """Rebuild the report as a new revision: GET asks to confirm, POST does it.
 
     A double submit of the same page bumps the revision once (the form carries
-    the revision the reviewer saw).
+    the revision the reviewer saw). Bounded per user (``services.rebuild_report``): no
+    rebuild while the current report is still being prepared, and at most
+    ``REBUILD_LIMIT`` per ``REBUILD_LIMIT_WINDOW_MINUTES``.
     """
     permit = selectors.request_for(request.user, pk)
     if permit.is_withdrawn:
@@ -390,7 +532,11 @@ def request_revision(request: HttpRequest, pk: int) -> HttpResponse:
         messages.error(request, "That form was out of date. Look at the page again, then retry.")
     else:
         seen = form.cleaned_data["seen_revision"]
-        _, created = services.request_new_revision(permit, seen_revision=seen)
+        try:
+            _, created = services.rebuild_report(permit, request.user, seen_revision=seen)
+        except services.RebuildRefused as refused:
+            messages.error(request, str(refused))
+            return redirect("request_detail", pk=permit.pk)
         if created:
             messages.success(
                 request,
@@ -411,12 +557,16 @@ def request_revision(request: HttpRequest, pk: int) -> HttpResponse:
 @friendly_404
 @require_POST
 def generate_report(request: HttpRequest, pk: int) -> HttpResponse:
-    """Build the report of the current revision if nobody asked for it yet (idempotent)."""
+    """The fallback when no report is coming: none asked for yet, or an operator cancelled
+    it (then the next revision is built, once per revision seen)."""
     permit = selectors.request_for(request.user, pk)
     if permit.is_withdrawn:
         messages.error(request, "The applicant withdrew this request: no report is needed.")
     else:
-        _, created = services.report_request(permit)
+        seen = request.POST.get("seen_revision", "")
+        seen_revision = int(seen) if seen.isdigit() else permit.output_revision
+        _, created = services.regenerate_cancelled(permit, seen_revision=seen_revision)
+        permit.refresh_from_db(fields=["output_revision"])
         if created:
             messages.success(request, f"Report for revision {permit.output_revision} requested.")
     return redirect("request_detail", pk=permit.pk)
@@ -442,6 +592,13 @@ def decide(request: HttpRequest, pk: int) -> HttpResponse:
     """Record (or, when the form says so, change) the reviewer's decision on this revision."""
     permit = selectors.request_for(request.user, pk)
     form = DecisionForm(request.POST, permit=permit)
+    job = selectors.report_job(permit)
+    early = job is None or job.state != State.SUCCEEDED
+    if form.is_valid() and early and form.cleaned_data["revision"] == permit.output_revision:
+        # The form is disabled until the report is ready; this answers a hand-made or
+        # stale POST. (A form for an older revision gets "the report moved" below.)
+        form.add_error(None, decision_wait(job, permit))
+        return _render_detail(request, permit, decision_form=form)
     if form.is_valid():
         data = form.cleaned_data
         try:

@@ -14,8 +14,16 @@ mkdir -p var/log
 export NOTICE_PROVIDER_URL="http://127.0.0.1:${PROVIDER_PORT}"
 export NOTICE_PROVIDER_TOKEN="demo-provider-token"
 
-$PY manage.py migrate --noinput -v0
-$PY manage.py seed_demo
+# A port already taken fails here, with its name, instead of in a log file later.
+for pair in "PORT:$PORT" "PROVIDER_PORT:$PROVIDER_PORT"; do
+  if ! $PY -c 'import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))' "${pair#*:}" 2>/dev/null; then
+    echo "port ${pair#*:} is taken: choose another with ${pair%%:*}=... (e.g. make demo ${pair%%:*}=$(( ${pair#*:} + 1 )))" >&2
+    exit 1
+  fi
+done
 
 pids=()
 cleanup() {
@@ -25,13 +33,34 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
+# Each manage.py start costs seconds (imports, checks): the web server and the stand-in
+# provider start while the schema is migrated and seeded (one process for both); the
+# worker and the dispatcher once the tables exist.
 $PY manage.py fake_provider --port "$PROVIDER_PORT" --token "$NOTICE_PROVIDER_TOKEN" \
   --record var/provider-record.sqlite3 --stall 0.2 --stall-seconds 15 >var/log/provider.log 2>&1 &
 pids+=($!)
+$PY manage.py runserver "127.0.0.1:${PORT}" --noreload >var/log/web.log 2>&1 &
+web=$!
+pids+=("$web")
+$PY -c 'import os, django
+from django.core.management import call_command
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "permits.settings")
+django.setup()
+call_command("migrate", interactive=False, verbosity=0)
+call_command("seed_demo")'
 $PY manage.py jobs_worker >var/log/worker.log 2>&1 &
 pids+=($!)
 $PY manage.py jobs_dispatcher --interval 1 >var/log/dispatcher.log 2>&1 &
 pids+=($!)
+# The URL is printed as soon as the login page answers (not before the server listens).
+for _ in $(seq 1 600); do
+  if $PY -c 'import sys, urllib.request
+urllib.request.urlopen(sys.argv[1], timeout=1)' "http://127.0.0.1:${PORT}/accounts/login/" 2>/dev/null; then
+    break
+  fi
+  kill -0 "$web" 2>/dev/null || { cat var/log/web.log >&2; exit 1; }
+  sleep 0.1
+done
 
 cat <<MSG
 
@@ -40,13 +69,13 @@ cat <<MSG
   Web:      http://127.0.0.1:${PORT}/
   Admin:    http://127.0.0.1:${PORT}/admin/   (operator / operator-demo)
   Logins:   reviewer47 / reviewer-demo   reviewer52 / reviewer-demo
+  Assign:   officeadmin / officeadmin-demo (Assign reviewers, on a request's admin page)
   Provider: http://127.0.0.1:${PROVIDER_PORT} (stand-in; 20% of sends accepted then stalled)
-  Worker:   var/log/worker.log    Dispatcher: var/log/dispatcher.log
+  Logs:     var/log/web.log  var/log/worker.log  var/log/dispatcher.log  var/log/provider.log
   Figures:  .venv/bin/python manage.py jobs_stats
-  Stop:     Ctrl-C
+  Ports:    make demo PORT=8001 PROVIDER_PORT=8026
+  Stop:     Ctrl-C (stops the web server, worker, dispatcher and provider)
 
 MSG
-$PY manage.py runserver "127.0.0.1:${PORT}" --noreload &
-pids+=($!)
 # Wait in the background so a signal to this script runs the cleanup at once.
 wait -n "${pids[@]}" || true

@@ -36,7 +36,7 @@
   // Replace a part's content, then give focus back to the same control if it was inside.
   function update(current, fresh) {
     copyAttributes(fresh, current);
-    current.hidden = false;
+    current.hidden = fresh.hidden;
     if (current.innerHTML === fresh.innerHTML) return;
     if (current.getAttribute("role") === "status") {
       current.textContent = fresh.textContent; // text only: the region itself never changes
@@ -51,8 +51,22 @@
     }
   }
 
+  // The decision opens once the current revision's report is ready (the server refuses
+  // an early one too): enable the form in place, keeping whatever was typed.
+  function gate(ready, why) {
+    var fields = document.getElementById("decision-gate");
+    var wait = document.getElementById("decision-wait");
+    if (fields) fields.disabled = !ready;
+    if (wait) {
+      wait.hidden = ready;
+      if (why && wait.textContent !== why) wait.textContent = why;
+    }
+  }
+
   function apply(current, fresh) {
     current.dataset.finished = fresh.dataset.finished;
+    current.dataset.ready = fresh.dataset.ready;
+    gate(fresh.dataset.ready === "true", fresh.dataset.decisionWait);
     var now = parts(current);
     var next = parts(fresh);
     Object.keys(now).forEach(function (key) {

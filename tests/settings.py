@@ -13,6 +13,13 @@ os.environ.setdefault(
     "ARTIFACT_ROOT",
     os.path.join(os.path.dirname(__file__), "..", "var", f"test-artifacts-{_suite}"),
 )
+# Per pytest-xdist worker too (gw0, gw1, ...), as pytest-django gives each its own test
+# database. Workers inherit the controller's ARTIFACT_ROOT; the suffix is added once, so
+# the processes a worker starts (they inherit both variables) keep its folder.
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _worker and os.environ.get("TEST_ARTIFACTS_WORKER") != _worker:
+    os.environ["ARTIFACT_ROOT"] = f"{os.environ['ARTIFACT_ROOT']}-{_worker}"
+    os.environ["TEST_ARTIFACTS_WORKER"] = _worker
 
 from permits.settings import *  # noqa: E402, F403
 from permits.settings import INSTALLED_APPS, Q_CLUSTER, STORAGES  # noqa: E402
@@ -45,7 +52,24 @@ TASKS = {
     "default": {"BACKEND": "jobs.backends.JobsBackend"},
     "once": {"BACKEND": "jobs.backends.JobsBackend", "OPTIONS": {"MAX_ATTEMPTS": 1}},
 }
-Q_CLUSTER = {**Q_CLUSTER, "workers": 1, "timeout": 5, "retry": 7, "poll": 0.1}
+Q_CLUSTER = {
+    **Q_CLUSTER,
+    "workers": int(os.environ.get("TEST_Q_WORKERS", "1")),
+    "timeout": 5,
+    "retry": 7,
+    "poll": 0.1,
+}
+
+# Flow control and the circuit breaker: e2e tests set these for their subprocesses.
+for _name, _type in (
+    ("JOBS_FLOW_CACHE_SECONDS", float),
+    ("JOBS_CIRCUIT_FAILURES", int),
+    ("JOBS_CIRCUIT_PROBE_SECONDS", float),
+    ("JOBS_CIRCUIT_PROBE_CAP_SECONDS", float),
+    ("JOBS_PROVIDER_SLOT_WAIT_SECONDS", float),
+):
+    if os.environ.get(_name):
+        globals()[_name] = _type(os.environ[_name])
 
 # Several suites may share one server (developers, helpers, CI): let each pick its test database.
 if os.environ.get("TEST_DATABASE_NAME"):

@@ -89,6 +89,11 @@ class Provider:
         """Write the effect in the current transaction; return a reference."""
         raise NotImplementedError
 
+    def prepare(self, effect: Effect) -> None:
+        """Slow set-up for a send (a client, its TLS context), done before the rate's start
+        is taken: the call must follow its start at once, or calls taken apart reach the
+        provider together. Raising here fails the send before any call."""
+
     def send(self, effect: Effect) -> str:
         """Deliver the effect (raise on failure); return the provider's reference."""
         raise NotImplementedError

@@ -1,7 +1,8 @@
 """The HTTP notice provider: ``POST {NOTICE_PROVIDER_URL}/notices`` with an idempotency key.
 
 The body names references only (``effect_id``, ``recipient``, ``job``,
-``revision``, ``report_key``, ``kind``) and is a pure function of the effect,
+``revision``, ``report_key``, ``kind``, and ``link`` when the effect's data has one;
+docs/app/webhooks.md is the wire contract) and is a pure function of the effect,
 so a resend under the same ``Idempotency-Key`` carries the same body and the
 provider answers ``200`` with the id it gave the first time.
 
@@ -39,12 +40,15 @@ if TYPE_CHECKING:
     from jobs.models import Effect
 
 BODY_FIELDS = ("effect_id", "recipient", "job", "revision", "report_key", "kind")
+# ``EffectSpec.data`` keys sent as they are, when present (docs/app/webhooks.md). Free
+# text such as ``title`` is not sent: it may quote private data; receivers word their own.
+DATA_FIELDS = ("link",)
 
 
 def notice_body(effect: Effect) -> dict:
     """The protocol body: references only, the same for every send of one effect."""
     job = effect.job
-    return {
+    body = {
         "effect_id": effect.effect_id,
         "recipient": effect.recipient,
         "job": job.pk,
@@ -52,6 +56,10 @@ def notice_body(effect: Effect) -> dict:
         "report_key": str(effect.data.get("report_key") or artifacts.artifact_key(job)),
         "kind": str(effect.data.get("kind") or effect.name),
     }
+    for name in DATA_FIELDS:
+        if effect.data.get(name) not in (None, ""):
+            body[name] = str(effect.data[name])
+    return body
 
 
 class WebhookProvider(Provider):
@@ -99,6 +107,11 @@ class WebhookProvider(Provider):
             cached = (key, httpx.Client(timeout=timeout, follow_redirects=False))
             self._local.client = cached
         return cached[1]
+
+    def prepare(self, effect: Effect) -> None:
+        # A process's first client loads its TLS context: 0.1-0.3 s on a busy host,
+        # which between a rate's start and the call bunched calls at the provider.
+        self._client()
 
     def send(self, effect: Effect) -> str:
         url = self.setting("URL") + "/notices"

@@ -5,6 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django import template
+from django.utils.safestring import SafeString
+
+from jobs import words
 
 register = template.Library()
 
@@ -13,6 +16,19 @@ register = template.Library()
 def state_label(state: str) -> str:
     """``retry_wait`` → ``retry wait``: the stored value, readable (still searchable)."""
     return str(state).replace("_", " ")
+
+
+@register.filter
+def state_word(state: str, model: str = "job") -> str:
+    """The shared word for a job (or, with ``"effect"``, an effect) state: "Stopped"."""
+    table = words.effect_state_word if model == "effect" else words.job_state_word
+    return table(state).word
+
+
+@register.filter
+def state_tag(state: str, model: str = "job") -> SafeString:
+    """The admin's status tag: the shared word and the engine's name ("Stopped · dead")."""
+    return words.state_tag(state, effect=model == "effect")
 
 
 @register.filter

@@ -18,8 +18,13 @@ chosen status (e.g. 422); a fixed latency per answer; down windows during
 which the port refuses connections (also ``set_down()``, and SIGUSR1/SIGUSR2
 in ``manage.py fake_provider``).
 
-In flight, as recorded: from the moment the request was read to the moment just
-before the answer was written. A client holds its call open at least that
+Arrival, as recorded (``received_at``): when the request's first bytes reached this
+host's kernel (a socket receive timestamp, on Linux), not when a thread of this
+busy process got round to reading them: that lag is recorded apart (``read_at``),
+so a late handler cannot move two calls closer together in the record.
+
+In flight, as recorded: from the request's arrival to the moment just before the
+answer was written. A client holds its call open at least that
 long, so the provider's figure never overstates the client's concurrency. A
 stalled send counts until the provider notices the client hung up.
 """
@@ -34,6 +39,8 @@ import select
 import socket
 import socketserver
 import sqlite3
+import struct
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -55,6 +62,7 @@ CREATE TABLE IF NOT EXISTS requests (
     method TEXT NOT NULL,
     path TEXT NOT NULL,
     received_at REAL NOT NULL,
+    read_at REAL,
     answered_at REAL NOT NULL,
     idempotency_key TEXT NOT NULL DEFAULT '',
     effect_id TEXT NOT NULL DEFAULT '',
@@ -264,9 +272,42 @@ def validate(body) -> str | None:
     return None
 
 
+# SO_TIMESTAMPNS (Linux; Python names it only on some builds): the kernel stamps each
+# received segment, and recvmsg hands the stamp over as ancillary data.
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
+_STAMP = struct.Struct("qq")  # struct timespec
+
+
+def kernel_arrival(sock: socket.socket) -> float | None:
+    """When the bytes waiting on ``sock`` reached this host (None: no stamp, or none waiting).
+
+    Peeks one byte, so the request is left for the handler to read.
+    """
+    try:
+        data, ancillary, _flags, _addr = sock.recvmsg(1, 64, socket.MSG_PEEK)
+    except OSError:
+        return None
+    for level, kind, payload in ancillary:
+        if data and level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+            seconds, nanoseconds = _STAMP.unpack(payload[: _STAMP.size])
+            return seconds + nanoseconds / 1e9
+    return None
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: FakeProviderServer
     protocol_version = "HTTP/1.1"
+    arrived: float | None = None
+
+    def handle_one_request(self):
+        # Before the first read: the peek waits for the request like the read would.
+        self.arrived = kernel_arrival(self.connection)
+        super().handle_one_request()
+
+    def received(self) -> tuple[float, float]:
+        """(arrival, now): the kernel's stamp when there is one, else now for both."""
+        read = time.time()
+        return (self.arrived or read), read
 
     def log_message(self, format, *args):  # the record is the log
         pass
@@ -288,12 +329,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
     def do_GET(self):
-        received = time.time()
+        received, read = self.received()
         status = 200 if self.path == "/health" else 404
         self.server.writer.request(
             method="GET",
             path=self.path[:200],
             received_at=received,
+            read_at=read,
             answered_at=time.time(),
             status=status,
             outcome="health" if status == 200 else "not_found",
@@ -303,7 +345,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
-        received = time.time()
+        received, read = self.received()
         server = self.server
         key = self.headers.get("Idempotency-Key", "")[:200]
         status, outcome, send_id, effect_id, sha = 404, "not_found", "", "", ""
@@ -346,6 +388,7 @@ class _Handler(BaseHTTPRequestHandler):
             method="POST",
             path=self.path[:200],
             received_at=received,
+            read_at=read,
             answered_at=time.time(),
             idempotency_key=key,
             effect_id=effect_id,
@@ -412,6 +455,9 @@ class FakeProviderServer(ThreadingHTTPServer):
 
     # socketserver's HTTPServer.server_bind looks up the FQDN: slow, and loopback only here.
     def server_bind(self):
+        if SO_TIMESTAMPNS is not None:  # accepted connections inherit it
+            with contextlib.suppress(OSError):
+                self.socket.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         socketserver.TCPServer.server_bind(self)
         host, port = self.server_address[:2]
         self.server_name, self.server_port = host, port

@@ -53,21 +53,31 @@ class Inputs:
 @dataclass
 class Report:
     figures: dict[str, Any] = field(default_factory=dict)
-    checks: list[tuple[str, bool, str]] = field(default_factory=list)
+    # (promise, what, held, detail): the promise is the function that checked the row.
+    checks: list[tuple[str, str, bool, str]] = field(default_factory=list)
+    promise: str = ""
 
     def check(self, what: str, held: bool, detail: str = "") -> bool:
-        self.checks.append((what, bool(held), detail))
+        self.checks.append((self.promise, what, bool(held), detail))
         return bool(held)
 
     @property
     def passed(self) -> bool:
-        return all(held for _, held, _ in self.checks)
+        return all(held for _, _, held, _ in self.checks)
+
+    @property
+    def broken(self) -> list[str]:
+        """The promises with at least one row that did not hold, in check order."""
+        return list(dict.fromkeys(p for p, _, held, _ in self.checks if not held))
 
     def as_dict(self) -> dict:
         return {
             "passed": self.passed,
+            "broken_promises": self.broken,
             "figures": self.figures,
-            "checks": [{"what": w, "held": h, "detail": d} for w, h, d in self.checks],
+            "checks": [
+                {"promise": p, "what": w, "held": h, "detail": d} for p, w, h, d in self.checks
+            ],
         }
 
     def lines(self) -> list[str]:
@@ -129,13 +139,15 @@ class Report:
         out = ["", "Figures"]
         out += [f"  {k.ljust(width)}  {v}" for k, v in rows]
         out += ["", "Invariants"]
-        for what, held, detail in self.checks:
-            out.append(f"  [{'ok' if held else 'FAIL'}] {what}" + (f": {detail}" if detail else ""))
-        failed = sum(not held for _, held, _ in self.checks)
+        for promise, what, held, detail in self.checks:
+            mark = "ok" if held else f"FAIL {promise}"
+            out.append(f"  [{mark}] {what}" + (f": {detail}" if detail else ""))
+        failed = sum(not held for _, _, held, _ in self.checks)
         out.append("")
         out.append(
             f"soak {'PASSED' if not failed else 'FAILED'}: "
             f"{len(self.checks) - failed} of {len(self.checks)} checks held"
+            + (f"; broken promises: {', '.join(self.broken)}" if failed else "")
         )
         return out
 
@@ -194,10 +206,8 @@ def attempt_slots(
     transition out of ``running``, but only while a lease holds:
 
     - start: the claim's log line (``arrow=claim``), written after the claim counted
-      and updated the row, just before it commits. ``Attempt.started_at`` is not
-      used: the claim reads the clock *before* it waits for the tenant lock, so under
-      load it can lie tens of milliseconds before the count and make a job that
-      finished in between look like a breach.
+      and updated the row, just before it commits (``Attempt.started_at`` is the
+      lease's start, which may come before a commit that waited).
     - end, when the worker moved the job out of ``running`` itself: for ``succeeded``
       ``Attempt.finished_at``, stamped inside the publish transaction, just before
       its commit; for ``retry``/``failed``/``dead`` the transition's log line, written
@@ -206,7 +216,8 @@ def attempt_slots(
       ``finished_at`` is stamped when another delivery reclaims the job (after the
       dispatcher's sweep and the queue's latency), later than the engine stopped
       counting the job, so only the leases below bound it.
-    - the leases: the claim writes ``started_at + lease`` and each heartbeat
+    - the leases: the claim writes ``started_at + lease`` (both claims record the
+      lease's own start as ``started_at``) and each heartbeat
       ``now + lease``, so a lease value ``v`` was written at ``v - lease`` and holds
       until ``v``; the slot is cut to the union of those spans. The claim's own value
       is known exactly; the heartbeats' values come from the watcher, which reads
@@ -254,33 +265,86 @@ def attempt_slots(
     return slots, unlogged, gaps
 
 
-def check(inp: Inputs) -> Report:
-    """Read everything, hold it against the invariants, collect the figures."""
-    from django.db.models import Count, Q
+@dataclass
+class History:
+    """What the promises are held against, read once after every process stopped."""
 
-    from jobs import artifacts, ledger, stats
-    from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, Notice
-    from jobs.providers.webhook import BODY_FIELDS
+    inp: Inputs
+    stats: dict[str, Any]
+    jobs: dict[int, Any]
+    by_job: dict[int, list]
+    claimed: dict[int, list]
+    effects: list
+    notices: dict[int, Any]
+    revoked: dict[tuple[int, str], float]
+    record: Any
+    sends: list[dict]
+    requests: list[dict]
+    sends_by_effect: dict[str, list[dict]]
+    # What a promise found that the figures report too (dead_by_kills, retried, ...).
+    found: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def expects(self) -> dict:
+        return self.inp.world.expects
+
+    def was_revoked(self, fx) -> bool:
+        """The effect's reviewer lost access to the permit during the run."""
+        subject = fx.job.subject_id
+        return subject.isdigit() and (int(subject), fx.recipient) in self.revoked
+
+
+def read_history(inp: Inputs) -> History:
+    from jobs import stats
+    from jobs.models import Attempt, Effect, Job, Notice
     from jobs.testing.fakeprovider import Record
-    from permits import reports
-    from tests.chaos.faults import release_check_fault
-    from tests.chaos.soak import PRIVATE_MARKER
 
-    cfg, world = inp.cfg, inp.world
-    r = Report()
-    figures = stats.collect()
     jobs = {j.pk: j for j in Job.objects.all()}
     by_job: dict[int, list] = defaultdict(list)
     for a in Attempt.objects.order_by("id"):
         by_job[a.job_id].append(a)
-    claimed = {pk: [a for a in by_job[pk] if a.number > 0] for pk in jobs}
-    effects = list(Effect.objects.select_related("job").order_by("id"))
-    revoked = {(v.permit, str(v.user)): v.at for v in world.revocations}
-    expects = world.expects
+    record = Record(inp.record)
+    return History(
+        inp=inp,
+        stats=stats.collect(),
+        jobs=jobs,
+        by_job=by_job,
+        claimed={pk: [a for a in by_job[pk] if a.number > 0] for pk in jobs},
+        effects=list(Effect.objects.select_related("job").order_by("id")),
+        notices={n.effect_id: n for n in Notice.objects.all()},
+        revoked={(v.permit, str(v.user)): v.at for v in inp.world.revocations},
+        record=record,
+        sends=record.sends(),
+        requests=record.requests(),
+        sends_by_effect=record.sends_by_effect(),
+    )
 
-    # --- invariant 1: one job per (kind, subject, revision), none lost ---------------
-    missing = sorted(set(expects) - set(jobs))
-    extra = sorted(set(jobs) - set(expects))
+
+def check(inp: Inputs) -> Report:
+    """Read everything, hold it against each promise, collect the figures."""
+    h = read_history(inp)
+    r = Report()
+    for promise in PROMISES:
+        r.promise = promise.__name__
+        promise(h, r)
+    r.promise = ""
+    _figures(h, r)
+    return r
+
+
+# --- the promises: one function each, named after what it promises --------------------
+# Each adds its rows to the report; the number in a row names DESIGN.md's invariant.
+
+
+def no_job_is_lost_or_made_twice(h: History, r: Report) -> None:
+    """Invariant 1: one job per (kind, subject, revision), none lost."""
+    from django.db.models import Count
+
+    from jobs.models import Job
+
+    missing = sorted(set(h.expects) - set(h.jobs))
+    extra = sorted(set(h.jobs) - set(h.expects))
+    h.found["missing"] = missing
     twins = (
         Job.objects.values("kind", "subject_type", "subject_id", "output_revision")
         .annotate(n=Count("id"))
@@ -292,28 +356,34 @@ def check(inp: Inputs) -> Report:
         not missing and not extra and twins == 0,
         f"missing {missing[:5]} extra {extra[:5]} twins {twins}"
         if missing or extra or twins
-        else f"{len(expects)} jobs",
+        else f"{len(h.expects)} jobs",
     )
+    world = h.inp.world
     r.check(
         "1 asking again for a report returns the same job",
         not world.again_mismatch and world.asked_again > 0,
         _few(world.again_mismatch) or f"{world.asked_again} asked again",
     )
-    open_jobs = [j for j in jobs.values() if not j.is_terminal]
+
+
+def every_job_ends_as_expected(h: History, r: Report) -> None:
+    """Every job is terminal, in the state its kind and the chaos allow."""
+    from jobs.models import Job
+
+    open_jobs = [j for j in h.jobs.values() if not j.is_terminal]
+    h.found["open_jobs"] = open_jobs
     r.check(
         "every job terminal",
-        not open_jobs and inp.settled,
+        not open_jobs and h.inp.settled,
         _few(f"job {j.pk} {j.state}" for j in open_jobs)
-        or ("" if inp.settled else "effects still open at the deadline"),
+        or ("" if h.inp.settled else "effects still open at the deadline"),
     )
-
-    # --- expected end states ----------------------------------------------------------
     unexpected, dead_by_kills = [], []
-    for pk, e in expects.items():
-        job = jobs.get(pk)
+    for pk, e in h.expects.items():
+        job = h.jobs.get(pk)
         if job is None or not job.is_terminal:
             continue
-        outcomes = {a.outcome for a in claimed[pk]}
+        outcomes = {a.outcome for a in h.claimed[pk]}
         if e.kind == "malformed":
             ok = job.state == Job.State.FAILED and job.last_error_class == "validation"
         else:
@@ -332,6 +402,7 @@ def check(inp: Inputs) -> Report:
             unexpected.append(
                 f"job {pk} ({e.kind}) {job.state} {job.last_error_class}/{job.last_error_code}"
             )
+    h.found["dead_by_kills"] = dead_by_kills
     r.check(
         "jobs ended as expected (reports, summaries and deadlocks succeeded, malformed failed; "
         "dead only when kills spent the attempt budget)",
@@ -339,23 +410,27 @@ def check(inp: Inputs) -> Report:
         _few(unexpected) or (f"dead by kills: {dead_by_kills}" if dead_by_kills else ""),
     )
 
-    # --- invariant 5: nothing retries forever -----------------------------------------
+
+def nothing_retries_forever(h: History, r: Report) -> None:
+    """Invariant 5 for jobs: the attempt budget, and only transient classes retried."""
+    from jobs.models import Attempt, Job
+
     budget = []
-    for pk, job in jobs.items():
-        numbers = sorted(a.number for a in claimed[pk])
+    for pk, job in h.jobs.items():
+        numbers = sorted(a.number for a in h.claimed[pk])
         if job.attempts > job.max_attempts or numbers != list(range(1, job.attempts + 1)):
             budget.append(f"job {pk}: attempts {job.attempts}/{job.max_attempts} claims {numbers}")
     r.check(
         "5 nothing retried past max_attempts (claims numbered 1..attempts <= max_attempts)",
         not budget,
         _few(budget)
-        or f"most claims of one job: {max((j.attempts for j in jobs.values()), default=0)}",
+        or f"most claims of one job: {max((j.attempts for j in h.jobs.values()), default=0)}",
     )
     permanent = []
-    for pk, job in jobs.items():
+    for pk, job in h.jobs.items():
         if job.state != Job.State.FAILED:
             continue
-        outcomes = [a.outcome for a in claimed[pk]]
+        outcomes = [a.outcome for a in h.claimed[pk]]
         if (
             outcomes.count("failed") != 1
             or outcomes[-1] != "failed"
@@ -365,10 +440,11 @@ def check(inp: Inputs) -> Report:
             permanent.append(f"job {pk}: {outcomes} {job.last_error_class}")
     retried = Counter(
         (a.error_class, a.error_code)
-        for pk in jobs
-        for a in claimed[pk]
+        for pk in h.jobs
+        for a in h.claimed[pk]
         if a.outcome == Attempt.Outcome.RETRY
     )
+    h.found["retried"] = retried
     wrong_class = {k: n for k, n in retried.items() if k[0] not in RETRYABLE}
     r.check(
         "5 permanent failures stop at once; only transient classes are retried",
@@ -376,13 +452,17 @@ def check(inp: Inputs) -> Report:
         _few(permanent) or (str(wrong_class) if wrong_class else ""),
     )
 
-    # --- invariant 3: one CAS publishes ----------------------------------------------
+
+def one_compare_and_swap_publishes(h: History, r: Report) -> None:
+    """Invariant 3: one succeeded claim per succeeded job, and it is the last."""
+    from jobs.models import Attempt, Job
+
     publishes = []
-    for pk, job in jobs.items():
-        wins = [a for a in claimed[pk] if a.outcome == Attempt.Outcome.SUCCEEDED]
+    for pk, job in h.jobs.items():
+        wins = [a for a in h.claimed[pk] if a.outcome == Attempt.Outcome.SUCCEEDED]
         if job.state == Job.State.SUCCEEDED:
-            if len(wins) != 1 or claimed[pk][-1] is not wins[0]:
-                publishes.append(f"job {pk}: {[a.outcome for a in claimed[pk]]}")
+            if len(wins) != 1 or h.claimed[pk][-1] is not wins[0]:
+                publishes.append(f"job {pk}: {[a.outcome for a in h.claimed[pk]]}")
         elif wins:
             publishes.append(f"job {pk} {job.state} with a published attempt")
     r.check(
@@ -391,13 +471,18 @@ def check(inp: Inputs) -> Report:
         _few(publishes),
     )
 
-    # A worker whose lease expired publishes nothing: the watcher saw the job still
-    # running under this owner with the lease already expired; the same claim must
-    # not have published afterwards (another worker reclaims, or nobody publishes).
+
+def an_expired_lease_publishes_nothing(h: History, r: Report) -> None:
+    """Invariant 3: a worker seen running on an expired lease did not publish after it."""
+    from jobs.models import Attempt
+
+    # The watcher saw the job still running under this owner with the lease already
+    # expired; the same claim must not have published afterwards (another worker
+    # reclaims, or nobody publishes).
     zombies = []
-    for pk in jobs:
-        for a in claimed[pk]:
-            seen = inp.watcher.expired.get((pk, a.worker))
+    for pk in h.jobs:
+        for a in h.claimed[pk]:
+            seen = h.inp.watcher.expired.get((pk, a.worker))
             if (
                 a.outcome == Attempt.Outcome.SUCCEEDED
                 and seen is not None
@@ -408,18 +493,24 @@ def check(inp: Inputs) -> Report:
                     f"{seen - a.started_at.timestamp():.2f}s, published at +"
                     f"{(a.finished_at - a.started_at).total_seconds():.2f}s"
                 )
+    h.found["zombies"] = zombies
     r.check(
         "3 a worker whose lease expired publishes nothing",
         not zombies,
-        _few(zombies) or f"{len(inp.watcher.expired)} expired leases seen before a reclaim",
+        _few(zombies) or f"{len(h.inp.watcher.expired)} expired leases seen before a reclaim",
     )
 
-    # --- invariant 1: artifacts --------------------------------------------------------
+
+def one_artifact_per_job(h: History, r: Report) -> None:
+    """Invariant 1 for artifacts: one per succeeded job, intact, and no second file."""
+    from jobs import artifacts
+    from jobs.models import Artifact, Job
+
     arts = defaultdict(list)
     for art in Artifact.objects.all():
         arts[art.job_id].append(art)
     art_problems = []
-    for pk, job in jobs.items():
+    for pk, job in h.jobs.items():
         mine = arts.get(pk, [])
         if job.state == Job.State.SUCCEEDED:
             if len(mine) != 1 or mine[0].key != artifacts.artifact_key(job):
@@ -435,20 +526,22 @@ def check(inp: Inputs) -> Report:
     )
     names = {a.storage_name for rows in arts.values() for a in rows}
     files, temps = set(), 0
-    for folder, _, filenames in os.walk(inp.artifact_root):
+    root = h.inp.artifact_root
+    for folder, _, filenames in os.walk(root):
         for filename in filenames:
             if filename.startswith(".tmp-"):
                 temps += 1  # a worker killed mid-write leaves its temporary file
                 continue
-            files.add(os.path.relpath(os.path.join(folder, filename), inp.artifact_root))
+            files.add(os.path.relpath(os.path.join(folder, filename), root))
     # A worker killed between storing the file and inserting its row leaves a file
-    # the next claim adopts; only a job that never succeeded keeps it unrecorded.
+    # the next claim adopts (same bytes, same <key>-<sha12> name); only a job that never
+    # succeeded keeps it unrecorded.
     orphans = {
         f
         for f in files - names
-        if (m := re.search(r"job-(\d+)-rev-\d+\.", f))
-        and int(m[1]) in jobs
-        and jobs[int(m[1])].state != Job.State.SUCCEEDED
+        if (m := re.search(r"job-(\d+)-rev-\d+-[0-9a-f]{12}", f))
+        and int(m[1]) in h.jobs
+        and h.jobs[int(m[1])].state != Job.State.SUCCEEDED
     }
     unrecorded, missing_files = files - names - orphans, names - files
     r.check(
@@ -460,9 +553,16 @@ def check(inp: Inputs) -> Report:
         f"{temps} temporary files of killed writers",
     )
 
-    # --- invariant 2: the ledger ----------------------------------------------------
+
+def one_ledger_row_per_effect_identity(h: History, r: Report) -> None:
+    """Invariant 2: the identity and the key are derived, never regenerated."""
+    from django.db.models import Count
+
+    from jobs import ledger
+    from jobs.models import Effect
+
     identity = []
-    for fx in effects:
+    for fx in h.effects:
         if fx.effect_id != ledger.effect_identity(fx.job, fx.name, fx.recipient):
             identity.append(f"{fx.effect_id}: not derived from its job")
         if fx.idempotency_key != ledger.idempotency_key(fx.effect_id):
@@ -471,14 +571,21 @@ def check(inp: Inputs) -> Report:
     r.check(
         "2 one ledger row per effect identity; keys derived from it",
         not identity and twice == 0,
-        _few(identity) or f"{len(effects)} rows, {twice} identities twice",
+        _few(identity) or f"{len(h.effects)} rows, {twice} identities twice",
     )
+
+
+def each_job_asks_for_its_notices(h: History, r: Report) -> None:
+    """Invariant 2: a succeeded job's publish asked for exactly its kind's effects."""
+    from jobs.models import Job
+    from permits import reports
+
     by_job_fx = defaultdict(set)
-    for fx in effects:
+    for fx in h.effects:
         by_job_fx[fx.job_id].add((fx.name, fx.provider, fx.recipient))
     mismatch = []
-    for pk, e in expects.items():
-        job = jobs.get(pk)
+    for pk, e in h.expects.items():
+        job = h.jobs.get(pk)
         have = by_job_fx.get(pk, set())
         if job is None or job.state != Job.State.SUCCEEDED or e.kind == "malformed":
             if have:
@@ -495,7 +602,7 @@ def check(inp: Inputs) -> Report:
             for name, provider in ((reports.NOTICE, "inapp"), (reports.EXTERNAL_NOTICE, "webhook"))
         }
         # A reviewer revoked before the publish gets no effect row at all.
-        absent_ok = {w for w in want if (e.permit, w[2]) in revoked}
+        absent_ok = {w for w in want if (e.permit, w[2]) in h.revoked}
         if not have <= want or (want - have) - absent_ok:
             mismatch.append(f"job {pk}: have {sorted(have)} want {sorted(want)}")
     r.check(
@@ -504,35 +611,42 @@ def check(inp: Inputs) -> Report:
         not mismatch,
         _few(mismatch),
     )
+
+
+def every_effect_settles(h: History, r: Report) -> None:
+    """Invariant 2: applied, withheld after a revocation, or stopped by its budget."""
+    from jobs.models import Effect
+    from tests.chaos.faults import release_check_fault
+
     states = []
     withheld = 0
-    for fx in effects:
-        was_revoked = (
-            (int(fx.job.subject_id), fx.recipient) in revoked
-            if fx.job.subject_id.isdigit()
-            else False
-        )
+    for fx in h.effects:
         if fx.state == Effect.State.APPLIED:
             continue
-        if fx.state == Effect.State.WITHHELD and was_revoked:
+        if fx.state == Effect.State.WITHHELD and h.was_revoked(fx):
             withheld += 1
             continue
-        if (
-            fx.state == Effect.State.NEEDS_REVIEW
-            and release_check_fault(fx.effect_id, fx.job.kind) == "always"
-        ):
-            continue  # checked below (invariant 5)
+        if fx.state == Effect.State.NEEDS_REVIEW and release_check_fault(fx.job) == "always":
+            continue  # effects_keep_their_send_budget checks these
         states.append(f"{fx.effect_id} {fx.provider} {fx.state} ({fx.reason})")
+    h.found["withheld"] = withheld
     r.check(
         "2 every effect applied, withheld because its reviewer was revoked, or stopped by a "
         "release check that always failed",
         not states,
         _few(states),
     )
-    notices = {n.effect_id: n for n in Notice.objects.all()}
+
+
+def one_notice_per_applied_effect(h: History, r: Report) -> None:
+    """Invariant 2 in the app: one in-app notice per applied in-app effect, applied once."""
+    from django.db.models import Count
+
+    from jobs.models import Effect, EffectEvent
+
     notice_problems = []
-    for fx in effects:
-        n = notices.get(fx.pk)
+    for fx in h.effects:
+        n = h.notices.get(fx.pk)
         if fx.provider == "inapp" and fx.state == Effect.State.APPLIED:
             if n is None or str(n.recipient_id) != fx.recipient:
                 notice_problems.append(f"{fx.effect_id}: no notice for its reviewer")
@@ -548,55 +662,69 @@ def check(inp: Inputs) -> Report:
     r.check(
         "2 one in-app notice per applied in-app effect, none otherwise; applied once in the ledger",
         not notice_problems and applied_twice == 0,
-        _few(notice_problems) or f"{len(notices)} notices",
+        _few(notice_problems) or f"{len(h.notices)} notices",
     )
 
-    # --- invariant 2 at the provider: its own record -----------------------------
-    record = Record(inp.record)
-    sends = record.sends()
-    requests = record.requests()
-    sends_by_effect = record.sends_by_effect()
-    duplicates = record.duplicate_effects()
+
+def the_provider_applies_each_effect_once(h: History, r: Report) -> None:
+    """Invariant 2 at the provider, by its own record: once, under one key, one body."""
+    from jobs.models import Effect
+
+    duplicates = h.record.duplicate_effects()
+    h.found["provider_duplicates"] = duplicates
     r.check(
         "2 the provider applied each effect at most once",
         not duplicates,
-        _few(f"{e} x{n}" for e, n in duplicates.items()) or f"{len(sends)} sends applied",
+        _few(f"{e} x{n}" for e, n in duplicates.items()) or f"{len(h.sends)} sends applied",
     )
-    webhook = {fx.effect_id: fx for fx in effects if fx.provider == "webhook"}
+    webhook = {fx.effect_id: fx for fx in h.effects if fx.provider == "webhook"}
     agree = []
     for effect_id, fx in webhook.items():
-        got = sends_by_effect.get(effect_id, [])
+        got = h.sends_by_effect.get(effect_id, [])
         if fx.state == Effect.State.APPLIED:
             if len(got) != 1 or got[0]["send_id"] != fx.provider_ref:
                 agree.append(f"{effect_id} applied as {fx.provider_ref!r}, provider {got}")
             elif got[0]["idempotency_key"] != fx.idempotency_key:
                 agree.append(f"{effect_id}: provider applied another key")
-    stray = sorted(set(sends_by_effect) - set(webhook))
+    stray = sorted(set(h.sends_by_effect) - set(webhook))
     r.check(
         "2 every applied webhook effect is exactly the provider's one send; no stray sends",
         not agree and not stray,
         _few(agree + [f"stray {s}" for s in stray]),
     )
-    # --- invariant 5 for effects: the send budget; invariant 10: one event per arrow ------
-    over_budget, not_stopped, not_retried, unlogged = [], [], [], []
-    versions = defaultdict(set)
-    for effect_pk, version in EffectEvent.objects.values_list("effect", "version"):
-        versions[effect_pk].add(version)
+    keys = defaultdict(set)
+    for req in h.requests:
+        if req["effect_id"]:
+            keys[req["effect_id"]].add(req["idempotency_key"])
+    several = {e: k for e, k in keys.items() if len(k) > 1}
+    refused = Counter(
+        f"{q['status']} {q['outcome']}"
+        for q in h.requests
+        if q["status"] in (400, 401, 403, 409, 422)
+    )
+    r.check(
+        "2 the provider saw each effect under one key, with one body (no 409/422/400/401)",
+        not several and not refused,
+        _few(several) or (str(dict(refused)) if refused else ""),
+    )
+
+
+def effects_keep_their_send_budget(h: History, r: Report) -> None:
+    """Invariant 5 for effects: the send budget; failing release checks stop or retry."""
+    from jobs.models import Effect, EffectEvent
+    from tests.chaos.faults import release_check_fault
+
+    over_budget, not_stopped, not_retried = [], [], []
     sent_effects = set(
         EffectEvent.objects.filter(action=EffectEvent.Action.SEND, error_class="")
         .exclude(outcome="lease_lost")
         .values_list("effect", flat=True)
     )
     hit = Counter()
-    for fx in effects:
+    for fx in h.effects:
         if fx.attempts > fx.max_attempts:
             over_budget.append(f"{fx.effect_id}: {fx.attempts} of {fx.max_attempts}")
-        missing = [v for v in range(1, fx.version + 1) if v not in versions[fx.pk]]
-        if fx.version == 0 and fx.state != Effect.State.PENDING and 0 not in versions[fx.pk]:
-            missing.append(0)  # born applied or withheld in the publish, with its event
-        if missing:
-            unlogged.append(f"{fx.effect_id} ({fx.state} v{fx.version}): no event for {missing}")
-        fault = release_check_fault(fx.effect_id, fx.job.kind)
+        fault = release_check_fault(fx.job)
         if fault is None:
             continue
         hit[fault] += 1
@@ -604,13 +732,10 @@ def check(inp: Inputs) -> Report:
             fx.state == Effect.State.NEEDS_REVIEW
             and fx.attempts == fx.max_attempts
             and fx.pk not in sent_effects
-            and fx.effect_id not in sends_by_effect
+            and fx.effect_id not in h.sends_by_effect
         ):
             not_stopped.append(f"{fx.effect_id}: {fx.state} {fx.attempts}/{fx.max_attempts}")
-        revoked_here = fx.job.subject_id.isdigit() and (
-            (int(fx.job.subject_id), fx.recipient) in revoked
-        )
-        if fault == "transient" and not revoked_here and fx.state != Effect.State.APPLIED:
+        if fault == "transient" and not h.was_revoked(fx) and fx.state != Effect.State.APPLIED:
             not_retried.append(f"{fx.effect_id}: {fx.state} ({fx.reason})")
     r.check(
         "5 no effect spent more sends than its budget; a release check that always fails "
@@ -624,41 +749,43 @@ def check(inp: Inputs) -> Report:
         not not_retried and hit["transient"] > 0,
         _few(not_retried) or f"{hit['transient']} effects hit, all applied (or revoked)",
     )
+
+
+def every_effect_change_has_its_event(h: History, r: Report) -> None:
+    """Invariant 10: each state change of an effect committed with its event row."""
+    from jobs.models import Effect, EffectEvent
+
+    versions = defaultdict(set)
+    for effect_pk, version in EffectEvent.objects.values_list("effect", "version"):
+        versions[effect_pk].add(version)
+    unlogged = []
+    for fx in h.effects:
+        missing = [v for v in range(1, fx.version + 1) if v not in versions[fx.pk]]
+        if fx.version == 0 and fx.state != Effect.State.PENDING and 0 not in versions[fx.pk]:
+            missing.append(0)  # born applied or withheld in the publish, with its event
+        if missing:
+            unlogged.append(f"{fx.effect_id} ({fx.state} v{fx.version}): no event for {missing}")
     r.check(
         "10 every state change of every effect committed with its event",
         not unlogged,
         _few(unlogged)
-        or f"{len(effects)} effects, {sum(len(v) for v in versions.values())} event versions",
+        or f"{len(h.effects)} effects, {sum(len(v) for v in versions.values())} event versions",
     )
 
-    keys = defaultdict(set)
-    for req in requests:
-        if req["effect_id"]:
-            keys[req["effect_id"]].add(req["idempotency_key"])
-    several = {e: k for e, k in keys.items() if len(k) > 1}
-    refused = Counter(
-        f"{q['status']} {q['outcome']}"
-        for q in requests
-        if q["status"] in (400, 401, 403, 409, 422)
-    )
-    r.check(
-        "2 the provider saw each effect under one key, with one body (no 409/422/400/401)",
-        not several and not refused,
-        _few(several) or (str(dict(refused)) if refused else ""),
-    )
 
-    # --- invariant 6: release follows current authorization --------------------------
+def release_follows_current_authorization(h: History, r: Report) -> None:
+    """Invariant 6: nothing reaches a reviewer after their revocation committed."""
     late = []
-    for fx in effects:
+    for fx in h.effects:
         if not fx.job.subject_id.isdigit():
             continue
-        at = revoked.get((int(fx.job.subject_id), fx.recipient))
+        at = h.revoked.get((int(fx.job.subject_id), fx.recipient))
         if at is None:
             continue
-        n = notices.get(fx.pk)
+        n = h.notices.get(fx.pk)
         if n is not None and n.created_at.timestamp() > at + RELEASE_SLACK_SECONDS:
             late.append(f"{fx.effect_id}: in-app notice {n.created_at.timestamp() - at:.1f}s after")
-        for send in sends_by_effect.get(fx.effect_id, []):
+        for send in h.sends_by_effect.get(fx.effect_id, []):
             if send["applied_at"] > at + RELEASE_SLACK_SECONDS:
                 late.append(
                     f"{fx.effect_id}: provider applied {send['applied_at'] - at:.1f}s after"
@@ -666,31 +793,42 @@ def check(inp: Inputs) -> Report:
     r.check(
         "6 nothing released to a reviewer after the revocation committed",
         not late,
-        _few(late) or f"{len(world.revocations)} revocations, {withheld} effects withheld",
+        _few(late)
+        or f"{len(h.inp.world.revocations)} revocations, {h.found.get('withheld', 0)} effects "
+        "withheld",
     )
 
-    # --- invariant 7: bounds -----------------------------------------------------------
-    in_flight = record.max_in_flight()
+
+def the_provider_bound_holds(h: History, r: Report) -> None:
+    """Invariant 7: calls in flight at the provider never above its bound."""
+    cfg = h.inp.cfg
+    in_flight = h.record.max_in_flight()
+    h.found["in_flight"] = in_flight
     r.check(
         "7 per-provider bound: calls in flight at the provider never above the bound",
         in_flight <= cfg.provider_in_flight,
         f"{in_flight} at once (bound {cfg.provider_in_flight})",
     )
-    seen = {t: p[0] for t, p in inp.watcher.peaks.items()}
-    over_seen = {t: p for t, p in inp.watcher.peaks.items() if p[0] > cfg.tenant_concurrency}
+
+
+def the_tenant_bound_holds(h: History, r: Report) -> None:
+    """Invariant 7: live running jobs per tenant, by snapshots and by attempt intervals."""
+    cfg, watcher = h.inp.cfg, h.inp.watcher
+    seen = {t: p[0] for t, p in watcher.peaks.items()}
+    over_seen = {t: p for t, p in watcher.peaks.items() if p[0] > cfg.tenant_concurrency}
     r.check(
         "7 per-tenant bound in every watched snapshot (running jobs with a live lease)",
-        not over_seen and inp.watcher.samples > 0,
+        not over_seen and watcher.samples > 0,
         f"{over_seen}"
         if over_seen
-        else f"peaks {seen} in {inp.watcher.samples} snapshots (largest gap "
-        f"{inp.watcher.max_gap:.2f}s, {inp.watcher.errors} failed reads)",
+        else f"peaks {seen} in {watcher.samples} snapshots (largest gap "
+        f"{watcher.max_gap:.2f}s, {watcher.errors} failed reads)",
     )
-    tenant_of = {pk: j.tenant_key for pk, j in jobs.items()}
-    all_attempts = [a for rows in by_job.values() for a in rows]
-    logged = transition_times(inp.logs)
+    tenant_of = {pk: j.tenant_key for pk, j in h.jobs.items()}
+    all_attempts = [a for rows in h.by_job.values() for a in rows]
+    logged = transition_times(h.inp.logs)
     slots, unlogged, gaps = attempt_slots(
-        all_attempts, tenant_of, inp.watcher, _now(), logged, lease=cfg.lease
+        all_attempts, tenant_of, watcher, _now(), logged, lease=cfg.lease
     )
     peaks = tenant_peaks(slots, skew=CLOCK_SKEW_SECONDS, bound=cfg.tenant_concurrency)
     raw = tenant_peaks(slots, bound=cfg.tenant_concurrency)
@@ -702,9 +840,18 @@ def check(inp: Inputs) -> Report:
     raw_over = max((p.over for p in raw.values()), default=0.0)
     counts = {t: p.count for t, p in peaks.items()}
     raw_counts = {t: p.count for t, p in raw.items()}
+    h.found["tenant_peak"] = {
+        "watcher": max(seen.values(), default=0),
+        "intervals": max((p.count for p in peaks.values()), default=0),
+        "intervals_without_skew": max((p.count for p in raw.values()), default=0),
+        "longest_over_bound_without_skew_ms": round(raw_over * 1000, 1),
+        "bound": cfg.tenant_concurrency,
+        "claims_without_log_line": unlogged,
+        "attempts_with_lapsed_lease": gaps,
+    }
     # The watcher must have read the rows more often than once per lease, or a
     # heartbeat's lease value could have been missed (see attempt_slots).
-    watched = inp.watcher.samples > 0 and inp.watcher.max_gap < cfg.lease
+    watched = watcher.samples > 0 and watcher.max_gap < cfg.lease
     r.check(
         "7 per-tenant bound from recorded attempt intervals (claims to transitions, cut to "
         "the leases held)",
@@ -714,19 +861,28 @@ def check(inp: Inputs) -> Report:
         else f"peaks {counts}; without the skew allowance {raw_counts} (longest stretch above "
         f"the bound {raw_over * 1000:.0f} ms); {len(slots)} slots, {unlogged} claims without "
         f"a log line, {gaps} attempts that held a lapsed lease"
-        + ("" if watched else f"; WATCHER GAP {inp.watcher.max_gap:.1f}s >= lease"),
+        + ("" if watched else f"; WATCHER GAP {watcher.max_gap:.1f}s >= lease"),
     )
 
-    # --- invariant 8: no private field in bodies, logs or error fields --------------
+
+def nothing_private_leaks(h: History, r: Report) -> None:
+    """Invariant 8: no private field in a notice body, a log line or an error field."""
+    from django.db.models import Q
+
+    from jobs.models import Attempt, Effect, EffectEvent, Job, Notice
+    from jobs.providers.webhook import BODY_FIELDS
+    from tests.chaos.soak import PRIVATE_MARKER
+
     leaks = []
-    for send in sends:
+    for send in h.sends:
         body = json.loads(send["body"])
         if set(body) != set(BODY_FIELDS):
             leaks.append(f"{send['effect_id']}: body fields {sorted(body)}")
         if PRIVATE_MARKER in send["body"].lower():
             leaks.append(f"{send['effect_id']}: private value in the notice body")
     q_timeouts = 0
-    for path in sorted(inp.logs.glob("*.log")):
+    logs = sorted(h.inp.logs.glob("*.log"))
+    for path in logs:
         text = path.read_text(errors="replace")
         if PRIVATE_MARKER in text.lower():
             leaks.append(f"private value in {path.name}")
@@ -736,9 +892,16 @@ def check(inp: Inputs) -> Report:
             for line in text.splitlines()
             if "Failed" in line and "Task exceeded maximum timeout" in line
         )
+    h.found["q_timeouts"] = q_timeouts
     fields = {
-        Job: ["last_error_detail", "last_error_code", "params"],
-        Attempt: ["error_code"],
+        Job: [
+            "last_error_detail",
+            "last_error_code",
+            "last_error_message",
+            "last_error_traceback",
+            "params",
+        ],
+        Attempt: ["error_code", "error_message", "error_traceback"],
         Effect: ["reason", "data", "last_error_code"],
         EffectEvent: ["note", "error_code"],
         Notice: ["title", "link"],
@@ -753,49 +916,98 @@ def check(inp: Inputs) -> Report:
     r.check(
         "8 no private field in a notice body, a log line or an error field",
         not leaks,
-        _few(leaks) or f"{len(sends)} bodies, {len(list(inp.logs.glob('*.log')))} logs scanned",
+        _few(leaks) or f"{len(h.sends)} bodies, {len(logs)} logs scanned",
     )
 
-    # --- invariant 9 and 4 ---------------------------------------------------------
+
+def duplicates_are_counted_apart(h: History, r: Report) -> None:
+    """Invariant 9: duplicate deliveries are counted, and no effect is duplicated."""
+    figures = h.stats
     r.check(
         "9 duplicate deliveries counted apart; duplicate effects 0",
         figures["duplicate_effects"] == 0,
         f"{figures['duplicate_deliveries']} duplicate deliveries, "
         f"{figures['duplicate_effects']} duplicate effects",
     )
+
+
+def every_message_is_acknowledged(h: History, r: Report) -> None:
+    """Invariant 4: each queue message acknowledged once its outcome committed."""
+    left = h.inp.queue_left
     r.check(
         "4 every queue message was acknowledged once its outcome committed (queue drained)",
-        inp.queue_left == 0,
-        f"{inp.queue_left} job/effect messages never acknowledged" if inp.queue_left else "",
+        left == 0,
+        f"{left} job/effect messages never acknowledged" if left else "",
     )
+
+
+def only_killed_processes_die(h: History, r: Report) -> None:
+    """No process of the run ended except the ones the chaos killed."""
     r.check(
         "no process died except the ones the chaos killed",
-        not inp.unexpected_exits,
-        _few(inp.unexpected_exits),
+        not h.inp.unexpected_exits,
+        _few(h.inp.unexpected_exits),
     )
-    outage_figures = _outages(inp, jobs)
-    database_outages = [o for o in inp.outages if o.what == "database"]
-    if database_outages:
-        begun, ended = _dispatcher_outage_lines(inp.logs)
-        r.check(
-            "the dispatcher lived through each database outage, logging its start and end once",
-            begun >= len(database_outages) and begun == ended,
-            f"{len(database_outages)} outage(s); the dispatcher logged {begun} start(s), "
-            f"{ended} end(s)",
-        )
 
-    # --- figures --------------------------------------------------------------------
-    answers = Counter(f"{q['status']} {q['outcome']}" for q in requests)
-    by_key = Counter(q["idempotency_key"] for q in requests if q["status"] in (200, 201))
-    applied = Counter(fx.provider for fx in effects if fx.state == Effect.State.APPLIED)
-    kinds = Counter(e.kind for e in expects.values())
-    lost = len(missing) + sum(1 for j in open_jobs if j.pk in expects)
+
+def the_dispatcher_lives_through_outages(h: History, r: Report) -> None:
+    """A database outage is logged once at its start and once at its end, never fatal."""
+    database_outages = [o for o in h.inp.outages if o.what == "database"]
+    if not database_outages:
+        return
+    begun, ended = _dispatcher_outage_lines(h.inp.logs)
+    r.check(
+        "the dispatcher lived through each database outage, logging its start and end once",
+        begun >= len(database_outages) and begun == ended,
+        f"{len(database_outages)} outage(s); the dispatcher logged {begun} start(s), "
+        f"{ended} end(s)",
+    )
+
+
+PROMISES = (
+    no_job_is_lost_or_made_twice,
+    every_job_ends_as_expected,
+    nothing_retries_forever,
+    one_compare_and_swap_publishes,
+    an_expired_lease_publishes_nothing,
+    one_artifact_per_job,
+    one_ledger_row_per_effect_identity,
+    each_job_asks_for_its_notices,
+    every_effect_settles,
+    one_notice_per_applied_effect,
+    the_provider_applies_each_effect_once,
+    effects_keep_their_send_budget,
+    every_effect_change_has_its_event,
+    release_follows_current_authorization,
+    the_provider_bound_holds,
+    the_tenant_bound_holds,
+    nothing_private_leaks,
+    duplicates_are_counted_apart,
+    every_message_is_acknowledged,
+    only_killed_processes_die,
+    the_dispatcher_lives_through_outages,
+)
+
+
+def _figures(h: History, r: Report) -> None:
+    """The run's figures, from the history and what the promises found."""
+    from jobs.models import Effect
+
+    inp, cfg, figures, found = h.inp, h.inp.cfg, h.stats, h.found
+    answers = Counter(f"{q['status']} {q['outcome']}" for q in h.requests)
+    by_key = Counter(q["idempotency_key"] for q in h.requests if q["status"] in (200, 201))
+    applied = Counter(fx.provider for fx in h.effects if fx.state == Effect.State.APPLIED)
+    kinds = Counter(e.kind for e in h.expects.values())
+    retried = found.get("retried", Counter())
+    lost = len(found.get("missing", [])) + sum(
+        1 for j in found.get("open_jobs", []) if j.pk in h.expects
+    )
     r.figures.update(
         jobs={
-            "total": len(jobs),
+            "total": len(h.jobs),
             "by_kind": dict(kinds),
             "by_state": figures["jobs"]["by_state"],
-            "dead_by_kills": dead_by_kills,
+            "dead_by_kills": found.get("dead_by_kills", []),
         },
         kills={
             "total": sum(1 for k in inp.kills if not k.what.startswith("pause")),
@@ -807,9 +1019,9 @@ def check(inp: Inputs) -> Report:
         duplicate_deliveries=figures["duplicate_deliveries"],
         lease_losses=figures["lease_losses"],
         expired_leases_seen=len(inp.watcher.expired),
-        zombie_publishes=len(zombies),
+        zombie_publishes=len(found.get("zombies", [])),
         crashes=figures["crashes"],
-        q_cluster_timeouts=q_timeouts,
+        q_cluster_timeouts=found.get("q_timeouts", 0),
         retries_by_class=figures["retries_by_class"],
         retries_by_code={f"{c}/{k}": n for (c, k), n in sorted(retried.items())},
         deadlock_retries=sum(n for (c, k), n in retried.items() if k == "pg_40P01"),
@@ -819,28 +1031,20 @@ def check(inp: Inputs) -> Report:
         effect_sends=figures["providers"],
         provider={
             "answers": dict(answers),
-            "sends_applied": len(sends),
+            "sends_applied": len(h.sends),
             "resends_same_key": sum(n - 1 for n in by_key.values()),
-            "max_in_flight": in_flight,
+            "max_in_flight": found.get("in_flight", 0),
             "bound": cfg.provider_in_flight,
         },
-        duplicate_effects=figures["duplicate_effects"] + len(duplicates),
+        duplicate_effects=figures["duplicate_effects"] + len(found.get("provider_duplicates", {})),
         lost_jobs=lost,
-        tenant_peak={
-            "watcher": max(seen.values(), default=0),
-            "intervals": max((p.count for p in peaks.values()), default=0),
-            "intervals_without_skew": max((p.count for p in raw.values()), default=0),
-            "longest_over_bound_without_skew_ms": round(raw_over * 1000, 1),
-            "bound": cfg.tenant_concurrency,
-            "claims_without_log_line": unlogged,
-            "attempts_with_lapsed_lease": gaps,
-        },
-        revocations=len(world.revocations),
-        withheld=withheld,
+        tenant_peak=found.get("tenant_peak", {}),
+        revocations=len(inp.world.revocations),
+        withheld=found.get("withheld", 0),
         queue_left=inp.queue_left,
         wedged_clusters_restarted=inp.restarts.get("stalled", []),
         cluster_restarts={k: len(v) for k, v in sorted(inp.restarts.items())},
-        outages=outage_figures,
+        outages=_outages(inp, h.jobs),
         chaos_seconds=round(inp.chaos_seconds, 1),
         kill_log=[
             {
@@ -854,7 +1058,6 @@ def check(inp: Inputs) -> Report:
             for k in inp.kills
         ],
     )
-    return r
 
 
 def _dispatcher_outage_lines(log_dir: Path) -> tuple[int, int]:

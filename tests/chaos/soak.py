@@ -121,6 +121,11 @@ class Config:
     seed: int | None = None
     keep: bool = False
     json_path: str | None = None
+    # Flow rules set for the run (rows, changed like an operator would): checked by
+    # tests.chaos.flow_checks at the provider's record and in the attempt slots.
+    provider_rate: str | None = "5/s"
+    ruled_tenant: str = "ogdenville"
+    ruled_tenant_concurrency: int = 1
 
     @property
     def arrival(self) -> float:
@@ -216,6 +221,16 @@ class Proc:
 
     def alive(self) -> bool:
         return self.popen.poll() is None
+
+
+def _wait_for_log(proc: Proc, text: str, *, timeout: float) -> bool:
+    """Wait until ``proc``'s log holds ``text`` (or it exited, or ``timeout`` passed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.alive():
+        if proc.log.exists() and text in proc.log.read_text(errors="replace"):
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def _proc_state(pid: int) -> str | None:
@@ -1123,6 +1138,25 @@ def run(cfg: Config) -> int:
 
         django.setup()
 
+        from jobs import flow
+
+        if cfg.provider_rate:
+            rate, period = flow.parse_rate(cfg.provider_rate)
+            flow.set_rule("provider:webhook", actor="soak", rate=rate, period_seconds=period)
+        ruled = [key for key, _ in TENANTS[: max(2, cfg.tenants)]]
+        if cfg.ruled_tenant not in ruled:
+            cfg.ruled_tenant = ruled[-1]
+        if cfg.ruled_tenant_concurrency:
+            flow.set_rule(
+                f"tenant:{cfg.ruled_tenant}",
+                actor="soak",
+                concurrency=cfg.ruled_tenant_concurrency,
+            )
+        _say(
+            f"flow rules: provider:webhook rate {cfg.provider_rate or 'none'}, "
+            f"tenant:{cfg.ruled_tenant} concurrency {cfg.ruled_tenant_concurrency or 'default'}"
+        )
+
         world, plan = seed(cfg, rng)
         while plan and plan[0].due <= 0:
             perform(plan.pop(0), world, rng)
@@ -1134,7 +1168,10 @@ def run(cfg: Config) -> int:
 
         watcher = Watcher(cfg.watch_period)
         watcher.start()
-        fleet.start_dispatcher()
+        dispatcher = fleet.start_dispatcher()
+        # The clock starts once the dispatcher sweeps: an early outage must find it running
+        # (a slow start under load would otherwise begin after the outage ended).
+        _wait_for_log(dispatcher, "jobs_dispatcher: sweeping every", timeout=90)
         for n in range(cfg.clusters):
             fleet.start_cluster(f"qcluster-{'abcdefgh'[n]}")
         t0 = time.monotonic()
@@ -1212,25 +1249,25 @@ def run(cfg: Config) -> int:
         from django.db import connections
 
         connections.close_all()
-        from tests.chaos import checker
+        from tests.chaos import checker, flow_checks
 
-        report = checker.check(
-            checker.Inputs(
-                cfg=cfg,
-                world=world,
-                watcher=watcher,
-                kills=kills,
-                record=record,
-                logs=logs,
-                artifact_root=artifacts,
-                queue_left=left,
-                settled=done,
-                unexpected_exits=list(fleet.unexpected),
-                restarts=fleet.restarts(),
-                outages=list(outages.plan),
-                chaos_seconds=chaos_seconds,
-            )
+        inputs = checker.Inputs(
+            cfg=cfg,
+            world=world,
+            watcher=watcher,
+            kills=kills,
+            record=record,
+            logs=logs,
+            artifact_root=artifacts,
+            queue_left=left,
+            settled=done,
+            unexpected_exits=list(fleet.unexpected),
+            restarts=fleet.restarts(),
+            outages=list(outages.plan),
+            chaos_seconds=chaos_seconds,
         )
+        report = checker.check(inputs)
+        flow_checks.check_flow(inputs, report)
         report.figures["wall_seconds"] = round(time.monotonic() - started, 1)
         report.figures["phases_seconds"] = {
             "setup": round(setup_seconds, 1),
@@ -1317,6 +1354,10 @@ def parse(argv: list[str] | None = None) -> Config:
     p.add_argument("--arrival-seconds", type=float, default=None, help="spread of late requests")
     p.add_argument("--timeout", type=float, default=d.timeout, help="deadline for the chaos phase")
     p.add_argument("--drain-timeout", type=float, default=d.drain_timeout)
+    p.add_argument(
+        "--provider-rate", default=d.provider_rate, help="provider:webhook rate rule (or off)"
+    )
+    p.add_argument("--ruled-tenant-concurrency", type=int, default=d.ruled_tenant_concurrency)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--keep", action="store_true", help="keep the scratch database and folder")
     p.add_argument("--json", default=None, help="also write the figures and checks here")
@@ -1346,6 +1387,8 @@ def parse(argv: list[str] | None = None) -> Config:
         seed=a.seed,
         keep=a.keep,
         json_path=a.json,
+        provider_rate=None if a.provider_rate in ("", "off", "none") else a.provider_rate,
+        ruled_tenant_concurrency=a.ruled_tenant_concurrency,
     )
 
 

@@ -35,7 +35,12 @@ def _skewed(env: dict, seconds: int) -> dict:
 
 
 def _clock_offset(env: dict) -> float:
-    code = "import time, django.utils.timezone as tz; print(time.time(), tz.now().timestamp())"
+    # Settings load first (tz.now() reads USE_TZ): on a busy machine importing them took
+    # over a second between the two clock reads.
+    code = (
+        "import time, django.utils.timezone as tz; from django.conf import settings; "
+        "settings.USE_TZ; print(time.time(), tz.now().timestamp())"
+    )
     theirs = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )

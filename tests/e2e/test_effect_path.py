@@ -82,7 +82,7 @@ def test_admin_send_again_on_20_effects__returns_at_once_and_a_worker_sends(
         )
         Job.objects.filter(pk=job.pk).update(state=Job.State.SUCCEEDED)
         (spec,) = [ledger.EffectSpec("notice-webhook", "webhook", str(reviewer.pk), {})]
-        (effect,) = ledger.record(job, [spec], "w0")
+        (effect,) = Effect.objects.bulk_create(ledger.prepare(job, [spec], refused={}))
         effects.append(effect)
     Effect.objects.update(state=State.NEEDS_REVIEW, reason="stopped for the test")
     OrmQ.objects.all().delete()
@@ -91,7 +91,8 @@ def test_admin_send_again_on_20_effects__returns_at_once_and_a_worker_sends(
     started = time.monotonic()
     answer = client.post(
         reverse("admin:jobs_effect_changelist"),
-        {"action": "send_again", "_selected_action": [e.pk for e in effects]},
+        # confirmed: the list action's confirmation page is answered (issue 21)
+        {"action": "send_again", "_selected_action": [e.pk for e in effects], "confirmed": "yes"},
     )
     elapsed = time.monotonic() - started
     print(f"admin send again on 20 effects answered in {elapsed * 1000:.0f} ms")

@@ -27,7 +27,7 @@ from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
 from django_q.models import OrmQ
 
-from jobs.artifacts import get_storage, is_intact, storage_name_for
+from jobs.artifacts import artifact_key, get_storage, is_intact
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
 from tests.e2e.processes import (
     Processes,
@@ -73,7 +73,9 @@ def _open_attempt_of_stored_running_job(job: Job) -> Attempt | None:
     """The open Attempt, once the job is running and its artifact file is stored (the
     row commits with the publish)."""
     current = Job.objects.get(pk=job.pk)
-    stored = get_storage().exists(storage_name_for(job, "txt"))
+    folder = f"jobs/{job.kind.replace('.', '-')}"
+    files = get_storage().listdir(folder)[1] if get_storage().exists(folder) else []
+    stored = any(name.startswith(f"{artifact_key(job)}-") for name in files)
     if current.state != State.RUNNING or not stored:
         return None
     attempt = Attempt.objects.filter(job=job, outcome="", worker=current.lease_owner).first()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
+from django.db import connections
 from django.utils import timezone
 
 from jobs.models import Job
@@ -47,8 +51,9 @@ def expire_lease(job: Job) -> None:
     _travel(job, "lease_expires_at")
 
 
-class Crash(BaseException):
-    """Stands in for a process dying: the runner does not catch BaseException."""
+class Crash(KeyboardInterrupt):
+    """Stands in for a process dying: the runner lets only a signal's KeyboardInterrupt pass
+    (any other BaseException, SystemExit included, is recorded as the attempt's failure)."""
 
 
 def deliver(job_id: int, **kwargs):
@@ -58,3 +63,30 @@ def deliver(job_id: int, **kwargs):
     result = run_delivery(job_id, **kwargs)
     run_queued_effects()
     return result
+
+
+@contextmanager
+def advisory_lock_held(lock_class: int, key: str) -> Iterator[None]:
+    """Another connection (a thread) holds the transaction lock (lock_class, hashtext(key))
+    for the length of the block: what a concurrent claim of that scope looks like."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        try:
+            with connections["default"].cursor() as cursor:
+                cursor.execute("BEGIN")
+                cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [lock_class, key])
+                held.set()
+                release.wait(30)
+                cursor.execute("ROLLBACK")
+        finally:
+            connections["default"].close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10), "the lock was not taken"
+        yield
+    finally:
+        release.set()
+        holder.join(30)

@@ -69,12 +69,13 @@ def test_request__idempotent_handle_follows_the_job_to_its_outcome(make_user):
 
 def test_request__other_params_for_an_existing_identity_raise(make_user):
     user = make_user()
+    someone_else = str(user.pk + 1)  # not a fixed id: the user's own pk can be any number
     jobs.request("test.declared", ("billing.order", 7), params={"recipient": str(user.pk)})
     with pytest.raises(jobs.JobConflict, match=r"other params \(keys differing: recipient"):
-        jobs.request("test.declared", ("billing.order", 7), params={"recipient": "8"})
+        jobs.request("test.declared", ("billing.order", 7), params={"recipient": someone_else})
     # A new revision is a new job, with its own params.
     other = jobs.request(
-        "test.declared", ("billing.order", 7), revision=2, params={"recipient": "8"}
+        "test.declared", ("billing.order", 7), revision=2, params={"recipient": someone_else}
     )
     assert other.created
     assert Job.objects.count() == 2

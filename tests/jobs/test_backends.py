@@ -64,7 +64,7 @@ def test_enqueue__run_after_waits_for_the_dispatcher():
     assert tasks.add.get_result(result.id).status == Status.READY
 
 
-def test_task_error__class_path_and_message_without_traceback_or_arguments():
+def test_task_error__real_class_and_formatted_traceback_without_arguments():
     result = tasks.explode.enqueue("c-17")
     run_delivery(int(result.id), worker="w1")
     result.refresh()
@@ -73,13 +73,17 @@ def test_task_error__class_path_and_message_without_traceback_or_arguments():
     [error] = result.errors
     assert error.exception_class_path == "builtins.ValueError"
     assert error.exception_class is ValueError
-    assert error.traceback == "builtins.ValueError: exploded with code c-17"
+    assert error.traceback.startswith("Traceback (most recent call last):")
+    assert 'tasks.py", line' in error.traceback and "in explode" in error.traceback
+    assert error.traceback.endswith("ValueError: exploded with code c-17\n")
     job = Job.objects.get(pk=int(result.id))
     assert (job.state, job.last_error_class, job.last_error_code) == (
         "dead",
         "unknown",
         "builtins.ValueError",
     )
+    assert job.last_error_message == "exploded with code c-17"
+    assert "c-17" not in job.last_error_detail  # the short detail names the class only
     with pytest.raises(ValueError, match="Task failed"):
         result.return_value  # noqa: B018
 
@@ -103,3 +107,64 @@ def test_get_result__unknown_ids_do_not_exist():
     for missing in ("999999", "not-a-number"):
         with pytest.raises(backends.TaskResultDoesNotExist):
             backend.get_result(missing)
+
+
+def test_contract__signals_started_and_finished_with_the_backend_class_as_sender():
+    from jobs.tasks import run_job
+
+    seen = []
+
+    def record(signal_name):
+        def receiver(sender, task_result, **kwargs):
+            seen.append((signal_name, sender, task_result.status))
+
+        return receiver
+
+    started, finished = record("started"), record("finished")
+    backends.task_started.connect(started)
+    backends.task_finished.connect(finished)
+    try:
+        ok = tasks.add.enqueue(1, 2)
+        run_job(int(ok.id))
+        bad = tasks.explode.enqueue("s-1")
+        run_job(int(bad.id))
+    finally:
+        backends.task_started.disconnect(started)
+        backends.task_finished.disconnect(finished)
+    assert seen == [
+        ("started", backends.JobsBackend, Status.RUNNING),
+        ("finished", backends.JobsBackend, Status.SUCCESSFUL),
+        ("started", backends.JobsBackend, Status.RUNNING),
+        ("finished", backends.JobsBackend, Status.FAILED),
+    ]
+
+
+def test_contract__non_json_arguments_and_return_values_are_type_errors():
+    with pytest.raises(TypeError, match="Unsupported type") as raised:
+        tasks.add.enqueue(timezone.now(), 1)
+    assert isinstance(raised.value, jobs.PayloadInvalid)  # the engine's validation error too
+    assert Job.objects.count() == 0
+
+    bad = tasks.not_json.enqueue()
+    run_delivery(int(bad.id), worker="w1")
+    bad.refresh()
+    assert bad.status == Status.FAILED and bad.attempts == 1  # no retry: the same every time
+    assert bad.errors[0].exception_class is TypeError
+    assert "Unsupported type" in bad.errors[0].traceback
+
+
+def test_contract__get_result_returns_the_task_as_enqueued():
+    later = timezone.now() + timedelta(minutes=5)
+    enqueued = tasks.add.using(run_after=later, backend="once").enqueue(1, 2)
+    again = tasks.add.get_backend().get_result(enqueued.id)
+    assert again.task == enqueued.task
+    assert (again.task.run_after, again.task.backend) == (later, "once")
+    assert again == enqueued
+
+
+def test_contract__async_tasks_run_in_the_worker():
+    assert backends.JobsBackend.supports_async_task is True
+    result = tasks.add_async.enqueue(20, 22)
+    run_delivery(int(result.id), worker="w1")
+    result.refresh()
+    assert (result.status, result.return_value) == (Status.SUCCESSFUL, {"sum": 42})

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from jobs import checks, conf
 
@@ -68,9 +69,29 @@ def test_check_email_and_inline_release__sends_fit_their_leases(settings):
     assert checks.check_email_timing() == [] and checks.check_inline_release() == []
     settings.JOBS_EFFECT_LEASE_SECONDS = 6
     assert _ids(checks.check_email_timing()) == ["jobs.W012"]
-    settings.EMAIL_TIMEOUT = 9
+    settings.EMAIL_TIMEOUT = 19
     [warning] = checks.check_inline_release()
-    assert warning.id == "jobs.W013" and "email send (10)" in warning.msg
+    assert warning.id == "jobs.W013" and "email send (20)" in warning.msg
+
+
+def test_check_fences__margin_within_two_thirds_and_lock_wait_below_the_lease(settings):
+    settings.JOBS_LEASE_SECONDS = 60
+    settings.JOBS_TRANSACTION_IDLE_SECONDS, settings.JOBS_LOCK_TIMEOUT_SECONDS = 40, 30
+    assert checks.check_fences() == []
+    settings.JOBS_TRANSACTION_IDLE_SECONDS, settings.JOBS_LOCK_TIMEOUT_SECONDS = 41, 60
+    errors = checks.check_fences()
+    assert _ids(errors) == ["jobs.E005", "jobs.E006"]
+    assert "JOBS_TRANSACTION_IDLE_SECONDS" in errors[0].msg
+    assert "JOBS_LOCK_TIMEOUT_SECONDS" in errors[1].msg
+
+
+def test_check_hot_path__names_the_path_and_why():
+    [info] = checks.check_hot_path(databases=["default"])
+    assert info.id == "jobs.I001"
+    if connection.vendor == "postgresql":
+        assert "psycopg 3" in info.msg
+    else:
+        assert "ORM path" in info.msg
 
 
 def test_check_setting_values__a_typo_is_named(settings):
@@ -81,6 +102,12 @@ def test_check_setting_values__a_typo_is_named(settings):
         "JOBS_LEASE_SECONDS",
         "JOBS_MAX_ATTEMPTS",
     ]
+
+
+def test_check_setting_values__a_switch_turned_off_is_no_error(settings):
+    """docs/deployment.md: JOBS_PREPARED_STATEMENTS=0 behind PgBouncer in transaction mode."""
+    settings.JOBS_PREPARED_STATEMENTS = False
+    assert checks.check_setting_values() == []
 
 
 def test_conf__no_engine_module_reads_a_jobs_setting_around_conf():

@@ -14,7 +14,7 @@ from jobs import artifacts, transitions
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
 from jobs.runner import run_delivery
 from jobs.services import request_job
-from tests.jobs.helpers import new_job
+from tests.jobs.helpers import expire_lease, new_job
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -67,6 +67,7 @@ def test_paused_worker__loses_lease_second_publishes_first_publishes_nothing(mak
 
     def pause_after_artifact(stage, ctx):
         if stage == "artifact_stored":
+            result["name"] = ctx.artifact.storage_name
             stored.set()
             assert resume.wait(30)
 
@@ -80,9 +81,9 @@ def test_paused_worker__loses_lease_second_publishes_first_publishes_nothing(mak
     thread.start()
     assert stored.wait(30)
     assert not Artifact.objects.filter(job=job).exists(), "the row commits with the publish"
-    path = artifacts.get_storage().path(artifacts.storage_name_for(job, "txt"))
+    path = artifacts.get_storage().path(result["name"])
     first_file = os.stat(path).st_ino
-    time.sleep(float(transitions.conf.lease_seconds()) + 0.3)  # the first lease runs out
+    expire_lease(job)  # time travel: the first lease runs out while the first worker waits
 
     second = run_delivery(job.pk, worker="second")
     assert second.outcome == "succeeded"
@@ -91,6 +92,7 @@ def test_paused_worker__loses_lease_second_publishes_first_publishes_nothing(mak
     assert result["first"].outcome == "lease_lost"
 
     (artifact,) = Artifact.objects.filter(job=job)
+    assert artifact.storage_name == result["name"], "same bytes, same name: reused"
     assert artifact.rewrites == 0 and os.stat(path).st_ino == first_file, "verified, not rewritten"
     assert Effect.objects.filter(job=job).count() == 1
     assert Notice.objects.filter(recipient=user).count() == 1
@@ -141,11 +143,52 @@ def test_publish__job_row_locked_elsewhere__no_wait_then_the_orm_transaction_pub
             threading.Timer(0.5, release.set).start()
 
     holder = threading.Thread(target=hold_row_lock)
-    with caplog.at_level("WARNING", logger="jobs.runner"):
+    with caplog.at_level("INFO", logger="jobs.publish"):
         result = run_delivery(job.pk, worker="w1", on_stage=lock_then_release)
     holder.join(30)
     assert result.outcome == "succeeded"
-    assert "one-statement publish refused (OperationalError)" in caplog.text
+    assert "one-statement publish gave way (lock_not_available)" in caplog.text
     assert Effect.objects.get(job=job).state == Effect.State.APPLIED
     assert Notice.objects.filter(recipient=user).count() == 1
     assert Artifact.objects.filter(job=job).count() == 1
+
+
+def test_claim__busy_tenant_lock__waits_at_most_the_lock_timeout_then_defers(make_user, settings):
+    """Another transaction holds the tenant's lock for 20 s: the one-statement claim does
+    not wait at all, the ORM claim waits its lock timeout (1 s here) and defers the job
+    without spending an attempt."""
+    from jobs import rules
+
+    settings.JOBS_LOCK_TIMEOUT_SECONDS = 1
+    job = new_job(make_user(), tenant="busy-office")
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("BEGIN")
+                cursor.execute(
+                    "SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                    [rules.TENANT_LOCK_CLASS, "busy-office"],
+                )
+                held.set()
+                release.wait(20)
+                cursor.execute("ROLLBACK")
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        started = time.monotonic()
+        claim = transitions.claim(job.pk, "w1")
+        waited = time.monotonic() - started
+    finally:
+        release.set()
+        holder.join(20)
+    assert claim.status == "deferred"
+    assert waited < 10, f"the claim waited {waited:.1f} s behind a lock held for 20 s"
+    job.refresh_from_db()
+    assert job.state == Job.State.QUEUED and job.attempts == 0
+    assert job.next_attempt_at is not None

@@ -12,7 +12,6 @@ from unittest import mock
 
 import pytest
 from django.core.management import call_command
-from django.db import DatabaseError
 from django.db.models import Q
 from django_q.models import OrmQ
 
@@ -117,26 +116,31 @@ def test_run_delivery__retry_succeeds_and_verifies_instead_of_rewriting(make_use
     assert Artifact.objects.filter(job=job).count() == 1
 
 
-def test_crash_after_artifact__reclaim_verifies_and_restores_corrupt_file(make_user):
+def test_crash_after_artifact__reclaim_leaves_a_torn_file_alone_and_writes_its_own(make_user):
     user = make_user()
     job = new_job(user)
+    left = {}
 
     def die_after_artifact(stage, ctx):
         if stage == "artifact_stored":
+            left["name"] = ctx.artifact.storage_name
             raise Crash
 
     with pytest.raises(Crash):
         run_delivery(job.pk, worker="w1", on_stage=die_after_artifact)
     assert not Artifact.objects.filter(job=job).exists(), "the row commits with the publish"
-    path = artifacts.get_storage().path(artifacts.storage_name_for(job, "txt"))
-    Path(path).write_bytes(b"torn write")
+    path = Path(artifacts.get_storage().path(left["name"]))
+    path.write_bytes(b"torn write")
 
     assert run_delivery(job.pk, worker="w2").outcome == "duplicate", "lease still live"
     expire_lease(job)
     assert run_delivery(job.pk, worker="w2").outcome == "succeeded"
     assert outcomes(job) == ["crashed", "duplicate_delivery", "succeeded"]
     artifact = Artifact.objects.get(job=job)
-    assert artifact.rewrites == 1 and artifacts.is_intact(artifact)
+    assert artifact.rewrites == 0 and artifacts.is_intact(artifact)
+    assert artifact.storage_name != left["name"], "the torn file is never overwritten"
+    assert artifact.storage_name.startswith(left["name"].removesuffix(".txt") + "-")
+    assert path.read_bytes() == b"torn write", "left for jobs_prune, not rewritten"
     assert (Artifact.objects.count(), Effect.objects.count(), Notice.objects.count()) == (1, 1, 1)
 
 
@@ -163,29 +167,22 @@ def test_crash_after_publish_before_ack__the_in_app_notice_committed_with_publis
 
 
 def test_published_effect_left_pending__is_sent_by_its_own_message_once(make_user, monkeypatch):
-    """A transactional apply that failed at publish goes pending with its own message.
+    """A notice that could not be built at publish goes pending with its own message.
 
-    The one-statement publish (PostgreSQL) refused by the database falls back to the
-    ORM publish, whose in-app apply (in a savepoint) fails here.
+    Building the in-app notice (``notice_for``, in the publish plan) fails here: the
+    retry table decides, as for a failed apply, and the job still publishes.
     """
     user = make_user()
     job = new_job(user)
     inapp = registry.get_provider("inapp")
-    real_apply = inapp.apply
 
-    def flaky_apply(effect):
+    def flaky_notice(effect):
         raise ConnectionResetError("notice store unavailable")
 
-    def refused(*args, **kwargs):
-        raise DatabaseError("the notice table refused the row")
-
-    monkeypatch.setattr(sql, "publish", refused)
-    inapp.apply = flaky_apply
+    monkeypatch.setattr(inapp, "notice_for", flaky_notice)
     job_messages = list(OrmQ.objects.values_list("pk", flat=True))
-    try:
-        run_delivery(job.pk, worker="w1")
-    finally:
-        inapp.apply = real_apply
+    run_delivery(job.pk, worker="w1")
+    monkeypatch.undo()
     effect = Effect.objects.get(job=job)
     assert effect.state == Effect.State.PENDING and Notice.objects.count() == 0
     assert Job.objects.get(pk=job.pk).state == Job.State.SUCCEEDED
@@ -301,8 +298,14 @@ def test_operator_actions_go_through_transitions(make_user):
     other.refresh_from_db()
     assert services.requeue_job(other)
     other.refresh_from_db()
-    assert other.state == Job.State.QUEUED and other.attempts == 0
+    # A fresh budget on top of the attempts made: attempt numbers never repeat.
+    assert other.state == Job.State.QUEUED and other.attempts == 1
+    assert other.max_attempts > other.attempts
     assert run_delivery(other.pk, worker="w").outcome == "succeeded"
+    numbers = list(other.attempt_set.exclude(number=0).values_list("number", flat=True))
+    assert numbers == [1, 2]
+    history = list(other.events.values_list("action", "from_state", "to_state"))
+    assert history == [("requeue", "failed", "queued")]
 
 
 def test_jobs_stats__json_counts_deliveries_and_effects_apart(make_user):
@@ -379,7 +382,8 @@ def test_one_statement_publish__refused_for_a_changed_account__each_recipient_de
     make_user, change, caplog
 ):
     """The publish statement finds one of two recipients gone or inactive: it writes
-    nothing, and the ORM path decides each recipient (one notice, one withheld)."""
+    nothing, and the plan is built again with the refused one withheld (one notice,
+    one withheld)."""
     keep, lose = make_user(), make_user()
     job = new_job(keep)
     Job.objects.filter(pk=job.pk).update(params={"recipients": [keep.pk, lose.pk]})
@@ -390,7 +394,8 @@ def test_one_statement_publish__refused_for_a_changed_account__each_recipient_de
         if not calls:  # between the handler and the publish statement
             users = type(lose).objects.filter(pk=lose.pk)
             users.update(is_active=False) if change == "deactivate" else users.delete()
-        calls.append(kwargs["recipients"])
+        (plan,) = args
+        calls.append(list(plan.accounts))
         return real_publish(*args, **kwargs)
 
     with (

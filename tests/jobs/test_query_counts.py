@@ -74,10 +74,10 @@ REQUEST_JOB = (8, 1)
 # SQLite: the ORM claim (BEGIN; SELECT; COUNT; UPDATE; INSERT; COMMIT), the check, the
 # recheck, the ORM publish (BEGIN; UPDATE; INSERT artifact in a savepoint; INSERT effect;
 # the notice in a savepoint; UPDATE effect ref; INSERT event; UPDATE attempt; COMMIT).
-RUN_DELIVERY = {"postgresql": (3, 2), "sqlite": (21, 2)}
+RUN_DELIVERY = {"postgresql": (3, 2), "sqlite": (17, 2)}
 
 # demo.summary (the site's minimal kind, the one make bench measures) reads its user too.
-MINIMAL_DELIVERY = {"postgresql": (4, 2), "sqlite": (22, 2)}
+MINIMAL_DELIVERY = {"postgresql": (4, 2), "sqlite": (18, 2)}
 
 # A second delivery of a finished job: recorded, nothing else happens.
 #   PostgreSQL: the one-statement claim matches no row (an autocommit statement that

@@ -95,3 +95,22 @@ def test_failed_deliveries__counted_in_stats_metrics_and_dashboard(client, admin
     assert 'jobs_failed_deliveries_total{task="release_effect"} 1.0' in text
     page = client.get("/admin/jobs/job/dashboard/").content.decode()
     assert re.search(r'<dd id="failed-deliveries"><a [^>]*>4</a></dd>', page), page
+
+
+def test_idle__a_cluster_that_has_delivered_nothing_yet_gets_its_boot_grace(tmp_path):
+    """On a loaded host a cluster can take longer than the stall time to boot: until its
+    first delivery, idleness counts from the end of the boot grace, then from progress."""
+    from jobs.supervisor import Options, Supervisor
+
+    sup = Supervisor(Options(stall_seconds=8, boot_grace=30), command=["true"])
+    try:
+        now = time.time()
+        sup.started_at = now - 20  # booting for 20 s, nothing delivered yet
+        os.utime(sup.progress, (now - 100, now - 100))
+        assert sup._idle_seconds() < 0, "still within its boot grace: not stalled"
+        sup.started_at = now - 45  # 15 s past the grace, still nothing
+        assert 14 < sup._idle_seconds() < 16
+        os.utime(sup.progress, (now - 10, now - 10))  # a delivery 10 s ago
+        assert 9 < sup._idle_seconds() < 11, "after a delivery, idleness counts from it"
+    finally:
+        sup.progress.unlink(missing_ok=True)

@@ -94,12 +94,66 @@ def test_job_admin__requeue_action_revives_a_dead_job_through_transitions(demo):
         run_delivery(job.pk)
     assert Job.objects.get(pk=job.pk).state == Job.State.DEAD
     client = login(demo, "operator")
+    # First the confirmation: how many, and a sample with their errors; nothing changed yet.
+    confirm = client.post(
+        "/admin/jobs/job/?state__exact=dead", {"action": "requeue", "_selected_action": [job.pk]}
+    ).content.decode()
+    assert 'id="bulk-count">1<' in confirm and 'id="bulk-sample"' in confirm
+    assert "temporary" in confirm and 'name="confirmed" value="yes"' in confirm
+    assert Job.objects.get(pk=job.pk).state == Job.State.DEAD
     response = client.post(
-        "/admin/jobs/job/", {"action": "requeue", "_selected_action": [job.pk]}, follow=True
+        "/admin/jobs/job/?state__exact=dead",
+        {"action": "requeue", "_selected_action": [job.pk], "confirmed": "yes"},
+        follow=True,
     )
     assert "Requeued 1 of 1 selected." in response.content.decode()
+    # One entry for the object, one summary for the bulk action (no object, the filter named).
+    from django.contrib.admin.models import LogEntry
+
+    (summary,) = bulk_summaries()
+    assert summary.object_repr == "Bulk requeue: 1 job (state=dead)"
+    assert summary.user.username == "operator" and summary.is_change()
+    assert "1 of 1 selected done" in summary.change_message
+    assert LogEntry.objects.filter(object_id=str(job.pk)).count() == 1
+    listing = client.get("/admin/jobs/job/").content.decode()
+    assert 'id="bulk-log"' in listing and "Bulk requeue: 1 job (state=dead)" in listing
     job.refresh_from_db()
-    assert (job.state, job.attempts, job.version) == (Job.State.QUEUED, 0, 7)
+    # The budget grows on top of the attempts made (attempt numbers never repeat).
+    assert (job.state, job.attempts, job.version) == (Job.State.QUEUED, 3, 7)
+    assert job.max_attempts > job.attempts
+    assert list(job.events.values_list("action", "actor")) == [("requeue", "operator:operator")]
+
+
+def bulk_summaries(model: str = "job"):
+    """The object-less LogEntry rows: one per bulk action."""
+    from django.contrib.admin.models import LogEntry
+
+    return list(LogEntry.objects.filter(object_id=None, content_type__model=model).order_by("id"))
+
+
+def test_bulk_cancel__one_summary_over_the_filter_with_no_private_words(demo):
+    from django.contrib.admin.models import LogEntry
+
+    jobs = [
+        request_job(
+            "test.short", subject_type="auth.user", subject_id=n, params={"secret": "s3cr3t"}
+        )[0]
+        for n in (1, 2, 3)
+    ]
+    client = login(demo, "operator")
+    url = "/admin/jobs/job/?state__exact=queued&q=test.short"  # a search term is not repeated
+    client.post(url, {"action": "cancel", "_selected_action": [j.pk for j in jobs]})
+    assert bulk_summaries() == []  # the confirmation page logs nothing
+    client.post(
+        url,
+        {"action": "cancel", "_selected_action": [j.pk for j in jobs], "confirmed": "yes"},
+    )
+    (summary,) = bulk_summaries()
+    assert summary.object_repr == "Bulk cancel: 3 jobs (state=queued, with a search)"
+    words = summary.object_repr + summary.change_message
+    assert "s3cr3t" not in words and "test.short" not in words
+    assert LogEntry.objects.exclude(object_id=None).count() == 3  # one per job
+    assert {j.state for j in Job.objects.filter(pk__in=[j.pk for j in jobs])} == {"cancelled"}
 
 
 def test_groups__exist_after_migrate():
@@ -171,11 +225,23 @@ def test_job_page__action_buttons_run_the_transition_and_log_who(demo):
     client = login(demo, "operator")
     page = client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
     url = f"/admin/jobs/job/{job.pk}/operate/requeue/"
-    assert f'action="{url}"' in page and 'id="operate-requeue"' in page
+    assert f'href="{url}"' in page and 'id="operate-requeue"' in page
     assert "operate-cancel" not in page  # only what applies to a dead job
-    assert client.get(url).status_code == 405  # a button, never a link
+    # The button leads to a confirmation with a preview; a GET changes nothing.
+    confirm = client.get(url).content.decode()
+    assert f"Requeue job {job.pk} (dead, temporary" in confirm and "on 3 of 3 attempts" in confirm
+    job.refresh_from_db()
+    assert job.state == Job.State.DEAD
     response = client.post(url, follow=True)
+    assert response.redirect_chain[-1][0].endswith("?follow=1")  # the page follows the outcome
     assert "Requeue: done for job" in response.content.decode()
+    assert 'id="jobs-follow"' in response.content.decode()
+    followed = client.get(f"/admin/jobs/job/{job.pk}/follow/").json()
+    assert followed == {
+        "state": "queued",
+        "settled": False,
+        "text": f"Now queued, 3 of {job.max_attempts + 3} attempts used.",
+    }
     job.refresh_from_db()
     assert job.state == Job.State.QUEUED
     entry = LogEntry.objects.get(object_id=str(job.pk))
@@ -187,6 +253,7 @@ def test_job_page__action_buttons_run_the_transition_and_log_who(demo):
     again = client.post(url, follow=True).content.decode()  # now it is queued: said why
     assert "not done, job" in again and "is queued; Requeue applies to failed or dead ones" in again
     assert LogEntry.objects.filter(object_id=str(job.pk)).count() == 1
+    assert LogEntry.objects.count() == 1 and bulk_summaries() == []  # no bulk summary
 
 
 def test_job_list_action__says_why_it_did_nothing_and_logs_what_it_did(demo):
@@ -196,14 +263,19 @@ def test_job_list_action__says_why_it_did_nothing_and_logs_what_it_did(demo):
     dead = dead_job()
     client = login(demo, "operator")
     response = client.post(
-        "/admin/jobs/job/", {"action": "requeue", "_selected_action": [84, dead.pk]}, follow=True
+        "/admin/jobs/job/",
+        {"action": "requeue", "_selected_action": [84, dead.pk], "confirmed": "yes"},
+        follow=True,
     )
     text = response.content.decode()
     assert "Requeued 1 of 2 selected." in text
     assert "job 84 is succeeded; Requeue applies to failed or dead ones" in text
-    assert list(LogEntry.objects.values_list("object_id", "user__username")) == [
-        (str(dead.pk), "operator")
-    ]
+    assert list(
+        LogEntry.objects.exclude(object_id=None).values_list("object_id", "user__username")
+    ) == [(str(dead.pk), "operator")]
+    (summary,) = bulk_summaries()  # one summary, counting what was done
+    assert summary.object_repr == "Bulk requeue: 1 job"
+    assert "1 of 2 selected done, 1 not" in summary.change_message
 
 
 def test_job_actions__need_the_change_permission(demo, make_user):
@@ -228,12 +300,12 @@ def test_job_page__attempt_numbers_continue_across_a_requeue(demo):
     job = dead_job()
     requeue_job(job)
     Job.objects.filter(pk=job.pk).update(next_attempt_at=job.created_at)
-    run_delivery(job.pk)  # the first try of the new budget: Attempt.number is 1 again
+    run_delivery(job.pk)  # the first try of the new budget: Attempt.number goes on to 4
     client = login(demo, "operator")
     page = client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
     tries = re.findall(r'<td class="field-try_number">\s*<p>(\d+)</p>', page)
     budget = re.findall(r'<td class="field-in_budget">\s*<p>(\d+)</p>', page)
-    assert tries == ["1", "2", "3", "4"] and budget == ["1", "2", "3", "1"]
+    assert tries == ["1", "2", "3", "4"] and budget == ["1", "2", "3", "4"]
     assert "test dependency unavailable" in page  # the last error's detail
     assert page.count("temporary") >= 4  # each attempt's error class
 
@@ -267,6 +339,7 @@ def test_effect_page__buttons_for_needs_review_and_the_history_inline(demo):
     assert effect.state == Effect.State.APPLIED
     assert EffectEvent.objects.filter(effect=effect, actor="operator:operator").exists()
     assert LogEntry.objects.get(object_id=str(effect.pk)).user.username == "operator"
+    assert LogEntry.objects.count() == 1 and bulk_summaries("effect") == []  # no bulk summary
 
 
 def test_operators__read_effect_events_and_the_task_queue_but_change_nothing(demo):

@@ -33,10 +33,12 @@ def assert_passed(proc: subprocess.CompletedProcess, vendor: str) -> None:
     assert "[FAIL]" not in out
 
 
+@pytest.mark.slow
 def test_drill__passes_on_sqlite():
     assert_passed(run_drill(None), "sqlite")
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.django_db
 def test_drill__passes_on_postgresql_with_a_real_deadlock():

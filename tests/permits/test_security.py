@@ -129,6 +129,10 @@ STRONG_KEY = secrets.token_urlsafe(50)
             "SECRET_KEY starts with 'django-insecure-'",
         ),
         ({"DEBUG": "0", "SECRET_KEY": STRONG_KEY}, "ALLOWED_HOSTS must be set when DEBUG is off"),
+        (
+            {"DEBUG": "0", "SECRET_KEY": STRONG_KEY, "ALLOWED_HOSTS": "permits.example.org,*"},
+            "ALLOWED_HOSTS must name the site's hosts when DEBUG is off, not '*'",
+        ),
     ],
     ids=[
         "debug-unset-no-key",
@@ -137,6 +141,7 @@ STRONG_KEY = secrets.token_urlsafe(50)
         "few-characters",
         "insecure-prefix",
         "no-hosts",
+        "any-host",
     ],
 )
 def test_startup__refuses_weak_production_settings_naming_them(env, message):
@@ -322,6 +327,10 @@ def change_form_data(permit: PermitRequest, **changes) -> dict:
         "decisions-INITIAL_FORMS": "0",
         "decisions-MIN_NUM_FORMS": "0",
         "decisions-MAX_NUM_FORMS": "0",
+        "assignment_records-TOTAL_FORMS": "0",
+        "assignment_records-INITIAL_FORMS": "0",
+        "assignment_records-MIN_NUM_FORMS": "0",
+        "assignment_records-MAX_NUM_FORMS": "0",
     }
     data.update(changes)
     return data
@@ -428,10 +437,13 @@ def test_download__corrupt_artifact_is_not_served_and_the_engine_restores_it(rev
     assert "forged" not in page and "%PDF" not in page
     assert restore_messages() == [("jobs.restore.restore_artifact", (artifact.pk,))]
 
-    # A worker runs the task: the producer runs again under the same key, same row.
+    # A worker runs the task: the producer runs again and gives the published bytes,
+    # which go back under the row's name; the row's hash is the published one.
+    published = artifact.sha256
     assert restore_artifact(artifact.pk) == "restored"
     artifact.refresh_from_db()
-    assert artifact.rewrites == 1 and artifact.sha256 == sha256_hex(good)
+    assert artifact.rewrites == 1 and artifact.sha256 == published == sha256_hex(good)
+    assert artifact.state == "stored" and artifact.restore_requested_at is None
     assert Artifact.objects.filter(job=job).count() == 1
     served = signed_in(reviewer).get(url)
     assert served.status_code == 200

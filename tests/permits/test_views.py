@@ -30,7 +30,7 @@ PRIVATE = {
     "applicant_id_number": "ZK-5521-0087",
 }
 _n = count(1)
-QUEUE_QUERIES = 6
+QUEUE_QUERIES = 7  # ... and the To do / Decided counts
 
 
 def office(key: str = "alpha") -> Tenant:
@@ -249,7 +249,7 @@ def test_detail__events_in_plain_words_without_engine_details(reviewer, settings
     text = re.sub(r"<[^>]+>", " ", page)
     for words in ("Requested", "Being prepared", "Ready", "Notice to your inbox: delivered"):
         assert words in text, words
-    assert "Download report" in page
+    assert "Open report" in page and "Download PDF" in page
     # Operators' vocabulary stays in the admin: no worker ids, keys, hashes or protocol words.
     artifact = Artifact.objects.get(job=job)
     for hidden in ("web-test", job.lease_owner, artifact.sha256[:8], "sha256", "worker"):
@@ -319,7 +319,7 @@ def test_status__fragment_polls_until_finished(reviewer):
     done = client.get(f"/requests/{p.pk}/status/")
     text = done.content.decode()
     assert text.lstrip().startswith('<section id="report-panel"')
-    assert 'data-finished="true"' in text and "Ready" in text and "Download report" in text
+    assert 'data-finished="true"' in text and "Ready" in text and "Open report" in text
     assert done["X-Unread-Notices"] == "1"
 
 
@@ -332,11 +332,17 @@ def test_download__rechecks_permission_on_every_request(reviewer):
     artifact = Artifact.objects.get(job=job)
     client = client_for(reviewer)
 
+    # Inline by default (the browser's PDF viewer opens it), an attachment on request.
     response = client.get(f"/requests/{p.pk}/report/")
     assert response.status_code == 200
     assert response["Content-Type"] == "application/pdf"
-    assert response["Content-Disposition"] == f'attachment; filename="{p.reference}-r1.pdf"'
+    assert response["Content-Disposition"] == (
+        f"inline; filename=\"{p.reference}-r1.pdf\"; filename*=UTF-8''{p.reference}-r1.pdf"
+    )
     data = body(response)
+    attached = client.get(f"/requests/{p.pk}/report/?download=1")
+    assert attached["Content-Disposition"].startswith("attachment; ")
+    assert body(attached) == data
     assert data.startswith(b"%PDF")
     assert hashlib.sha256(data).hexdigest() == artifact.sha256
 
@@ -447,6 +453,7 @@ def test_decision__on_a_stale_revision_is_refused(reviewer):
 
 def test_decision__records_and_moves_the_status(reviewer):
     p = permit(reviewer=reviewer)
+    finished_report(p)  # the decision opens once the report is ready
     response = client_for(reviewer).post(
         f"/requests/{p.pk}/decisions/",
         {"decision": "request_changes", "comment": "Show the setbacks.", "revision": 1},
@@ -466,6 +473,7 @@ def _decide(client, p, **data):
 
 def test_decision__second_submit_does_not_create_a_second(reviewer):
     p = permit(reviewer=reviewer)
+    finished_report(p)  # the decision opens once the report is ready
     client = client_for(reviewer)
     first = _decide(client, p, decision="approve")
     again = _decide(client, p, decision="approve")  # a double click, or the back button
@@ -482,6 +490,7 @@ def test_decision__second_submit_does_not_create_a_second(reviewer):
 
 def test_decision__recorded_decision_replaces_the_form_until_the_reviewer_changes_it(reviewer):
     p = permit(reviewer=reviewer)
+    finished_report(p)  # the decision opens once the report is ready
     client = client_for(reviewer)
     page = _decide(client, p, decision="approve").content.decode()
     assert 'id="decision-form"' not in page
@@ -495,6 +504,7 @@ def test_decision__recorded_decision_replaces_the_form_until_the_reviewer_change
 
 def test_decision__change_is_recorded_as_such_and_the_old_one_kept(reviewer):
     p = permit(reviewer=reviewer)
+    finished_report(p)  # the decision opens once the report is ready
     client = client_for(reviewer)
     _decide(client, p, decision="approve")
     first = ReviewDecision.objects.get()
@@ -517,6 +527,7 @@ def test_decision__change_is_recorded_as_such_and_the_old_one_kept(reviewer):
 
 def test_decision__two_reviewers_each_decide_once(reviewer, other_reviewer):
     p = permit(reviewer=reviewer)
+    finished_report(p)  # the decision opens once the report is ready
     assign_reviewer(p, other_reviewer)
     _decide(client_for(reviewer), p, decision="approve")
     _decide(client_for(other_reviewer), p, decision="reject", comment="Height.")
@@ -722,3 +733,41 @@ def test_detail__shows_the_delivery_state_of_each_of_my_notices(client, settings
     assert 'data-notice-state="applied"' in body and "Inbox" in body
     assert 'data-notice-state="pending"' in body and "Device" in body
     assert "webhook" not in body.lower()
+
+
+def test_state_words__the_same_on_the_reviewer_page_and_in_the_admin(client, settings):
+    """One table (jobs.words): the reviewer's badge word is the admin's tag word, the admin
+    adds the engine's name; a provider's words are the site's on both sides."""
+    from jobs.models import EFFECT_STATES, JOB_STATES, Effect, Job
+    from jobs.runner import run_delivery
+    from jobs.words import EFFECT_STATE_WORDS, JOB_STATE_WORDS
+    from permits.services import report_request
+    from tests.permits import factories
+
+    assert list(JOB_STATE_WORDS) == JOB_STATES and list(EFFECT_STATE_WORDS) == EFFECT_STATES
+    reviewer = get_user_model().objects.create_user("words-reviewer", password="x")
+    operator = get_user_model().objects.create_superuser("words-operator", password="x")
+    permit = factories.permit(reviewer=reviewer)
+    job, _ = report_request(permit)
+    settings.NOTICE_PROVIDER_URL = "http://127.0.0.1:9"  # the webhook notice keeps retrying
+    run_delivery(job.pk)
+    Effect.objects.filter(job=job, provider="webhook").update(state=Effect.State.SENDING)
+
+    client.force_login(reviewer)
+    body = client.get(f"/requests/{permit.pk}/").content.decode()
+    assert 'Device <span class="badge badge--running">being sent</span>' in body
+    assert "Sending" not in body
+    Job.objects.filter(pk=job.pk).update(state=Job.State.DEAD)  # as the admin shows below
+    body = client.get(f"/requests/{permit.pk}/").content.decode()
+    assert re.search(r'badge--failed badge--large" [^>]*data-state="dead">Stopped<', body)
+    assert ">Dead<" not in body
+
+    client.force_login(operator)
+    page = client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    assert re.search(r'jobs-tone--failed">Stopped <span class="jobs-state__engine">· dead<', page)
+    listing = client.get("/admin/jobs/job/?state__exact=dead").content.decode()
+    assert "Stopped · dead" in listing  # the filter, in the same words
+    effects = client.get("/admin/jobs/effect/").content.decode()
+    assert 'jobs-tone--running">Being sent <span class="jobs-state__engine">· sending<' in effects
+    assert 'Device <span class="jobs-state__engine">· webhook<' in effects
+    assert 'Inbox <span class="jobs-state__engine">· inapp<' in effects

@@ -30,6 +30,7 @@ def _manage(*args: str, env: dict, timeout: float) -> subprocess.CompletedProces
     )
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_burst__83_jobs_outage_then_recovery_passes(tmp_path):
     """The full drill: 83 jobs, provider down then back, bound 4, 6 worker processes."""
@@ -49,7 +50,9 @@ def test_burst__83_jobs_outage_then_recovery_passes(tmp_path):
     assert report["ledger_applied"] == 83 and report["jobs_succeeded"] == 83
     assert report["missing"] == [] and report["applied_twice"] == {}
     assert 1 <= report["max_in_flight"] <= report["config"]["max_in_flight"] == 4
-    assert report["refused_while_down"] >= 83, "every notice met the outage first"
+    # Every notice met the outage first: a refused send, or held at the open circuit.
+    assert report["refused_while_down"] >= 1 and report["held_by_circuit"] >= 1
+    assert report["refused_while_down"] + report["held_by_circuit"] >= 83
     assert report["provider_requests"] == {"201 applied": 83}
 
 

@@ -7,6 +7,7 @@ import threading
 from datetime import timedelta
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.core import mail
 from django.urls import reverse
 from django.utils import timezone
@@ -157,15 +158,26 @@ def test_email_admin__operator_marks_sent_or_sends_again_and_each_is_recorded(
     assert page.status_code == 200
     assert b"provider-summary" in page.content and b"needs_review 2" in page.content
 
-    answer = admin_client.post(changelist, {"action": "mark_sent", "_selected_action": [kept.pk]})
+    answer = admin_client.post(
+        changelist, {"action": "mark_sent", "_selected_action": [kept.pk], "confirmed": "yes"}
+    )
     assert answer.status_code == 302
     kept.refresh_from_db()
     assert kept.state == State.APPLIED and "admin" in kept.reason
 
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"  # server fixed
-    admin_client.post(changelist, {"action": "send_again", "_selected_action": [resent.pk]})
+    admin_client.post(
+        changelist, {"action": "send_again", "_selected_action": [resent.pk], "confirmed": "yes"}
+    )
     resent.refresh_from_db()
     assert resent.state == State.PENDING and mail.outbox == [], "the request only enqueues"
+    # Each bulk action: one entry per effect changed and one summary (no object).
+    summaries = LogEntry.objects.filter(object_id=None).order_by("id")
+    assert [s.object_repr for s in summaries] == [
+        "Bulk mark sent: 1 effect",
+        "Bulk send again: 1 effect",
+    ]
+    assert LogEntry.objects.exclude(object_id=None).count() == 2
     run_queued_effects()  # a worker sends
     resent.refresh_from_db()
     assert resent.state == State.APPLIED and len(mail.outbox) == 1
@@ -194,8 +206,12 @@ def test_email_admin__operator_marks_sent_or_sends_again_and_each_is_recorded(
     assert history(resent)[2][1] == "operator:admin"
 
     # Neither action applies twice or to a settled effect.
-    admin_client.post(changelist, {"action": "mark_sent", "_selected_action": [kept.pk]})
-    admin_client.post(changelist, {"action": "send_again", "_selected_action": [resent.pk]})
+    admin_client.post(
+        changelist, {"action": "mark_sent", "_selected_action": [kept.pk], "confirmed": "yes"}
+    )
+    admin_client.post(
+        changelist, {"action": "send_again", "_selected_action": [resent.pk], "confirmed": "yes"}
+    )
     run_queued_effects()
     assert EffectEvent.objects.count() == 8 and len(mail.outbox) == 1
     detail = admin_client.get(reverse("admin:jobs_effect_change", args=[resent.pk]))

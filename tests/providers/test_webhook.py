@@ -103,7 +103,8 @@ def test_webhook__an_existing_effect_never_gets_a_new_key(make_user, webhook):
 
     # Publishing the same outcome again cannot mint a second row (or key).
     with pytest.raises(IntegrityError), transaction.atomic():
-        ledger.record(job, [EffectSpec("completion-notice", "webhook", str(user.pk))])
+        spec = EffectSpec("completion-notice", "webhook", str(user.pk))
+        Effect.objects.bulk_create(ledger.prepare(job, [spec], refused={}))
 
     effect.refresh_from_db()
     assert effect.idempotency_key == key and Effect.objects.filter(job=job).count() == 1
@@ -286,3 +287,21 @@ def test_webhook__separate_connect_and_read_timeouts_from_settings(settings):
     timeout = WebhookProvider().timeout()
     assert isinstance(timeout, httpx.Timeout)
     assert (timeout.connect, timeout.read) == (1.5, 7.0)
+
+
+def test_webhook__a_link_in_the_effect_data_reaches_the_body_and_free_text_does_not(
+    make_user, webhook
+):
+    from jobs.models import Effect
+    from jobs.providers.webhook import notice_body
+
+    user = make_user()
+    job = notify_job(user)
+    run_delivery(job.pk, worker="w1")
+    effect = effect_of(job)
+    Effect.objects.filter(pk=effect.pk).update(data={**effect.data, "link": "/permits/42/report/"})
+    effect.refresh_from_db()
+    body = notice_body(effect)
+    assert body["link"] == "/permits/42/report/"
+    assert set(body) == {*BODY_FIELDS, "link"}
+    assert "Jane" not in json.dumps(body), "title (free text) is not sent"

@@ -26,3 +26,22 @@ def which_attempt(context) -> int:
 @task
 def not_json() -> object:
     return object()
+
+
+@task
+def exits(code: int) -> None:
+    import sys
+
+    sys.exit(code)
+
+
+@task
+def worker_pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+@task
+async def add_async(a: int, b: int) -> dict:
+    return {"sum": a + b}

@@ -42,7 +42,7 @@ from django.db.models.functions import Mod
 from django.utils import timezone
 
 from jobs import ledger, registry
-from jobs.models import Effect, EffectEvent, Job
+from jobs.models import Effect, EffectEvent, FlowRule, Job
 from jobs.registry import EffectSpec
 from jobs.testing.fakeprovider import Record
 from jobs.testing.processes import Processes
@@ -167,6 +167,10 @@ class BurstConfig:
     effect_max_attempts: int = 60
     timeout: float = 240.0
     record: str | None = None
+    rate: str | None = None  # a provider:webhook rate rule for the run, e.g. "5/s"
+    circuit_failures: int = 5
+    circuit_probe: float = 0.5
+    circuit_probe_cap: float = 2.0
 
     def settings(self, url: str, token: str) -> dict:
         """The settings every worker process runs with (read at call time by the engine)."""
@@ -182,7 +186,18 @@ class BurstConfig:
             "JOBS_BACKOFF_FLOOR_SECONDS": self.backoff_floor,
             "JOBS_BACKOFF_BASE_SECONDS": self.backoff_base,
             "JOBS_BACKOFF_CAP_SECONDS": self.backoff_cap,
+            "JOBS_CIRCUIT_FAILURES": self.circuit_failures,
+            "JOBS_CIRCUIT_PROBE_SECONDS": self.circuit_probe,
+            "JOBS_CIRCUIT_PROBE_CAP_SECONDS": self.circuit_probe_cap,
         }
+
+    def rate_rule(self) -> tuple[int, float] | None:
+        if not self.rate:
+            return None
+        from jobs import flow
+
+        rate, period = flow.parse_rate(self.rate)
+        return None if rate is None else (rate, period)
 
 
 @dataclass
@@ -202,6 +217,9 @@ class BurstReport:
     provider_requests: dict[str, int] = field(default_factory=dict)
     resends_same_key: int = 0
     refused_while_down: int = 0
+    held_by_circuit: int = 0  # notices that waited at the open circuit, no call, no attempt
+    max_in_rate_window: int = 0  # most calls in any window of the rate's period
+    drain_calls_per_second: float | None = None
     outage_seconds: float = 0.0
     recovery_seconds: float | None = None
     problems: list[str] = field(default_factory=list)
@@ -221,6 +239,7 @@ def analyse(
     bound: int,
     up_at: float | None,
     report: BurstReport,
+    rate: tuple[int, float] | None = None,
 ) -> BurstReport:
     """Judge the run from the provider's record; ``expected``: effect_id → (state, ref)."""
     sends = record.sends_by_effect()
@@ -247,6 +266,14 @@ def analyse(
     keys = [r["idempotency_key"] for r in requests if r["status"] in (200, 201)]
     report.resends_same_key = len(keys) - len(set(keys))
     stray = sorted(set(sends) - set(expected))
+    if rate is not None:
+        allowed, period = rate
+        report.max_in_rate_window = max_in_window([r["received_at"] for r in requests], period)
+        if report.max_in_rate_window > allowed + 1:
+            report.problems.append(
+                f"rate exceeded: {report.max_in_rate_window} calls within {period:g} s "
+                f"(rule {allowed} per {period:g} s, +1 for the window's edge)"
+            )
     if report.max_in_flight > bound:
         report.problems.append(
             f"bound exceeded: {report.max_in_flight} calls in flight at once (bound {bound})"
@@ -262,6 +289,17 @@ def analyse(
     if stray:
         report.problems.append(f"{len(stray)} send(s) at the provider for unknown effects")
     return report
+
+
+def max_in_window(times: list[float], period: float) -> int:
+    """The most of ``times`` inside any half-open window ``[t, t + period)``."""
+    times = sorted(times)
+    best = start = 0
+    for end, t in enumerate(times):
+        while times[start] <= t - period:
+            start += 1
+        best = max(best, end - start + 1)
+    return best
 
 
 def _child_env() -> dict:
@@ -307,6 +345,7 @@ def run(config: BurstConfig, *, out=None) -> BurstReport:
     report = BurstReport(run=run_id, config=asdict(config))
     procs = Processes(_child_env(), work_dir)
     deadline = time.monotonic() + config.timeout
+    restore: tuple[int | None, float] = (None, 1.0)
     try:
         procs.env["FAKE_PROVIDER_TOKEN"] = token  # not on the command line
         provider = procs.start(
@@ -332,6 +371,20 @@ def run(config: BurstConfig, *, out=None) -> BurstReport:
             f"{url} down; record {record_path}"
         )
 
+        rule = config.rate_rule()
+        if rule is not None:
+            from jobs import flow
+
+            previous = FlowRule.objects.filter(scope="provider:webhook").first()
+            restore = (previous.rate, previous.period_seconds) if previous else (None, 1.0)
+            flow.set_rule(
+                "provider:webhook",
+                actor=f"burst:{run_id}",
+                rate=rule[0],
+                period_seconds=rule[1],
+                note="burst drill",
+            )
+            say(f"rate rule provider:webhook {config.rate} for the run")
         # The workers start (about a second each) while the jobs are being created.
         down_at = time.monotonic()
         for i in range(config.workers):
@@ -356,10 +409,20 @@ def run(config: BurstConfig, *, out=None) -> BurstReport:
         scope = Job.objects.filter(pk__in=job_ids)
         effects = Effect.objects.filter(job__in=scope)
 
+        # Each notice met the outage: a refused send, or held at the provider's open
+        # circuit (no call, no attempt spent).
+        held_at_circuit = Q(
+            events__action=EffectEvent.Action.DEFER, events__error_code="circuit_open"
+        )
+        met_outage = Q(attempts__gte=1) | held_at_circuit
+
         def queued_up() -> bool:
             return (
                 scope.filter(state=Job.State.SUCCEEDED).count() == config.jobs
-                and effects.filter(attempts__gte=1).exclude(state=Effect.State.SENDING).count()
+                and effects.filter(met_outage)
+                .exclude(state=Effect.State.SENDING)
+                .distinct()
+                .count()
                 == config.jobs
             )
 
@@ -373,10 +436,17 @@ def run(config: BurstConfig, *, out=None) -> BurstReport:
         report.refused_while_down = EffectEvent.objects.filter(
             effect__in=effects, action=EffectEvent.Action.SEND, error_class="transport"
         ).count()
+        report.held_by_circuit = (
+            effects.filter(
+                events__action=EffectEvent.Action.DEFER, events__error_code="circuit_open"
+            )
+            .distinct()
+            .count()
+        )
         say(
             f"outage: {config.jobs} jobs succeeded, {config.jobs} notices queued, "
-            f"{report.refused_while_down} sends refused in {report.outage_seconds:.1f} s; "
-            "provider comes back"
+            f"{report.refused_while_down} sends refused, {report.held_by_circuit} notices held "
+            f"at the open circuit in {report.outage_seconds:.1f} s; provider comes back"
         )
         provider.popen.send_signal(signal.SIGUSR2)
         up_clock = time.monotonic()
@@ -396,6 +466,16 @@ def run(config: BurstConfig, *, out=None) -> BurstReport:
     finally:
         for proc in reversed(procs.procs):
             procs.terminate(proc)
+        if config.rate_rule() is not None:
+            from jobs import flow
+
+            flow.set_rule(
+                "provider:webhook",
+                actor=f"burst:{run_id}",
+                rate=restore[0],
+                period_seconds=restore[1],
+                note="burst drill ended",
+            )
         dead = [p.name for p in procs.procs if p.popen.returncode not in (0, -signal.SIGTERM)]
         if dead:
             names = ", ".join(dead)
@@ -418,6 +498,9 @@ def run(config: BurstConfig, *, out=None) -> BurstReport:
         bound=config.max_in_flight,
         up_at=record.last_event_at("up"),
         report=report,
+        rate=config.rate_rule(),
     )
+    if report.recovery_seconds and report.notices_applied:
+        report.drain_calls_per_second = round(report.notices_applied / report.recovery_seconds, 2)
     report.problems = problems_before + report.problems
     return report

@@ -8,6 +8,7 @@ with its length, when it ends. The database may also be down when the loop start
 
 from __future__ import annotations
 
+import logging
 import signal
 
 from django.core.management.base import BaseCommand, CommandError
@@ -15,6 +16,8 @@ from django.db import close_old_connections
 
 from jobs.dispatch import dispatch_once
 from jobs.supervisor import DATABASE_ERRORS, Outage, describe, pause
+
+log = logging.getLogger("jobs.dispatch")
 
 
 class Command(BaseCommand):
@@ -40,6 +43,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         outage = Outage("jobs_dispatcher", cap=max_backoff)
+        started = False
         while not stopping:
             try:
                 close_old_connections()  # CONN_MAX_AGE and health checks, as a request would
@@ -50,6 +54,9 @@ class Command(BaseCommand):
                 pause(outage.failed(exc), lambda: stopping)
                 continue
             outage.recovered()
+            if not started:  # once, so an operator (and the soak) sees it is at work
+                log.info("jobs_dispatcher: sweeping every %s s", interval)
+                started = True
             if once:
                 self.stdout.write(" ".join(f"{k}={v}" for k, v in sent.items()))
                 return

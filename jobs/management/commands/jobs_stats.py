@@ -16,7 +16,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="machine-readable output")
 
     def handle(self, *args, **options):
-        stats = collect()
+        stats = collect(artifacts=True)
         if options["json"]:
             self.stdout.write(json.dumps(stats, indent=2, sort_keys=True))
             return
@@ -38,6 +38,10 @@ class Command(BaseCommand):
         for state, n in sorted(stats["effects"]["by_state"].items()):
             w(f"  {state:<20}{n}")
         w(f"duplicate effects     {stats['duplicate_effects']}")
+        art = stats["artifacts"]
+        states = " ".join(f"{k}={v}" for k, v in sorted(art["by_state"].items()))
+        w(f"artifacts             {states or '0'}")
+        w(f"orphan artifact files {art['orphan_files']}")
         if stats["providers"]:
             w("per provider          effects  sends  resends  duplicate effects  states")
         for name, p in sorted(stats["providers"].items()):

@@ -1,4 +1,5 @@
-"""Seed the demo (idempotent): offices, reviewer47, an operator, a dozen requests, job 84."""
+"""Seed the demo (idempotent): offices, reviewer47, an operator, an office admin, a dozen
+requests, job 84."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from jobs.services import enqueue_job
 from permits import reports
 from permits.models import PermitRequest, Tenant
 from permits.services import assign_reviewer
+from permits.signals import OFFICE_ADMINS, create_groups
 
 DEMO_LOGINS = {
     "reviewer47": "reviewer-demo",
     "reviewer52": "reviewer-demo",
     "operator": "operator-demo",
+    "officeadmin": "officeadmin-demo",
 }
 WT = PermitRequest.WorkType
 # id, office, work type, address, valuation, assigned to reviewer47?
@@ -43,7 +46,10 @@ EPOCH = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 
 
 class Command(BaseCommand):
-    help = "Create the demo offices, accounts, requests and report job 84 (revision 29)."
+    help = (
+        "Create the demo offices, accounts (reviewers, an operator, an office admin), "
+        "requests and report job 84 (revision 29)."
+    )
 
     @transaction.atomic
     def handle(self, *args, **options):
@@ -59,7 +65,12 @@ class Command(BaseCommand):
         reviewer52 = self._user("reviewer52", pk=52, group="reviewers")
         self._reset_sequences()  # else the operator's new id may be 47 or 52 itself
         self._user("operator", pk=None, group="operators")
+        # Assigning reviewers is the office admins' duty (not the operators'): the group
+        # and its permissions exist after migrate; made sure of here as well.
+        create_groups()
+        self._user("officeadmin", pk=None, group=OFFICE_ADMINS)
 
+        assignments = []
         for pk, office, work_type, address, valuation, mine in REQUESTS:
             permit, _ = PermitRequest.objects.get_or_create(
                 pk=pk,
@@ -81,7 +92,7 @@ class Command(BaseCommand):
                     "submitted_at": EPOCH + timedelta(hours=pk),
                 },
             )
-            assign_reviewer(permit, reviewer47 if mine else reviewer52)
+            assignments.append((permit, reviewer47 if mine else reviewer52))
 
         permit = PermitRequest.objects.get(pk=DEMO_PERMIT_ID)
         job, created = Job.objects.get_or_create(
@@ -99,6 +110,12 @@ class Command(BaseCommand):
         )
         if created:
             enqueue_job(job)
+        self._reset_sequences()
+        # Assigned after job 84 exists, so request 7's report is that job. Each
+        # assignment asks for the request's report (``services.ensure_report``): the
+        # reviewers find every report requested, none to press a button for.
+        for request, reviewer in assignments:
+            assign_reviewer(request, reviewer)
         self._reset_sequences()
         self.stdout.write(
             f"report job {job.pk} for {permit.reference} "

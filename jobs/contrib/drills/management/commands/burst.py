@@ -43,6 +43,17 @@ class Command(BaseCommand):
             help="keep the provider down at least this long after the last job finished",
         )
         parser.add_argument("--backoff-cap", type=float, default=d.backoff_cap)
+        parser.add_argument(
+            "--rate",
+            default=None,
+            help="a provider:webhook rate rule for the run (e.g. 5/s), checked at the record",
+        )
+        parser.add_argument(
+            "--circuit-failures",
+            type=int,
+            default=d.circuit_failures,
+            help="JOBS_CIRCUIT_FAILURES for the run",
+        )
         parser.add_argument("--timeout", type=float, default=d.timeout, help="give up after")
         parser.add_argument("--record", default=None, help="the stand-in's record file")
         parser.add_argument("--json", action="store_true", help="machine-readable report")
@@ -71,6 +82,8 @@ class Command(BaseCommand):
             backoff_cap=o["backoff_cap"],
             timeout=o["timeout"],
             record=o["record"],
+            rate=o["rate"],
+            circuit_failures=o["circuit_failures"],
         )
         if config.connect_timeout + config.read_timeout + config.slot_wait >= config.effect_lease:
             raise CommandError("connect + read timeouts + slot wait must stay below the lease")
@@ -104,6 +117,11 @@ class Command(BaseCommand):
         w(f"duplicate effects              {len(r.applied_twice)}")
         w(f"resends under the same key     {r.resends_same_key}")
         w(f"sends refused while down       {r.refused_while_down}  (ledger)")
+        w(f"notices held at open circuit   {r.held_by_circuit}  (no call, no attempt)")
+        if c.get("rate"):
+            w(f"most calls in one rate window  {r.max_in_rate_window}  (rule {c['rate']}, +1 edge)")
+        if r.drain_calls_per_second is not None:
+            w(f"drain rate                     {r.drain_calls_per_second:g} notices/s")
         w(f"ledger rows applied            {r.ledger_applied} of {r.notices_expected}")
         answers = ", ".join(f"{k}: {v}" for k, v in sorted(r.provider_requests.items()))
         w(f"provider answers               {answers or 'none'}")

@@ -1,0 +1,147 @@
+"""The flow rules in the admin: edit, pause and resume, each change audited.
+
+Every write goes through ``jobs.flow`` (``set_rule``, ``pause``, ``resume``,
+``delete_rule``), the same functions ``manage.py jobs_limits`` calls, so a change
+from the admin or the console writes its ``FlowRuleChange`` row (who, from what, to
+what) in the same transaction, and an admin ``LogEntry`` as well. The circuit and
+rate state are the engine's: shown, never edited by hand. Registered by
+``jobs.admin``.
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponseRedirect
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+from django.views.decorators.http import require_POST
+
+from jobs import flow
+from jobs.models import FlowRule, FlowRuleChange
+
+
+class FlowRuleForm(forms.ModelForm):
+    class Meta:
+        model = FlowRule
+        fields = ("scope", "concurrency", "rate", "period_seconds", "paused")
+
+    def clean_scope(self):
+        try:
+            return flow.check_scope(self.cleaned_data["scope"])
+        except flow.FlowError as exc:
+            raise forms.ValidationError(str(exc)) from exc
+
+    def clean_concurrency(self):
+        value = self.cleaned_data["concurrency"]
+        if value is not None and value < 1:
+            raise forms.ValidationError("At least 1 (pause the scope to stop it).")
+        return value
+
+
+def _actor(request: HttpRequest) -> str:
+    return f"operator:{request.user.get_username()}"
+
+
+@admin.register(FlowRule)
+class FlowRuleAdmin(admin.ModelAdmin):
+    form = FlowRuleForm
+    list_display = ("scope", "rule", "paused", "circuit_state", "updated_at", "updated_by")
+    list_filter = ("paused", "circuit_state")
+    search_fields = ("scope",)
+    actions = ("pause_selected", "resume_selected")
+    readonly_fields = (
+        "next_free_at",
+        "circuit_state",
+        "circuit_failures",
+        "circuit_opened_at",
+        "circuit_probe_at",
+        "circuit_probes",
+        "updated_at",
+        "updated_by",
+        "history",
+    )
+
+    def get_readonly_fields(self, request, obj=None):
+        fields = super().get_readonly_fields(request, obj)
+        return ("scope", *fields) if obj is not None else fields
+
+    @admin.display(description="rule")
+    def rule(self, obj: FlowRule) -> str:
+        return obj.describe()
+
+    @admin.display(description="changes (latest first)")
+    def history(self, obj: FlowRule):
+        rows = FlowRuleChange.objects.filter(scope=obj.scope)[:20]
+        if not rows:
+            return "—"
+        return format_html(
+            "<ul>{}</ul>",
+            format_html_join(
+                "",
+                "<li>{} · {} by {}: {} → {}</li>",
+                (
+                    (c.at.strftime("%Y-%m-%d %H:%M:%S"), c.action, c.actor, c.before, c.after)
+                    for c in rows
+                ),
+            ),
+        )
+
+    def save_model(self, request, obj, form, change):
+        data = form.cleaned_data
+        saved = flow.set_rule(
+            data.get("scope") or obj.scope,
+            actor=_actor(request),
+            concurrency=data.get("concurrency"),
+            rate=data.get("rate"),
+            period_seconds=data.get("period_seconds") or 1.0,
+            paused=bool(data.get("paused")),
+        )
+        obj.pk = saved.pk
+        obj.refresh_from_db()
+
+    def delete_model(self, request, obj):
+        flow.delete_rule(obj.scope, actor=_actor(request))
+
+    def delete_queryset(self, request, queryset):
+        for rule in queryset:
+            flow.delete_rule(rule.scope, actor=_actor(request))
+
+    @admin.action(description="Pause the selected scopes", permissions=["change"])
+    def pause_selected(self, request, queryset):
+        for rule in queryset:
+            flow.pause(rule.scope, actor=_actor(request))
+            self.log_change(request, rule, "paused")
+        self.message_user(request, f"Paused {queryset.count()} scope(s).", messages.SUCCESS)
+
+    @admin.action(description="Resume the selected scopes", permissions=["change"])
+    def resume_selected(self, request, queryset):
+        for rule in queryset:
+            flow.resume(rule.scope, actor=_actor(request))
+            self.log_change(request, rule, "resumed")
+        self.message_user(request, f"Resumed {queryset.count()} scope(s).", messages.SUCCESS)
+
+    def get_urls(self):
+        toggle = self.admin_site.admin_view(self.toggle_view)
+        return [path("toggle/", toggle, name="jobs_flowrule_toggle"), *super().get_urls()]
+
+    def toggle_view(self, request: HttpRequest):
+        """The console's pause/resume buttons: POST ``scope`` and ``action``; back to it."""
+        return require_POST(self._toggle)(request)
+
+    def _toggle(self, request: HttpRequest):
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        scope, action = request.POST.get("scope", ""), request.POST.get("action", "")
+        try:
+            flow.check_scope(scope)
+        except flow.FlowError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+        else:
+            if action not in ("pause", "resume"):
+                raise PermissionDenied
+            rule = (flow.pause if action == "pause" else flow.resume)(scope, actor=_actor(request))
+            self.log_change(request, rule, f"{action}d from the console")
+            self.message_user(request, f"{scope}: {rule.describe()}", messages.SUCCESS)
+        return HttpResponseRedirect(reverse("admin:jobs_job_dashboard"))

@@ -1,0 +1,278 @@
+"""Artifacts on a real S3-compatible server (issue 23): moto's server over HTTP on loopback.
+
+The same promises as on the filesystem: an exclusive create refuses a name that is
+taken and keeps the first bytes; every read is verified (streamed, never an
+unverified byte out); a stale worker adds an orphan, never a rewrite; a restore puts
+back the published bytes; a corrupted object is refused. Plus the server itself: it
+must answer 412 to a second ``If-None-Match: *`` create, or the store is refused at
+start-up (jobs.E031).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import secrets
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import Group
+from django.test import Client
+
+from jobs import artifacts, checks, registry, retention
+from jobs.exceptions import ArtifactCorrupt
+from jobs.models import Artifact
+from jobs.restore import restore_artifact
+from jobs.runner import run_delivery
+from jobs.storage_s3 import S3Storage
+from jobs.testing.s3server import honours_conditional_create, threaded_moto_server
+from permits.services import report_request
+from tests.jobs import test_artifacts_write_once as write_once
+from tests.jobs.helpers import new_job
+from tests.permits import factories
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    with threaded_moto_server() as server:
+        yield server
+
+
+@pytest.fixture
+def bucket(s3_server, settings):
+    """A fresh bucket on the server, configured as the artifact storage.
+
+    Deliveries get a 15 s lease: at the test settings' 2 s a worker's own lease can run
+    out on a loaded machine while it uploads over HTTP (stale workers time-travel).
+    """
+    settings.JOBS_LEASE_SECONDS = 15
+    name = s3_server.create_bucket(f"artifacts-{secrets.token_hex(4)}")
+    settings.STORAGES = {**settings.STORAGES, "artifacts": s3_server.storage_options(name)}
+    checks._probed.clear()
+    return name
+
+
+def object_bytes(s3_server, bucket: str, name: str) -> bytes:
+    return s3_server.client().get_object(Bucket=bucket, Key=name)["Body"].read()
+
+
+def overwrite(s3_server, bucket: str, name: str, data: bytes) -> None:
+    """What a disk fault or a careless operator does: other bytes under the name."""
+    s3_server.client().put_object(Bucket=bucket, Key=name, Body=data)
+
+
+def test_server__a_second_conditional_create_is_refused_with_412(s3_server, bucket):
+    honoured, status = honours_conditional_create(s3_server, bucket)
+    assert (honoured, status) == (True, 412)
+
+
+def test_create_exclusive__second_create_of_a_name_refused_first_bytes_kept(s3_server, bucket):
+    storage = artifacts.get_storage()
+    assert isinstance(storage, S3Storage)
+    assert storage.create_exclusive("jobs/x/one.txt", b"first") is True
+    assert storage.create_exclusive("jobs/x/one.txt", b"second") is False
+    assert object_bytes(s3_server, bucket, "jobs/x/one.txt") == b"first"
+    assert storage.stored_sha256("jobs/x/one.txt") == hashlib.sha256(b"first").hexdigest()
+
+
+def test_check__bucket_honours_conditional_creates__no_error(bucket):
+    assert checks.check_exclusive_create() == []
+
+
+def test_check__store_that_overwrites_silently__refused(bucket, monkeypatch):
+    put = S3Storage._put
+
+    def ignores_conditions(self, name, data, **conditions):  # a store without If-None-Match
+        return put(self, name, data)
+
+    monkeypatch.setattr(S3Storage, "_put", ignores_conditions)
+    (error,) = checks.check_exclusive_create()
+    assert error.id == "jobs.E031" and "overwrites silently" in error.msg
+
+
+def test_check__unreachable_bucket__refused(s3_server, settings):
+    options = s3_server.storage_options("no-such-bucket")
+    options["OPTIONS"]["endpoint_url"] = "http://127.0.0.1:9"  # nothing listens there
+    settings.STORAGES = {**settings.STORAGES, "artifacts": options}
+    checks._probed.clear()
+    (error,) = checks.check_exclusive_create()
+    assert error.id == "jobs.E031" and "did not answer" in error.msg
+
+
+@pytest.mark.django_db
+def test_store__identical_bytes_reused_other_bytes_never_overwrite(s3_server, bucket):
+    job = new_job(kind="test.steps")
+    first = artifacts.store(job, b"one", content_type="text/plain", extension="txt")
+    name = first.artifact.storage_name
+    again = artifacts.store(job, b"one", content_type="text/plain", extension="txt")
+    assert (again.artifact.storage_name, again.reused) == (name, True)
+
+    overwrite(s3_server, bucket, name, b"torn")
+    third = artifacts.store(job, b"one", content_type="text/plain", extension="txt")
+    assert third.artifact.storage_name != name and not third.reused
+    assert object_bytes(s3_server, bucket, name) == b"torn", "never overwritten"
+    assert artifacts.read_verified(third.artifact) == b"one"
+
+
+@pytest.mark.django_db
+def test_open_verified__streams_large_object_through_a_spool(bucket):
+    job = new_job(kind="test.steps")
+    data = secrets.token_bytes(3 * artifacts.SPOOL_MEMORY + 17)
+    stored = artifacts.store(job, data, content_type="application/octet-stream", extension="bin")
+    with artifacts.open_verified(stored.artifact) as fh:
+        assert fh._rolled, "past SPOOL_MEMORY the spool is a temporary file, not memory"
+        assert hashlib.sha256(fh.read()).hexdigest() == stored.artifact.sha256
+
+
+@pytest.mark.django_db
+def test_open_verified__corrupted_or_missing_object__refused(s3_server, bucket):
+    job = new_job(kind="test.steps")
+    stored = artifacts.store(job, b"published", content_type="text/plain", extension="txt")
+    artifact = stored.artifact
+    overwrite(s3_server, bucket, artifact.storage_name, b"forged!!!")
+    with pytest.raises(ArtifactCorrupt):
+        artifacts.open_verified(artifact)
+    assert not artifacts.is_intact(artifact)
+    s3_server.client().delete_object(Bucket=bucket, Key=artifact.storage_name)
+    with pytest.raises(ArtifactCorrupt):
+        artifacts.read_verified(artifact)
+
+
+# --- the stale worker of issue 18, on S3 -------------------------------------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("pause_at", ["rendered", "artifact_stored"])
+def test_stale_worker__published_bytes_stay_the_winners_on_s3(
+    s3_server, bucket, pause_at, settings
+):
+    registry.register_kind(write_once.KIND, write_once.per_worker)
+    job, seen = write_once.stale_worker_race(pause_at)
+    assert seen["A"].outcome == "lease_lost"
+    (row,) = Artifact.objects.filter(job=job)
+    expected = write_once.bytes_of("B", job)
+    assert row.storage_name == seen["names"]["B"] != seen["names"]["A"]
+    assert row.sha256 == artifacts.sha256_hex(expected)
+    assert artifacts.read_verified(row) == expected
+    assert object_bytes(s3_server, bucket, row.storage_name) == expected
+    # A's bytes went to their own object (an orphan), never over B's.
+    assert object_bytes(s3_server, bucket, seen["names"]["A"]) == write_once.bytes_of("A", job)
+    # The orphan is pruned through the Storage API (listing the bucket); B's object stays.
+    settings.JOBS_ORPHAN_GRACE_SECONDS = 0
+    assert retention.prune_orphans() == 1
+    keys = {o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket).get("Contents", [])}
+    assert keys == {row.storage_name}
+
+
+# --- a report: corrupted, refused at download, restored, downloaded (streamed) -------------
+
+
+@pytest.mark.django_db
+def test_report__corrupted_object_refused_then_restored_and_streamed(s3_server, bucket, make_user):
+    reviewer = make_user(username="s3-reviewer")
+    reviewer.groups.add(Group.objects.get(name="reviewers"))
+    permit = factories.permit(reviewer=reviewer)
+    job, _ = report_request(permit)
+    assert run_delivery(job.pk).outcome == "succeeded"
+    artifact = Artifact.objects.get(job=job)
+    published = object_bytes(s3_server, bucket, artifact.storage_name)
+    assert hashlib.sha256(published).hexdigest() == artifact.sha256
+
+    client = Client()
+    client.force_login(reviewer)
+    overwrite(s3_server, bucket, artifact.storage_name, b"%PDF-1.4 forged")
+    response = client.get(f"/requests/{permit.pk}/report/")
+    assert response.status_code == 503 and b"forged" not in response.content
+
+    assert restore_artifact(artifact.pk) == "restored"
+    assert object_bytes(s3_server, bucket, artifact.storage_name) == published
+    artifact.refresh_from_db()
+    assert artifact.state == Artifact.State.STORED and artifact.rewrites == 1
+
+    response = client.get(f"/requests/{permit.pk}/report/")
+    assert response.status_code == 200 and response.streaming
+    assert b"".join(response.streaming_content) == published
+
+
+# --- boto3 stays out of the engine unless S3 is configured ---------------------------------
+
+
+def test_imports__only_storage_s3_imports_boto3_or_storages():
+    jobs_dir = Path(artifacts.__file__).resolve().parent
+    offenders = []
+    for path in jobs_dir.rglob("*.py"):
+        if path.name == "storage_s3.py" or "testing" in path.parts:
+            continue
+        for node in ast.parse(path.read_text()).body:  # module level only
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            offenders += [
+                f"{path.name}: {n}"
+                for n in names
+                if n.split(".")[0] in ("boto3", "botocore", "storages", "moto")
+                or n == "jobs.storage_s3"
+            ]
+    assert offenders == []
+
+
+@pytest.mark.django_db
+def test_report__object_store_down_at_download__503_and_no_restore_asked(
+    s3_server, bucket, settings, make_user
+):
+    from django_q.models import OrmQ
+
+    reviewer = make_user(username="s3-down-reviewer")
+    reviewer.groups.add(Group.objects.get(name="reviewers"))
+    permit = factories.permit(reviewer=reviewer)
+    job, _ = report_request(permit)
+    assert run_delivery(job.pk).outcome == "succeeded"
+    OrmQ.objects.all().delete()
+    down = s3_server.storage_options(bucket)
+    down["OPTIONS"]["endpoint_url"] = "http://127.0.0.1:9"  # the store stopped answering
+    settings.STORAGES = {**settings.STORAGES, "artifacts": down}
+
+    client = Client()
+    client.force_login(reviewer)
+    response = client.get(f"/requests/{permit.pk}/report/")
+    assert response.status_code == 503 and response["Retry-After"] == "60"
+    assert not any("restore" in m.func() for m in OrmQ.objects.all()), "nothing is corrupt"
+
+
+@pytest.mark.django_db
+def test_report__object_store_breaks_off_mid_read__503_and_no_restore_asked(
+    s3_server, bucket, make_user, monkeypatch, caplog
+):
+    """The connection drops after the first chunk: the store's failure, not a corrupt file."""
+    import urllib3
+    from django_q.models import OrmQ
+
+    reviewer = make_user(username="s3-midread-reviewer")
+    reviewer.groups.add(Group.objects.get(name="reviewers"))
+    permit = factories.permit(reviewer=reviewer)
+    job, _ = report_request(permit)
+    assert run_delivery(job.pk).outcome == "succeeded"
+    OrmQ.objects.all().delete()
+    real_read = urllib3.response.HTTPResponse.read
+    reads = []
+
+    def breaks_off(self, *args, **kwargs):
+        reads.append(1)
+        if len(reads) > 1:
+            raise urllib3.exceptions.ProtocolError("Connection broken: reset by peer")
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(urllib3.response.HTTPResponse, "read", breaks_off)
+    monkeypatch.setattr(artifacts, "CHUNK", 64)  # the report is read in several chunks
+    client = Client()
+    client.force_login(reviewer)
+    response = client.get(f"/requests/{permit.pk}/report/")
+    assert len(reads) > 1, "the read broke off after its first chunk"
+    assert response.status_code == 503 and response["Retry-After"] == "60"
+    assert not any("restore" in m.func() for m in OrmQ.objects.all()), "nothing is corrupt"
+    assert Artifact.objects.get(job=job).state == Artifact.State.STORED
+    assert "storage unavailable at download" in caplog.text
+    assert "failed its sha256 check" not in caplog.text

@@ -1,0 +1,390 @@
+"""Flow rules: GCRA, rule resolution, claim enforcement, audit (PostgreSQL and SQLite)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db import connection, connections
+
+from jobs import flow, rules, sql, transitions
+from jobs.models import Attempt, FlowRule, FlowRuleChange, Job
+from tests.jobs.helpers import advisory_lock_held, new_job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rules():
+    flow.forget()
+    yield
+    flow.forget()
+
+
+# --- pure -------------------------------------------------------------------------------
+
+
+def test_gcra__spacing_is_one_interval_and_no_burst_is_saved():
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    ok, tat = flow.gcra(None, t0, 0.5)
+    assert ok and tat == t0 + timedelta(seconds=0.5)
+    ok, due = flow.gcra(tat, t0 + timedelta(seconds=0.1), 0.5)
+    assert not ok and due == tat, "a miss tells when the next start is due"
+    ok, tat2 = flow.gcra(tat, tat, 0.5)
+    assert ok and tat2 == tat + timedelta(seconds=0.5)
+    # Idle for a minute: the next start is allowed, but no burst was saved up.
+    later = tat2 + timedelta(seconds=60)
+    ok, tat3 = flow.gcra(tat2, later, 0.5)
+    assert ok and tat3 == later + timedelta(seconds=0.5)
+    assert not flow.gcra(tat3, later + timedelta(seconds=0.01), 0.5)[0]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("3/s", (3, 1.0)), ("100/m", (100, 60.0)), ("5/10s", (5, 10.0)), ("off", (None, 1.0))],
+)
+def test_parse_rate__forms(text, expected):
+    assert flow.parse_rate(text) == expected
+
+
+@pytest.mark.parametrize("text", ["3", "0/s", "x/s", "3/d", "-1/s"])
+def test_parse_rate__refuses_what_it_cannot_read(text):
+    with pytest.raises(flow.FlowError):
+        flow.parse_rate(text)
+
+
+@pytest.mark.parametrize(
+    "scope, ok",
+    [
+        ("provider:webhook", True),
+        ("tenant:acme", True),
+        ("kind:permits.report", True),
+        ("provider:webhook/tenant:acme", True),
+        ("tenant:", False),
+        ("webhook", False),
+        ("kind:a b", False),
+        ("tenant:acme/provider:webhook", False),
+    ],
+)
+def test_check_scope__the_four_forms(scope, ok):
+    if ok:
+        assert flow.check_scope(scope) == scope
+    else:
+        with pytest.raises(flow.FlowError):
+            flow.check_scope(scope)
+
+
+# --- the rate on the row ----------------------------------------------------------------
+
+
+def test_take__at_most_one_start_per_interval_by_the_servers_clock():
+    flow.set_rule("provider:webhook", actor="test", rate=5, period_seconds=1.0)
+    assert flow.take("provider:webhook").ok
+    miss = flow.take("provider:webhook")
+    assert not miss.ok and miss.reason == "rate" and 0.0 < miss.delay <= 0.2
+    time.sleep(miss.delay + 0.01)
+    assert flow.take("provider:webhook").ok
+
+
+def test_take__no_row_or_no_rate_allows__paused_refuses():
+    assert flow.take("provider:nothing").ok
+    flow.set_rule("kind:k", actor="test", concurrency=2)
+    assert flow.take("kind:k").ok and flow.take("kind:k").ok
+    flow.pause("kind:k", actor="test")
+    held = flow.take("kind:k")
+    assert not held.ok and held.reason == "paused"
+
+
+def _slow_first_take(monkeypatch, pause: float) -> list[bool]:
+    """``flow.take`` that pauses after its first statement ran (the answer comes late)."""
+    real, results = flow.take, []
+
+    def take(scope):
+        taken = real(scope)
+        results.append(taken.ok)
+        if len(results) == 1:
+            time.sleep(pause)
+        return taken
+
+    monkeypatch.setattr(flow, "take", take)
+    return results
+
+
+def test_take_within__a_start_that_came_back_late_is_left_unused(monkeypatch):
+    """A sender paused between the take and the call would crowd the next start at the
+    provider: the late start is spent unused and the call waits for a fresh one."""
+    rule = flow.set_rule("provider:webhook", actor="test", rate=5, period_seconds=1.0)
+    monkeypatch.setattr(flow, "_took", deque([0.002], maxlen=32))  # takes usually quick
+    results = _slow_first_take(monkeypatch, pause=0.12)  # > 2 ms + 200 ms / 4
+    began = time.monotonic()
+    gate = flow.Gate("webhook", [], [rule])
+    assert flow.take_within(gate, deadline=time.monotonic() + 2.0) == (None, "")
+    assert results.count(True) == 2, results  # the late one, then a fresh one
+    assert time.monotonic() - began >= 0.2 - 0.01, "the fresh start is an interval later"
+
+
+def test_take_within__a_far_database_is_not_late(monkeypatch):
+    """Every take slow alike (a database far away): the start is used, none wasted."""
+    rule = flow.set_rule("provider:webhook", actor="test", rate=5, period_seconds=1.0)
+    monkeypatch.setattr(flow, "_took", deque([0.12], maxlen=32))
+    results = _slow_first_take(monkeypatch, pause=0.12)
+    gate = flow.Gate("webhook", [], [rule])
+    assert flow.take_within(gate, deadline=time.monotonic() + 2.0) == (None, "")
+    assert results == [True]
+
+
+@pytest.mark.postgres  # threads on SQLite's in-memory test database meet table locks
+def test_take__threads_racing__starts_stay_an_interval_apart():
+    """Four threads take as fast as they can for 1.2 s at 10/s: starts ≥ 100 ms apart."""
+    flow.set_rule("provider:race", actor="test", rate=10, period_seconds=1.0)
+    starts: list[float] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    stop = time.monotonic() + 1.2
+
+    def taker():
+        try:
+            while time.monotonic() < stop:
+                if flow.take("provider:race").ok:
+                    with lock:
+                        starts.append(time.monotonic())
+                else:
+                    time.sleep(0.005)
+        except BaseException as exc:  # a thread that dies must fail the test, not thin it
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=taker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    starts.sort()
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert 10 <= len(starts) <= 14, starts
+    # The server's clock spaces them; the client's monotonic clock saw them return
+    # with some scheduling noise on a loaded machine.
+    assert min(gaps) > 0.05, gaps
+
+
+# --- rules at the claim -----------------------------------------------------------------
+
+
+def test_flow_ruled__sql_and_orm_renderings_agree(make_user):
+    user = make_user()
+    plain = new_job(user, kind="test.steps", tenant="acme", subject="1")
+    other = new_job(user, kind="test.short", tenant="beta", subject="2")
+    flow.set_rule("kind:test.short", actor="test", rate=None)  # a row that is not active
+    flow.set_rule("tenant:acme", actor="test", concurrency=3)
+    orm = dict(Job.objects.annotate(r=rules.flow_ruled_q()).values_list("pk", "r"))
+    assert orm == {plain.pk: True, other.pk: False}
+    if connection.vendor == "postgresql":
+        text = rules.flow_ruled_sql("j").text
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT j.id, {text} FROM jobs_job j")
+            assert dict(cursor.fetchall()) == orm
+
+
+def test_claim__paused_kind__deferred_without_an_attempt_then_resumed(make_user):
+    user = make_user()
+    job = new_job(user, tenant="acme")
+    flow.pause("kind:test.steps", actor="test")
+    got = transitions.claim(job.pk, "w1")
+    assert got.status == "deferred"
+    job.refresh_from_db()
+    assert job.state == Job.State.QUEUED and job.attempts == 0 and job.next_attempt_at
+    assert Attempt.objects.get(job=job).error_code == "flow_paused"
+    flow.resume("kind:test.steps", actor="test")
+    Job.objects.filter(pk=job.pk).update(next_attempt_at=None)
+    assert transitions.claim(job.pk, "w1").status == "claimed"
+
+
+@pytest.mark.parametrize("ruled", [True, False])
+def test_claim_orm__the_attempt_starts_when_its_lease_did(make_user, monkeypatch, ruled):
+    """The record the soak checks the tenant bound with: the lease the attempt implies
+    (start + lease) is the lease the row got, not one read a moment later."""
+    monkeypatch.setattr(sql, "available", lambda: False)  # the ORM claim
+    if ruled:
+        flow.set_rule("tenant:acme", actor="test", concurrency=1)
+    job = new_job(make_user(), tenant="acme")
+    got = transitions.claim(job.pk, "w1", lease_seconds=2.0)
+    assert got.status == "claimed"
+    job.refresh_from_db()
+    assert got.attempt.started_at == job.lease_expires_at - timedelta(seconds=2.0)
+    assert Attempt.objects.get(pk=got.attempt.pk).started_at == got.attempt.started_at
+
+
+def test_claim__kind_concurrency_from_the_row(make_user):
+    user = make_user()
+    jobs = [new_job(user, subject=str(n), tenant=f"t{n}") for n in range(3)]
+    flow.set_rule("kind:test.steps", actor="test", concurrency=2)
+    results = [transitions.claim(j.pk, f"w{n}").status for n, j in enumerate(jobs)]
+    assert results == ["claimed", "claimed", "deferred"]
+    assert Job.objects.get(pk=jobs[2].pk).attempts == 0
+    flow.set_rule("kind:test.steps", actor="test", concurrency=3)
+    Job.objects.filter(pk=jobs[2].pk).update(next_attempt_at=None)
+    assert transitions.claim(jobs[2].pk, "w2").status == "claimed"
+
+
+def test_claim__tenant_concurrency_row_wins_over_the_setting(make_user, settings):
+    settings.JOBS_TENANT_CONCURRENCY = 4
+    user = make_user()
+    jobs = [new_job(user, subject=str(n), tenant="acme") for n in range(3)]
+    flow.set_rule("tenant:acme", actor="test", concurrency=1)
+    results = [transitions.claim(j.pk, f"w{n}").status for n, j in enumerate(jobs)]
+    assert results == ["claimed", "deferred", "deferred"]
+
+
+def test_claim__tenant_rate__deferred_to_the_due_time_spread_over_the_period(make_user):
+    user = make_user()
+    jobs = [new_job(user, subject=str(n), tenant="acme") for n in range(3)]
+    flow.set_rule("tenant:acme", actor="test", rate=1, period_seconds=10.0)
+    first = transitions.claim(jobs[0].pk, "w0")
+    second = transitions.claim(jobs[1].pk, "w1")
+    assert (first.status, second.status) == ("claimed", "deferred")
+    held = Job.objects.get(pk=jobs[1].pk)
+    rule = FlowRule.objects.get(scope="tenant:acme")
+    assert held.attempts == 0 and held.state == Job.State.QUEUED
+    ahead = (held.next_attempt_at - rule.next_free_at).total_seconds()
+    assert -0.5 <= ahead <= 10.5, "due at the next free start, plus jitter within the period"
+    assert Attempt.objects.get(job=held).error_code == "rate_limited"
+
+
+def test_claim__no_rule__the_one_statement_claim_still_claims(make_user):
+    """A rule on another kind leaves this job to the fast path (PostgreSQL)."""
+    user = make_user()
+    job = new_job(user, tenant="acme")
+    flow.set_rule("kind:test.short", actor="test", concurrency=1)
+    if sql.available():
+        assert sql.claim(job.pk, "w1", lease=5, bound=4) is not None
+    else:
+        assert transitions.claim(job.pk, "w1").status == "claimed"
+
+
+@pytest.mark.postgres
+def test_sql_claim__rules_that_admit__the_one_statement_claims_the_ruled_job(make_user):
+    """An active rule that does not bind costs no ORM claim: the statement judges it."""
+    user = make_user()
+    a = new_job(user, subject="1", tenant="acme")
+    b = new_job(user, subject="2", tenant="beta", kind="test.short")
+    flow.set_rule("tenant:acme", actor="test", rate=100)
+    flow.set_rule("kind:test.short", actor="test", concurrency=10)
+    assert sql.claim(a.pk, "w1", lease=5, bound=4) is not None
+    assert sql.claim(b.pk, "w1", lease=5, bound=4) is not None
+    rule = FlowRule.objects.get(scope="tenant:acme")
+    assert rule.next_free_at is not None, "the statement's claim took a start from the rate"
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "scope, rule, bound, why",
+    [
+        ("kind:test.steps", {"paused": True}, 4, "a paused kind"),
+        ("tenant:acme", {"paused": True}, 4, "a paused tenant"),
+        ("kind:test.steps", {"concurrency": 1}, 4, "the kind's concurrency reached"),
+        ("tenant:acme", {"concurrency": 1}, 4, "the tenant's row wins over the setting"),
+        ("tenant:acme", {"concurrency": None, "rate": 1000}, 1, "the setting's tenant bound"),
+        ("kind:test.steps", {"rate": 1, "period_seconds": 60.0}, 4, "the kind's rate"),
+        ("tenant:acme", {"rate": 1, "period_seconds": 60.0}, 4, "the tenant's rate"),
+    ],
+)
+def test_sql_claim__a_rule_that_binds__leaves_the_job_to_the_orm_which_defers_it(
+    make_user, settings, scope, rule, bound, why
+):
+    settings.JOBS_TENANT_CONCURRENCY = bound  # what the ORM claim reads
+    user = make_user()
+    first, second = (new_job(user, subject=str(n), tenant="acme") for n in range(2))
+    paused = rule.pop("paused", False)
+    flow.set_rule(scope, actor="test", **rule)
+    assert sql.claim(first.pk, "w1", lease=30, bound=bound) is not None, why
+    if paused:
+        flow.pause(scope, actor="test")
+    before = FlowRule.objects.get(scope=scope).next_free_at
+    assert sql.claim(second.pk, "w2", lease=30, bound=bound) is None, why
+    assert FlowRule.objects.get(scope=scope).next_free_at == before, "no start spent"
+    assert Job.objects.get(pk=second.pk).attempts == 0
+    got = transitions.claim(second.pk, "w2", lease_seconds=30)
+    assert got.status == "deferred", why
+    assert Job.objects.get(pk=second.pk).attempts == 0
+
+
+@pytest.mark.postgres
+def test_sql_claim__kind_scope_lock_busy__claims_nothing_and_never_waits(make_user):
+    """Another claim holds the kind's scope lock: the statement gives way at once."""
+    user = make_user()
+    job = new_job(user, tenant="acme")
+    flow.set_rule("kind:test.steps", actor="test", concurrency=5)
+    with advisory_lock_held(rules.FLOW_LOCK_CLASS, "kind:test.steps"):
+        started = time.monotonic()
+        assert sql.claim(job.pk, "w1", lease=5, bound=4) is None
+        assert time.monotonic() - started < 5, "the statement waited for the scope's lock"
+    assert sql.claim(job.pk, "w1", lease=5, bound=4) is not None
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "rule, most", [({"concurrency": 2}, 2), ({"rate": 2, "period_seconds": 60.0}, 1)]
+)
+def test_sql_claim__threads_racing__the_kind_rule_holds(make_user, rule, most):
+    """Eight connections keep claiming eight jobs of one kind through the statement for
+    two seconds: exactly the rule's worth gets through (concurrency 2: two; 2 per minute:
+    one, GCRA keeps no burst), whatever the interleaving."""
+    user = make_user()
+    jobs = [new_job(user, subject=str(n), tenant=f"t{n}") for n in range(8)]
+    flow.set_rule("kind:test.steps", actor="test", **rule)
+    barrier = threading.Barrier(len(jobs))
+    won: list[int] = []
+
+    def claim(job):
+        try:
+            barrier.wait(10)
+            until = time.monotonic() + 2
+            while time.monotonic() < until:
+                if sql.claim(job.pk, f"w{job.pk}", lease=60, bound=100) is not None:
+                    won.append(job.pk)
+                    return
+                time.sleep(0.01)
+        finally:
+            connections["default"].close()
+
+    threads = [threading.Thread(target=claim, args=(j,)) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(won) == most, won
+    assert Job.objects.filter(state=Job.State.RUNNING).count() == most
+
+
+# --- changes are audited ----------------------------------------------------------------
+
+
+def test_jobs_limits__set_pause_resume_show__each_change_audited(capsys):
+    call_command("jobs_limits", "set", "provider:webhook", "--rate", "3/s", "--actor", "alice")
+    call_command("jobs_limits", "set", "provider:webhook", "--concurrency", "2")
+    call_command("jobs_limits", "pause", "provider:webhook", "--actor", "bob")
+    call_command("jobs_limits", "resume", "provider:webhook", "--actor", "bob")
+    rule = FlowRule.objects.get(scope="provider:webhook")
+    assert (rule.rate, rule.period_seconds, rule.concurrency, rule.paused) == (3, 1.0, 2, False)
+    changes = list(FlowRuleChange.objects.order_by("id").values_list("action", "actor"))
+    assert changes[0] == ("set", "alice") and changes[2:] == [("pause", "bob"), ("resume", "bob")]
+    assert changes[1][1].startswith("cli:")
+    call_command("jobs_limits", "show")
+    out = capsys.readouterr().out
+    assert "provider:webhook" in out and "3/1s" in out
+
+
+def test_cached_rules__a_change_is_seen_within_the_cache_time(settings):
+    settings.JOBS_FLOW_CACHE_SECONDS = 0.3
+    assert "kind:x" not in flow.cached_rules()
+    FlowRule.objects.create(scope="kind:x", paused=True)  # another process's change
+    assert "kind:x" not in flow.cached_rules(), "still this process's copy"
+    time.sleep(0.35)
+    assert flow.cached_rules()["kind:x"].paused
