@@ -125,12 +125,18 @@ def _run_queue_left() -> int:
 
 
 def _warm_up(procs: Processes, user) -> int:
-    """Run a first job (revision 1); the pid of the django-q2 worker that ran it."""
+    """Run a first job (revision 1); the pid of the django-q2 worker that ran it.
+
+    Returns once django-q2's monitor has acknowledged the delivery too (its queue
+    row is gone): the monitor then holds a connection of its own. The job's state
+    alone comes earlier, and a monitor that meets refused connections before its
+    first acknowledgement dies and takes every later result with it.
+    """
     [job] = _request(user, 1)
     wait_until(
         procs,
-        "a first job to succeed",
-        lambda: Job.objects.get(pk=job.pk).state == State.SUCCEEDED,
+        "a first job to succeed and its message to be acknowledged",
+        lambda: Job.objects.get(pk=job.pk).state == State.SUCCEEDED and not OrmQ.objects.exists(),
         timeout=60,
     )
     return int(Attempt.objects.get(job=job).worker.split(":")[1])
