@@ -394,6 +394,8 @@ def release(effect: Effect, worker: str) -> str:
                     called = True
                     ref = provider.send(effect)
     except Exception as exc:  # the retry table decides, not this except
+        if gate.probe and not called:  # the provider was not asked: it is not judged
+            flow.probe_abandoned(provider.name, worker)
         return _record_failure(
             effect, worker, provider, exc, called=called, prior=prior, probe=gate.probe
         )

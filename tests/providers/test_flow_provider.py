@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from jobs import flow
+from jobs import flow, registry
 from jobs.models import Effect, EffectEvent, FlowRule, FlowRuleChange
 from jobs.tasks import release_effect
 from tests.jobs.helpers import deliver as run_delivery
@@ -236,3 +236,36 @@ def test_circuit__a_success_resets_the_count(make_user, webhook, settings):
     make_due(effect_of(a))
     assert release_effect(effect_of(a).pk) == State.APPLIED
     assert FlowRule.objects.get(scope="provider:webhook").circuit_failures == 0
+
+
+def test_circuit__a_probe_that_fails_before_its_call_opens_the_way_for_the_next(
+    make_user, webhook, settings, monkeypatch
+):
+    """The probe's own preparation raised: no call was made, so the provider is not judged;
+    the circuit is open again at once and the next sender probes."""
+    settings.JOBS_FLOW_CACHE_SECONDS = 0.0
+    FlowRule.objects.create(
+        scope="provider:webhook",
+        circuit_state=Circuit.OPEN,
+        circuit_opened_at=timezone.now(),
+        circuit_probe_at=timezone.now() - timedelta(seconds=1),
+    )
+    user = make_user()
+    first, second = notify_job(user, subject="1"), notify_job(user, subject="2")
+    provider = registry.get_provider("webhook")
+
+    def broken_prepare(self, effect):
+        raise RuntimeError("client could not be built")
+
+    monkeypatch.setattr(type(provider), "prepare", broken_prepare)
+    run_delivery(first.pk, worker="w1")
+    rule = FlowRule.objects.get(scope="provider:webhook")
+    assert rule.circuit_state == Circuit.OPEN and rule.circuit_prober == ""
+    assert rule.circuit_probe_at <= timezone.now(), "the next sender may probe at once"
+    assert rule.circuit_probes == 0, "a probe that made no call did not fail"
+    assert webhook.record.requests() == []
+
+    monkeypatch.undo()
+    run_delivery(second.pk, worker="w2")
+    assert effect_of(second).state == State.APPLIED
+    assert FlowRule.objects.get(scope="provider:webhook").circuit_state == Circuit.CLOSED
