@@ -15,6 +15,7 @@ from django.conf import settings
 from django.http import HttpResponseServerError
 from django.shortcuts import render
 from django.template import loader
+from django.urls import NoReverseMatch, reverse
 
 
 def _is_technical(response) -> bool:
@@ -28,6 +29,17 @@ def server_error_page() -> HttpResponseServerError:
     """``500.html`` as Django's ``server_error`` renders it: no request context, so it
     shows even when the database or a context processor is what failed."""
     return HttpResponseServerError(loader.get_template("500.html").render())
+
+
+def not_found_page(request, exception=None):
+    """``404.html``; under the admin's URLs its way back leads to the admin index, not to
+    a reviewer's queue an operator may not have. Also the site's ``handler404``."""
+    try:
+        admin_index = reverse("admin:index")
+    except NoReverseMatch:  # pragma: no cover - the site always mounts the admin
+        admin_index = ""
+    in_admin = bool(admin_index) and request.path.startswith(admin_index)
+    return render(request, "404.html", {"admin_index": admin_index if in_admin else ""}, status=404)
 
 
 class FriendlyNotFound:
@@ -46,5 +58,5 @@ class FriendlyNotFound:
         ):
             if response.status_code == 500:
                 return server_error_page()
-            return render(request, "404.html", {}, status=404)
+            return not_found_page(request)
         return response

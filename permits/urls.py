@@ -9,6 +9,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from permits import views
+from permits.friendly import not_found_page
 
 urlpatterns = [
     path("", include("jobs.urls")),
@@ -31,3 +32,5 @@ urlpatterns = [
     path("notices/<int:pk>/read/", views.notice_read, name="notice_read"),
     path("notices/read-all/", views.notice_read_all, name="notice_read_all"),
 ]
+
+handler404 = not_found_page

@@ -151,3 +151,15 @@ def test_500__an_error_in_a_view_shows_the_site_page_with_debug_on_or_off(
         assert technical not in page, technical
     # Django logged it, with its traceback, before the page was swapped (for developers).
     assert any(r.name == "django.request" and r.exc_info for r in caplog.records)
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["production", "demo"])
+def test_404__under_the_admin_leads_back_to_the_admin(make_user, settings, debug):
+    settings.DEBUG = debug
+    operator = make_user(username="op-404", is_staff=True)
+    page = client_for(operator).get("/admin/no-such-page/")
+    assert page.status_code == 404
+    text = page.content.decode()
+    assert 'href="/admin/">Back to the administration' in text and "Back to my queue" not in text
+    page = client_for(operator).get("/no-such-page/").content.decode()
+    assert "Back to my queue" in page and "Back to the administration" not in page
