@@ -1,4 +1,5 @@
-"""The process tree from /proc (Linux): children, and the process groups under a process.
+"""The process tree from /proc (Linux): children, the process groups under a process, and
+how a helper server is stopped.
 
 ``manage.py jobs_worker`` runs its qcluster in a process group of its own, so
 killing "everything a test started" means the groups of every descendant too.
@@ -7,6 +8,7 @@ No Django imports: the soak uses this before Django is set up.
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 
@@ -41,3 +43,14 @@ def groups_of(pid: int) -> set[int]:
                 groups.add(pgid)
                 todo.append(p)
     return groups
+
+
+def stop(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """SIGTERM, then SIGKILL once ``timeout`` has passed: a helper server never outlives
+    its test, however it answers the polite signal."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout)

@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from jobs.testing.proctree import stop
+
 # Any non-empty credentials do for moto; real deployments take them from the environment.
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -124,12 +126,7 @@ def moto_server_process(log_path: str | os.PathLike | None = None) -> Iterator[S
         _wait_until_up(port)
         yield S3Server(f"http://127.0.0.1:{port}")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop(proc)
 
 
 def honours_conditional_create(server: S3Server, bucket: str) -> tuple[bool, int]:

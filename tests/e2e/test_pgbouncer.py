@@ -27,6 +27,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from jobs.models import Artifact, Job
+from jobs.testing.proctree import stop
 from jobs.testing.s3server import free_port
 from tests.e2e.processes import database_address, subprocess_env, wait_until
 
@@ -101,11 +102,7 @@ def pgbouncer():
     try:
         yield listen, folder
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         shutil.rmtree(folder, ignore_errors=True)
 
 
