@@ -9,11 +9,17 @@ loopback (``pool_mode = transaction``, a pool of 3 server connections) and:
   with them off or on a direct connection (the check asks the server for its port);
 - the dispatcher and a web process (the admin's jobs list and console, through Django's
   test client) run through the pooler; the qcluster connects directly;
-- jobs asked for through the pooler all succeed once, with one artifact each.
+- jobs asked for through the pooler all succeed once, with one artifact each;
+- in a second pooler in session mode, two ``jobs_worker`` trees (and the dispatcher)
+  connect only through it with prepared statements on, and the provider's in-flight
+  bound (session advisory locks) holds: peak 1 at the provider. The same test with the
+  pooler switched to transaction mode saw 4 calls at once: the bound leaks there, as
+  the deployment page says.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -21,15 +27,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
 
-from jobs.models import Artifact, Job
+from jobs.models import Artifact, Effect, EffectEvent, Job
 from jobs.testing.proctree import stop
 from jobs.testing.s3server import free_port
-from tests.e2e.processes import database_address, subprocess_env, wait_until
+from tests.e2e.processes import PROVIDER_TOKEN, database_address, subprocess_env, wait_until
+from tests.e2e.test_flow import pending_webhook_effects
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -56,9 +64,9 @@ print("PAGES", [client.get(u).status_code for u in pages])
 """
 
 
-@pytest.fixture
-def pgbouncer():
-    """PgBouncer on a free loopback port, transaction pooling to the test's server."""
+@contextlib.contextmanager
+def running_pgbouncer(mode: str, pool_size: int) -> Iterator[tuple[int, Path]]:
+    """PgBouncer on a free loopback port, pooling ``mode`` to the test's server."""
     if not os.path.exists(PGBOUNCER):
         if os.environ.get("CI"):
             pytest.fail("pgbouncer is missing: .ci/run installs it (apt-get install pgbouncer)")
@@ -77,7 +85,7 @@ def pgbouncer():
         "[pgbouncer]\n"
         f"listen_addr = 127.0.0.1\nlisten_port = {listen}\nunix_socket_dir =\n"
         f"auth_type = trust\nauth_file = {folder / 'users.txt'}\n"
-        "pool_mode = transaction\ndefault_pool_size = 3\nmax_client_conn = 100\n"
+        f"pool_mode = {mode}\ndefault_pool_size = {pool_size}\nmax_client_conn = 100\n"
         f"logfile = {folder / 'pgbouncer.log'}\npidfile = {folder / 'pgbouncer.pid'}\n"
         "ignore_startup_parameters = extra_float_digits,options\n"
     )
@@ -104,6 +112,13 @@ def pgbouncer():
     finally:
         stop(proc)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def pgbouncer():
+    """A transaction pool of 3 server connections, as for web processes and dispatchers."""
+    with running_pgbouncer("transaction", 3) as pooler:
+        yield pooler
 
 
 def _manage(env: dict, *args: str) -> str:
@@ -156,3 +171,63 @@ def test_pgbouncer__transaction_pool_for_web_and_dispatcher__w014_and_jobs_finis
     print(f"PGBOUNCER: {logins} client logins through the transaction pool; {warning}")
     # two checks, the request, the pages, and the dispatcher (at least once)
     assert logins >= 5, log[-2000:]
+
+
+def test_pgbouncer__workers_through_a_session_pool__provider_bound_and_every_notice_once(
+    procs, provider
+):
+    """Workers behind a session pool, as docs/deployment.md says: prepared statements on,
+    the provider's in-flight slots (session advisory locks) still bound the calls.
+
+    Two ``jobs_worker`` trees of two workers each (four senders) and the dispatcher
+    connect only through the pooler; the provider answers after 0.3 s, so senders meet
+    at its bound of 1. The pool is sized for every client (a session pool gives each
+    client connection a server connection of its own until it disconnects).
+    """
+    with contextlib.ExitStack() as stack:
+        port, folder = stack.enter_context(running_pgbouncer("session", 20))
+        stack.callback(procs.stop_all)  # before the pooler goes: no reconnects in the logs
+        pooled = {
+            **subprocess_env(port=port),
+            "JOBS_PREPARED_STATEMENTS": "1",
+            "TEST_Q_WORKERS": "2",
+            "NOTICE_PROVIDER_URL": provider.url,
+            "NOTICE_PROVIDER_TOKEN": PROVIDER_TOKEN,
+            "NOTICE_PROVIDER_MAX_IN_FLIGHT": "1",
+            "NOTICE_PROVIDER_CONNECT_TIMEOUT": "0.5",
+            "NOTICE_PROVIDER_READ_TIMEOUT": "1",
+            "JOBS_EFFECT_LEASE_SECONDS": "4",
+            "JOBS_PROVIDER_SLOT_WAIT_SECONDS": "2",
+        }
+        provider.faults.delay = 0.3
+        effects = pending_webhook_effects(12, subject="session-pool")
+        ids = [e.pk for e in effects]
+        started = time.monotonic()
+        for name in ("worker-1", "worker-2"):
+            procs.start(name, "jobs_worker", env=pooled)
+        procs.start("dispatcher", "jobs_dispatcher", "--interval", "0.2", env=pooled)
+        wait_until(
+            procs,
+            "every notice sent through workers on the session pool",
+            lambda: (
+                Effect.objects.filter(pk__in=ids, state=Effect.State.APPLIED).count() == len(ids)
+            ),
+            timeout=120,
+        )
+        took = time.monotonic() - started
+        record = provider.record
+        peak = record.max_in_flight()
+        logins = (folder / "pgbouncer.log").read_text().count("login attempt")
+        deferred = EffectEvent.objects.filter(
+            effect_id__in=ids, action=EffectEvent.Action.DEFER
+        ).count()
+        print(
+            f"SESSION POOL: {len(ids)} notices applied in {took:.1f} s by 2 jobs_worker trees "
+            f"through the pooler; provider peak in flight {peak} (bound 1); "
+            f"{deferred} deferrals; {logins} client logins"
+        )
+        assert peak == 1, f"the provider's bound leaked through the pool: {peak} at once"
+        assert record.duplicate_effects() == {} and len(record.sends()) == len(ids)
+        # Every process connected through the pooler: 2 x (supervisor, sentinel, pusher,
+        # monitor, 2 workers) and the dispatcher, at least.
+        assert logins >= 13, (folder / "pgbouncer.log").read_text()[-2000:]
