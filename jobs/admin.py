@@ -34,7 +34,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from jobs import artifacts, failures, ledger, services, stats, words
 from jobs.console import error_of
-from jobs.exceptions import ArtifactCorrupt
+from jobs.exceptions import ArtifactCorrupt, TemporaryFailure
 from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, JobEvent, Notice
 
 log = logging.getLogger("jobs.admin")
@@ -1109,7 +1109,7 @@ class ArtifactAdmin(EngineAdmin):
 
     @admin.action(description="Verify stored bytes against sha256", permissions=["operate"])
     def verify(self, request, queryset):
-        bad = []
+        bad, unread = [], []
         for artifact in queryset:
             try:
                 artifacts.verify(artifact)
@@ -1119,11 +1119,20 @@ class ArtifactAdmin(EngineAdmin):
             except ArtifactCorrupt:
                 bad.append(artifact.key)
                 self.log_change(request, artifact, "Verified: missing or corrupt")
+            except TemporaryFailure as exc:  # no verdict on the bytes: nothing recorded
+                unread.append(f"{artifact.key} ({exc.detail or exc.code})")
             else:
                 self.log_change(request, artifact, "Verified: intact")
+        if unread:
+            self.message_user(
+                request,
+                f"Could not be read now, so not judged (the storage failed; try again once "
+                f"it answers): {', '.join(unread)}",
+                messages.WARNING,
+            )
         if bad:
             self.message_user(request, f"Missing or corrupt: {', '.join(bad)}", messages.ERROR)
-        else:
+        elif not unread:
             self.message_user(request, f"{queryset.count()} artifact(s) intact.", messages.SUCCESS)
 
 

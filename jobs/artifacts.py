@@ -10,7 +10,9 @@ orphan that ``jobs.retention.prune_orphans`` collects after a grace period.
 
 Every read goes through ``open_verified`` (``read_verified`` for small ones), which
 streams the bytes into a spool while it hashes them and raises ``ArtifactCorrupt``
-(or ``ArtifactLost``) instead of handing out bytes that do not match the row.
+(or ``ArtifactLost``) instead of handing out bytes that do not match the row. A storage
+that cannot be read now (a disk error, a permission, an object store away) raises
+``StorageUnavailable`` instead: no verdict on the bytes, so no restore is asked.
 
 The storage is any Django storage that can create a name exclusively
 (``create_exclusive``): this module's ``AtomicFileSystemStorage`` (``O_EXCL`` by
@@ -21,6 +23,7 @@ bytes whose sha256 equals the row's.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -34,7 +37,7 @@ from django.core.files.storage import FileSystemStorage, Storage, storages
 from django.utils import timezone
 
 from jobs import conf
-from jobs.exceptions import ArtifactCorrupt, ArtifactLost
+from jobs.exceptions import ArtifactCorrupt, ArtifactLost, StorageUnavailable
 from jobs.models import Artifact, Job
 
 log = logging.getLogger("jobs.artifacts")
@@ -144,8 +147,25 @@ def _open_read(storage: Storage, name: str) -> IO[bytes]:
     return storage.open(name, "rb")
 
 
+# Errors of the storage rather than of the file: the same read may succeed later, and
+# the bytes may well be intact (a failing disk sector, an NFS server away, a permission
+# an operator changed). Any other OSError (no such file, a directory in its place, ...)
+# means there is no readable file under the name.
+UNAVAILABLE_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "EIO", "EACCES", "EPERM", "ESTALE", "ETIMEDOUT", "EAGAIN", "EINTR", "EMFILE",
+        "ENFILE", "ENOMEM", "ENOTCONN", "ECONNRESET", "EHOSTDOWN", "EHOSTUNREACH", "ENOLINK",
+        "EREMOTEIO",
+    )
+    if hasattr(errno, name)
+)  # fmt: skip
+
+
 def _copy_hashed(storage: Storage, name: str, sink: IO[bytes] | None) -> str | None:
-    """Stream the file in chunks into ``sink`` (if any); its sha256, or None if unreadable."""
+    """Stream the file in chunks into ``sink`` (if any); its sha256, or None if there is no
+    readable file. A storage that fails to read (``UNAVAILABLE_ERRNOS``; an object store's
+    own ``StorageUnavailable``) raises ``StorageUnavailable``: no verdict on the bytes."""
     digest = hashlib.sha256()
     try:
         with _open_read(storage, name) as fh:
@@ -153,7 +173,11 @@ def _copy_hashed(storage: Storage, name: str, sink: IO[bytes] | None) -> str | N
                 digest.update(chunk)
                 if sink is not None:
                     sink.write(chunk)
-    except (FileNotFoundError, OSError):
+    except OSError as exc:
+        if exc.errno in UNAVAILABLE_ERRNOS:
+            code = errno.errorcode.get(exc.errno, "OSError")
+            # The class and errno only: the message may carry the file's path.
+            raise StorageUnavailable(f"artifact storage read failed ({code})") from exc
         return None
     return digest.hexdigest()
 
@@ -239,7 +263,8 @@ def open_verified(artifact: Artifact, *, storage: Storage | None = None) -> IO[b
     a temporary file of this host) while they are hashed; the file is handed out only
     after the whole of it matched, so memory stays flat however large the artifact and
     no unverified byte is ever served. Raises ``ArtifactLost`` for an artifact marked
-    lost, ``ArtifactCorrupt`` for a missing or mismatching file. The caller closes it.
+    lost, ``ArtifactCorrupt`` for a missing or mismatching file, ``StorageUnavailable``
+    when the storage could not be read now. The caller closes it.
     """
     if artifact.state == Artifact.State.LOST:
         raise ArtifactLost(f"artifact {artifact.pk} ({artifact.key}) is lost")

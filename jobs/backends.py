@@ -352,7 +352,8 @@ _ENGINE_ERROR = "jobs.exceptions.JobError"
 
 
 def _return_value(job: Job) -> Any:
-    """The task's return value: the published artifact's bytes, verified (else ArtifactCorrupt).
+    """The task's return value: the published artifact's bytes, verified (else ArtifactCorrupt;
+    StorageUnavailable while the storage cannot be read).
 
     Streamed through the verified read's spool: parsed only after the whole file matched.
     """

@@ -56,6 +56,15 @@ class TemporaryFailure(JobError):
         self.retry_after = retry_after
 
 
+class StorageUnavailable(TemporaryFailure):
+    """Raised when the artifact storage cannot be read or reached now; retry later.
+
+    Not a verdict on the bytes: a verified read that meets it answers "try again" and
+    asks for no restore (a missing or mismatching file is ``ArtifactCorrupt``)."""
+
+    code = "storage_unavailable"
+
+
 class UnknownKind(JobError):
     """Raised when a job names a kind that no app registered."""
 

@@ -29,7 +29,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from jobs import artifacts, registry, transitions
-from jobs.exceptions import ArtifactCorrupt, LeaseLost
+from jobs.exceptions import ArtifactCorrupt, LeaseLost, TemporaryFailure
 from jobs.models import Artifact, Job
 from jobs.retry import POLICY, classify
 from jobs.runner import JobContext
@@ -69,6 +69,9 @@ def restore_artifact(artifact_pk: int) -> str:
     """
     try:
         return _restore(artifact_pk)
+    except TemporaryFailure as exc:  # the storage could not be read now: no verdict
+        log.warning("artifact=%s restore postponed (%s)", artifact_pk, exc)
+        return "failed:temporary"  # not lost; the next download asks again
     finally:
         Artifact.objects.filter(pk=artifact_pk).update(restore_requested_at=None)
 

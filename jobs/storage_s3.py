@@ -41,19 +41,13 @@ from storages.utils import clean_name
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from jobs import conf
-from jobs.exceptions import TemporaryFailure
+from jobs.exceptions import StorageUnavailable
 
 PROBE_FOLDER = "jobs/.probe"
 # Answers meaning "the name is taken": 412 from S3 and MinIO; 409 ConditionalRequestConflict
 # when two conditional creates of one key race (the loser may retry, and gets 412).
 _TAKEN = {"PreconditionFailed", "ConditionalRequestConflict"}
 _MISSING = {"NoSuchKey", "404", "NotFound"}
-
-
-class StorageUnavailable(TemporaryFailure):
-    """Raised when the object store cannot be reached or refuses the request; retry later."""
-
-    code = "storage_unavailable"
 
 
 def _error_code(exc: ClientError) -> str:

@@ -486,8 +486,8 @@ def report_download(request: HttpRequest, pk: int) -> HttpResponse:
         )
         response["Retry-After"] = "60"
         return response
-    except TemporaryFailure:  # the object store did not answer: nothing to restore
-        log.warning("artifact=%s storage unavailable at download", artifact.pk)
+    except TemporaryFailure as exc:  # the storage could not be read: nothing to restore
+        log.warning("artifact=%s storage unavailable at download (%s)", artifact.pk, exc)
         response = _render(
             request, "permits/report_unavailable.html", {"permit": permit}, status=503
         )

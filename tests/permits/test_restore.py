@@ -9,6 +9,7 @@ and nothing is served. One restore is in flight however many downloads find the 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import threading
 from datetime import timedelta
@@ -22,7 +23,7 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from jobs import artifacts, registry
-from jobs.exceptions import ArtifactLost, TemporaryFailure
+from jobs.exceptions import ArtifactLost, StorageUnavailable, TemporaryFailure
 from jobs.models import Artifact, Job
 from jobs.queue import enqueue_restore
 from jobs.restore import restore_artifact
@@ -197,3 +198,80 @@ def test_enqueue_restore__concurrent_requests_queue_one_restore(make_user):
         t.join(30)
     assert sorted(won) == [False] * 7 + [True]
     assert restore_messages() == 1
+
+
+# --- a storage that cannot be read now is not a corrupt file ------------------------------
+
+
+class _FailingRead:
+    """A stored file whose read fails after the first chunk with ``err`` (a disk error)."""
+
+    def __init__(self, fh, err: int):
+        self.fh, self.err, self.reads = fh, err, 0
+
+    def read(self, size: int = -1) -> bytes:
+        self.reads += 1
+        if self.reads > 1:
+            raise OSError(self.err, "Input/output error", "/srv/artifacts/secret-name.pdf")
+        return self.fh.read(size)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.fh.close()
+
+
+def failing_disk(monkeypatch, err: int = errno.EIO) -> None:
+    real = artifacts._open_read
+    monkeypatch.setattr(artifacts, "CHUNK", 64)  # the report is read in several chunks
+    monkeypatch.setattr(
+        artifacts, "_open_read", lambda storage, name: _FailingRead(real(storage, name), err)
+    )
+
+
+def test_disk_error_mid_read__503_and_no_restore__the_file_is_not_judged(
+    reviewer, monkeypatch, caplog
+):
+    artifact = finished_report(factories.permit(reviewer=reviewer))
+    OrmQ.objects.all().delete()
+    failing_disk(monkeypatch)
+    with pytest.raises(StorageUnavailable, match=r"artifact storage read failed \(EIO\)"):
+        artifacts.open_verified(artifact)
+    client = Client()
+    client.force_login(reviewer)
+    response = client.get(f"/requests/{artifact.job.subject_id}/report/")
+    assert response.status_code == 503 and response["Retry-After"] == "60"
+    assert restore_messages() == 0, "intact bytes are not restored"
+    assert "storage unavailable at download (artifact storage read failed (EIO))" in caplog.text
+    assert "secret-name" not in caplog.text and "failed its sha256 check" not in caplog.text
+    monkeypatch.undo()
+    assert artifacts.is_intact(artifact), "the bytes were intact all along"
+
+
+def test_disk_error__restore_postponed_not_lost__admin_verify_does_not_judge(
+    reviewer, monkeypatch, admin_client
+):
+    artifact = finished_report(factories.permit(reviewer=reviewer))
+    Artifact.objects.filter(pk=artifact.pk).update(restore_requested_at=timezone.now())
+    failing_disk(monkeypatch, errno.EACCES)  # also a permission an operator changed
+    assert restore_artifact(artifact.pk) == "failed:temporary"
+    artifact.refresh_from_db()
+    assert artifact.state == Artifact.State.STORED and artifact.restore_requested_at is None
+
+    answer = admin_client.post(
+        "/admin/jobs/artifact/",
+        {"action": "verify", "_selected_action": [artifact.pk]},
+        follow=True,
+    )
+    said = [str(m) for m in answer.context["messages"]]
+    assert any("Could not be read now, so not judged" in m and "EACCES" in m for m in said), said
+    assert not any("intact" in m or "Missing or corrupt" in m for m in said), said
+
+
+def test_missing_file__still_corrupt_and_restored(reviewer):
+    """The other side of the line: no file under the name is a verdict (restore)."""
+    artifact = finished_report(factories.permit(reviewer=reviewer))
+    Path(artifacts.get_storage().path(artifact.storage_name)).unlink()
+    assert not artifacts.is_intact(artifact)
+    assert restore_artifact(artifact.pk) == "restored"
