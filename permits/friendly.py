@@ -12,7 +12,7 @@ the demo finds it in the console.
 from __future__ import annotations
 
 from django.conf import settings
-from django.http import HttpResponseServerError
+from django.http import HttpRequest, HttpResponse, HttpResponseServerError
 from django.shortcuts import render
 from django.template import loader
 from django.urls import NoReverseMatch, reverse
@@ -31,7 +31,7 @@ def server_error_page() -> HttpResponseServerError:
     return HttpResponseServerError(loader.get_template("500.html").render())
 
 
-def not_found_page(request, exception=None):
+def not_found_page(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """``404.html``; under the admin's URLs its way back leads to the admin index, not to
     a reviewer's queue an operator may not have. Also the site's ``handler404``."""
     try:
