@@ -171,11 +171,7 @@ def test_provider_503_outage__circuit_opens_and_closes__only_probes_spend_attemp
         timeout=60,
     )
     time.sleep(max(0.0, outage - (time.monotonic() - started)))
-    # Attempts first, then the provider's record: a send spends its attempt when it is
-    # claimed, a moment before its call reaches the provider (read the other way round,
-    # a probe between the two reads counted its attempt and not its call: seen once).
     attempts_at_recovery = sum(Effect.objects.filter(pk__in=ids).values_list("attempts", flat=True))
-    time.sleep(1.0)  # the calls of those attempts are answered and recorded
     failed = [r for r in provider.record.requests() if r["status"] == 503]
     provider.faults.unavailable = 0.0
     recovered = time.monotonic()
@@ -186,6 +182,13 @@ def test_provider_503_outage__circuit_opens_and_closes__only_probes_spend_attemp
         timeout=120,
     )
     drained = time.monotonic() - recovered
+    # Every attempt is spent by a call, counted once everything settled: a send spends
+    # its attempt when it is claimed, a moment before its call, so a count taken at the
+    # switch can hold a probe whose call comes after it (seen twice on a loaded machine,
+    # even 1 s later). A call that failed while the circuit was already open gives its
+    # attempt back (the calls above the attempts).
+    attempts = sum(Effect.objects.filter(pk__in=ids).values_list("attempts", flat=True))
+    calls = len(provider.record.requests())
     changes = list(
         FlowRuleChange.objects.filter(scope="provider:webhook", action="circuit")
         .order_by("id")
@@ -195,8 +198,8 @@ def test_provider_503_outage__circuit_opens_and_closes__only_probes_spend_attemp
     print(
         f"503 for {outage:.0f} s: {len(failed)} calls answered 503 "
         f"({probes_failed} failed probes); "
-        f"attempts spent during the outage {attempts_at_recovery} "
-        f"(given back {len(failed) - attempts_at_recovery}); all {len(ids)} applied "
+        f"attempts spent by the switch {attempts_at_recovery}; in all {attempts} attempts "
+        f"for {calls} calls (given back {calls - attempts}); all {len(ids)} applied "
         f"{drained:.1f} s after recovery; circuit: {changes}"
     )
     assert changes[0].startswith("open") and changes[-1].startswith("closed")
@@ -204,9 +207,11 @@ def test_provider_503_outage__circuit_opens_and_closes__only_probes_spend_attemp
     # Attempts: the calls that opened it (the threshold, plus senders already in their
     # call), then only probes. A sender that read the circuit closed a moment before
     # another opened it may still call: that failure is the outage's, its attempt
-    # given back (the 503s above the attempts spent).
-    assert attempts_at_recovery <= 5 + 2 + probes_failed, (attempts_at_recovery, probes_failed)
-    assert attempts_at_recovery <= len(failed), "an attempt was spent only by a call"
+    # given back (the 503s above the attempts spent). Plus one: a probe claimed just
+    # before the switch whose call came after it (it succeeded and closed the circuit).
+    bound = 5 + 2 + probes_failed + 1
+    assert attempts_at_recovery <= bound, (attempts_at_recovery, probes_failed)
+    assert attempts <= calls, f"an attempt was spent without a call: {attempts} for {calls}"
     record = provider.record
     assert record.duplicate_effects() == {} and len(record.sends()) == len(ids)
     assert Effect.objects.filter(pk__in=ids, state=State.NEEDS_REVIEW).count() == 0
