@@ -1066,7 +1066,20 @@ class EffectAdmin(LastErrorColumn, EngineAdmin):
 
     def changelist_view(self, request, extra_context=None):
         providers = stats.collect_providers()
-        extra_context = {**(extra_context or {}), "provider_summary": sorted(providers.items())}
+        # The states in the admin's words with the engine's name beside them, as elsewhere.
+        summary = [
+            (
+                name,
+                {
+                    **p,
+                    "states": [
+                        (words.state_tag(s, effect=True), n) for s, n in p["by_state"].items()
+                    ],
+                },
+            )
+            for name, p in sorted(providers.items())
+        ]
+        extra_context = {**(extra_context or {}), "provider_summary": summary}
         return super().changelist_view(request, extra_context=extra_context)
 
     @admin.display(description="job")
