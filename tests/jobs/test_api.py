@@ -100,7 +100,9 @@ def test_request__run_after_sends_no_message_until_the_dispatcher_finds_it_due(m
     assert dispatch_once()["due_jobs"] == 0
     assert run_delivery(handle.id, worker="early").outcome == "duplicate"  # a stray message
 
-    Job.objects.filter(pk=handle.id).update(next_attempt_at=timezone.now())
+    # Due a second ago: SQLite's clock (Django's Now()) has milliseconds, Python's
+    # microseconds, so "now" written from here can be ahead of the dispatcher's "now".
+    Job.objects.filter(pk=handle.id).update(next_attempt_at=timezone.now() - timedelta(seconds=1))
     assert dispatch_once()["due_jobs"] == 1
     assert OrmQ.objects.count() == 1
     assert run_delivery(handle.id, worker="w1").outcome == "succeeded"

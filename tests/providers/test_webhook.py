@@ -216,7 +216,9 @@ def test_webhook__key_reused_with_another_body_is_409_and_fails(make_user, webho
     # A damaged row: the same identity and key, but a different body. The
     # provider refuses it instead of applying a second notice.
     Effect.objects.filter(pk=effect.pk).update(
-        state=State.PENDING, data={"report_key": "job-0-rev-0"}, next_attempt_at=timezone.now()
+        state=State.PENDING,
+        data={"report_key": "job-0-rev-0"},
+        next_attempt_at=timezone.now() - timedelta(seconds=1),  # due by SQLite's ms clock too
     )
     assert release_effect(effect.pk) == "failed"
     effect.refresh_from_db()
