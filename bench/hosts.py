@@ -65,7 +65,6 @@ def drain_hosts(hosts: int, workers: int, n: int, user_id: int, timeout: float =
     infra.vacuum_analyze()
     time.sleep(0.2)
     before = infra.server_counters()
-    polls = 0
     folders = [tempfile.mkdtemp(prefix=f"bench-host{h}-") for h in range(hosts)]
     with contextlib.ExitStack() as stack:
         watch = stack.enter_context(infra.connect(infra.E2E_DB))
@@ -80,32 +79,15 @@ def drain_hosts(hosts: int, workers: int, n: int, user_id: int, timeout: float =
             )
             for h in range(hosts)
         ]
-        backends = (
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid()"
+        seen = infra.watch_drain(
+            watch,
+            n,
+            cpu=lambda rows: _cpu(clusters, rows),
+            alive=lambda: all(c.alive() for c in clusters),
+            timeout=timeout,
+            failure=lambda left, now: f"{hosts} hosts: {left} of {n} messages left",
         )
-        first_t = first_left = None
-        cpu_start: dict[str, float] = {}
-        deadline = time.monotonic() + timeout
-        while True:
-            left = watch.execute("SELECT count(*) FROM django_q_ormq").fetchone()[0]
-            polls += 1
-            now = time.monotonic()
-            if first_t is None and left < n:
-                first_t, first_left = now, left
-                cpu_start = _cpu(clusters, watch.execute(backends).fetchall())
-            if left == 0:
-                cpu_end = _cpu(clusters, watch.execute(backends).fetchall())
-                polls += 1
-                break
-            if now > deadline or not all(c.alive() for c in clusters):
-                raise RuntimeError(f"{hosts} hosts: {left} of {n} messages left")
-            time.sleep(0.02)
-    seconds = (now - first_t) * n / first_left if first_left else float("nan")
-    time.sleep(0.3)
-    after = infra.server_counters()
-    delta = {k: after[k] - before.get(k, 0) for k in after}
-    delta["xact_commit"] -= polls
+    delta = infra.counters_since(before, seen.polls)
     counts = workloads.outcome_counts()
     claims: dict[str, int] = {}
     for worker in Attempt.objects.values_list("worker", flat=True):
@@ -116,12 +98,8 @@ def drain_hosts(hosts: int, workers: int, n: int, user_id: int, timeout: float =
         hosts,
         workers,
         n,
-        seconds,
-        cpu_ms={
-            k: (cpu_end[k] - cpu_start.get(k, 0.0)) * 1000 / first_left
-            for k in cpu_end
-            if first_left
-        },
+        seen.seconds,
+        cpu_ms=seen.cpu_ms,
         server={k: v / n for k, v in delta.items()},
         ok=counts["succeeded"] == counts["jobs"] == n and counts["effects_applied"] == n,
         claims_by_host=claims,

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -298,62 +299,103 @@ class Drain:
         return self.total / self.seconds if self.seconds > 0 else float("nan")
 
 
+@dataclass
+class Watched:
+    """What watching a full queue drain saw."""
+
+    seconds: float  # first to last acknowledgement, scaled to the whole queue
+    ended: float  # monotonic time the queue was seen empty
+    cpu_ms: dict[str, float]  # CPU per message by role, first to last acknowledgement
+    polls: int  # the watcher's own transactions (taken off the server's commit count)
+
+
+def watch_drain(
+    watch: psycopg.Connection,
+    total: int,
+    *,
+    cpu: Callable[[list], dict[str, float]],
+    alive: Callable[[], bool],
+    timeout: float,
+    failure: Callable[[int, float], str],
+    sample: Callable[[], None] | None = None,
+) -> Watched:
+    """Poll the queue until it is empty; time and CPU from the first acknowledgement seen.
+
+    Throughput counts from the first acknowledgement seen to the last, so a cluster's
+    start-up (Django import, forks) is left out for both sides alike. ``cpu`` reads the
+    clusters' cumulative CPU given their backends' pids; ``sample`` (RSS) runs every 25
+    polls and at the end; ``failure`` says what was left if a cluster dies or time runs out.
+    """
+    backends = (
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid()"
+    )
+    polls = 0
+    first_t = first_left = None
+    cpu_start: dict[str, float] = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        left = watch.execute("SELECT count(*) FROM django_q_ormq").fetchone()[0]
+        polls += 1
+        now = time.monotonic()
+        if first_t is None and left < total:
+            first_t, first_left = now, left
+            cpu_start = cpu(watch.execute(backends).fetchall())
+        if sample is not None and polls % 25 == 0:
+            sample()
+        if left == 0:
+            cpu_end = cpu(watch.execute(backends).fetchall())
+            if sample is not None:
+                sample()
+            polls += 1
+            break
+        if not alive() or now > deadline:
+            raise RuntimeError(failure(left, now))
+        time.sleep(0.02)
+    # ``first_left`` messages were acknowledged between the two observations;
+    # scale that stretch to the whole queue so that ``rate = total / seconds``.
+    seconds = (now - first_t) * total / first_left if first_left else float("nan")
+    cpu_ms = {
+        role: (cpu_end[role] - cpu_start.get(role, 0.0)) * 1000 / first_left
+        for role in cpu_end
+        if first_left
+    }
+    return Watched(seconds, now, cpu_ms, polls)
+
+
+def counters_since(before: dict[str, int], polls: int) -> dict[str, int]:
+    """The server's counters since ``before``, less the watcher's own polls."""
+    time.sleep(0.3)  # the clusters' backends flush their counters as they exit
+    after = server_counters()
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    delta["xact_commit"] -= polls
+    return delta
+
+
 def drain(workers: int, label: str, total: int, *, timeout: float = 180.0, **env: str) -> Drain:
     """Start a cluster on a full queue; time until every message is acknowledged.
 
-    Throughput counts from the first acknowledgement seen to the last, so the
-    cluster's start-up (Django import, forks) is left out for both sides alike.
     The server's counters around the run give transactions and row updates per
     message (the watcher's own polls subtracted).
     """
     time.sleep(0.2)  # let the enqueueing backend's counters land
     before = server_counters()
-    polls = 0
     with connect(E2E_DB) as watch, cluster(workers, label, **env) as c:
-        count = "SELECT count(*) FROM django_q_ormq"
-        backends = (
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid()"
+        seen = watch_drain(
+            watch,
+            total,
+            cpu=lambda rows: _cpu_by_role(c, rows),
+            alive=c.alive,
+            timeout=timeout,
+            failure=lambda left, now: (
+                f"{label}: {left} of {total} messages left after {now - c.started:.0f}s\n"
+                f"{c.log_tail()}"
+            ),
+            sample=c.sample_rss,
         )
-        first_t = first_left = None
-        cpu_start: dict[str, float] = {}
-        deadline = time.monotonic() + timeout
-        while True:
-            left = watch.execute(count).fetchone()[0]
-            polls += 1
-            now = time.monotonic()
-            if first_t is None and left < total:
-                first_t, first_left = now, left
-                cpu_start = _cpu_by_role(c, watch.execute(backends).fetchall())
-            if polls % 25 == 0:
-                c.sample_rss()
-            if left == 0:
-                cpu_end = _cpu_by_role(c, watch.execute(backends).fetchall())
-                c.sample_rss()
-                polls += 1
-                break
-            if not c.alive() or now > deadline:
-                raise RuntimeError(
-                    f"{label}: {left} of {total} messages left after {now - c.started:.0f}s\n"
-                    f"{c.log_tail()}"
-                )
-            time.sleep(0.02)
         rss = sorted(c.peak_rss.values(), reverse=True)
-    # ``first_left`` messages were acknowledged between the two observations;
-    # scale that stretch to the whole queue so that ``rate = total / seconds``.
-    seconds = (now - first_t) * total / first_left if first_left else float("nan")
-    time.sleep(0.3)  # the cluster's backends flush their counters as they exit
-    after = server_counters()
-    delta = {k: after[k] - before.get(k, 0) for k in after}
-    delta["xact_commit"] -= polls
-    server = {k: v / total for k, v in delta.items()}
-    # CPU used by each role between the first and the last acknowledgement, per message.
-    cpu = {
-        role: (cpu_end[role] - cpu_start.get(role, 0.0)) * 1000 / first_left
-        for role in cpu_end
-        if first_left
-    }
-    return Drain(total, seconds, now - c.started, rss, server, cpu)
+    server = {k: v / total for k, v in counters_since(before, seen.polls).items()}
+    return Drain(total, seen.seconds, seen.ended - c.started, rss, server, seen.cpu_ms)
 
 
 def _cpu_by_role(c: Cluster, backend_rows) -> dict[str, float]:

@@ -386,14 +386,8 @@ class TenantAdmin(PrivateFieldsGuard, admin.ModelAdmin):
     list_display = ("key", "name")
 
 
-@admin.register(ApplicantContactView)
-class ApplicantContactViewAdmin(PrivateFieldsGuard, admin.ModelAdmin):
-    """Who saw which request's applicant contacts in the admin, and when (read-only)."""
-
-    list_display = ("viewed_at", "viewer", "request")
-    list_filter = ("viewed_at",)
-    search_fields = ("viewer__username", "request__reference")
-    readonly_fields = ("viewed_at", "viewer", "request")
+class AuditTrailAdmin(PrivateFieldsGuard, admin.ModelAdmin):
+    """An audit trail: listed and read, never added, changed or deleted in the admin."""
 
     def has_add_permission(self, request):
         return False
@@ -403,6 +397,16 @@ class ApplicantContactViewAdmin(PrivateFieldsGuard, admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(ApplicantContactView)
+class ApplicantContactViewAdmin(AuditTrailAdmin):
+    """Who saw which request's applicant contacts in the admin, and when (read-only)."""
+
+    list_display = ("viewed_at", "viewer", "request")
+    list_filter = ("viewed_at",)
+    search_fields = ("viewer__username", "request__reference")
+    readonly_fields = ("viewed_at", "viewer", "request")
 
 
 @admin.register(ReviewDecision)
@@ -419,22 +423,13 @@ class ReviewDecisionAdmin(PrivateFieldsGuard, admin.ModelAdmin):
 
 
 @admin.register(ReviewerAssignment)
-class ReviewerAssignmentAdmin(PrivateFieldsGuard, admin.ModelAdmin):
+class ReviewerAssignmentAdmin(AuditTrailAdmin):
     """Every grant and revocation of an object permission on a request (read-only)."""
 
     list_display = ("at", "action", "permission", "reviewer", "group", "request", "actor", "via")
     list_filter = ("action", "via")
     search_fields = ("reviewer__username", "actor__username", "request__reference")
     readonly_fields = ("at", "action", "permission", "reviewer", "group", "request", "actor", "via")
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 # The jobs admin names report jobs by their permit reference and finds them by it
