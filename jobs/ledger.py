@@ -394,13 +394,12 @@ def release(effect: Effect, worker: str) -> str:
                     called = True
                     ref = provider.send(effect)
     except Exception as exc:  # the retry table decides, not this except
-        if gate.probe and not called:  # the provider was not asked: it is not judged
-            flow.probe_abandoned(provider.name, worker)
         return _record_failure(
             effect, worker, provider, exc, called=called, prior=prior, probe=gate.probe
         )
-    if gate.probe and not called:  # another sender may probe at once
-        flow.probe_abandoned(provider.name, worker)
+    finally:
+        if gate.probe and not called:  # the provider was not asked: another sender probes
+            flow.probe_abandoned(provider.name, worker)
     if not slot:
         return _defer(effect, worker, prior)
     if held is not None:
