@@ -22,7 +22,7 @@ from django.db import models
 from django.db.models import BooleanField, ExpressionWrapper, F, Q, Value
 
 from jobs.clock import ServerNow, after
-from jobs.models import FlowRule, Job
+from jobs.models import Effect, FlowRule, Job
 
 # The advisory lock class every tenant-bound claim takes (with the tenant's hashtext).
 TENANT_LOCK_CLASS = 1785684595
@@ -105,6 +105,17 @@ DUE = any_of(Cond("next_attempt_at", "null", True), Cond("next_attempt_at", "<="
 HAS_BUDGET = Cond("attempts", "<", Col("max_attempts"))
 # A job a delivery may claim as it is: waiting and due, with attempts left.
 CLAIMABLE = all_of(WAITING, DUE, HAS_BUDGET)
+
+# Where each operator arrow starts: the engine's CAS and the admin's buttons read this.
+E = Effect.State
+OPERATOR_SOURCES: dict[str, tuple[str, ...]] = {
+    "retry_now": (S.QUEUED, S.RETRY_WAIT),
+    "cancel": (S.QUEUED, S.RETRY_WAIT),
+    "requeue": (S.FAILED, S.DEAD),
+    "recheck_and_release": (E.WITHHELD,),
+    "mark_sent": (E.NEEDS_REVIEW,),
+    "send_again": (E.NEEDS_REVIEW,),
+}
 
 # The owner fence of a worker's own writes: the version it read, its name on the lease,
 # and at least ``margin`` seconds of lease left by the server's clock.
