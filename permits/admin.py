@@ -36,7 +36,7 @@ from django.utils.html import format_html
 from guardian.admin import GuardedModelAdmin
 from guardian.shortcuts import get_objects_for_user, get_users_with_perms
 
-from jobs.admin import register_subject
+from jobs.hooks import register_subject
 from jobs.models import Job
 from permits import reports, selectors, services
 from permits.models import (

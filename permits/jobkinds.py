@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from jobs.exceptions import PayloadInvalid
 from jobs.registry import EffectSpec, register_kind
 from jobs.runner import JobContext
-from jobs.words import set_provider_words
+from jobs.ops.words import set_provider_words
 
 
 def demo_summary(ctx: JobContext) -> list[EffectSpec]:

@@ -36,7 +36,7 @@ from jobs.artifacts import open_verified
 from jobs.exceptions import ArtifactCorrupt, ArtifactLost, TemporaryFailure
 from jobs.models import Attempt, Effect, Job, Notice
 from jobs.queue import enqueue_restore
-from jobs.words import JOB_STATE_WORDS, effect_state_word, provider_words
+from jobs.ops.words import JOB_STATE_WORDS, effect_state_word, provider_words
 from permits import selectors, services
 from permits.forms import DecisionForm, NewRevisionForm
 from permits.models import PermitRequest

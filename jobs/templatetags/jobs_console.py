@@ -1,13 +1,15 @@
-"""Filters for the operations console: state names and durations as operators read them."""
+"""Filters for the operations console: state names and durations as operators read them.
+
+The library stays here because Django finds template tag libraries only in an app's
+``templatetags`` package (``{% load jobs_console %}``); the words are ``jobs.ops.words``.
+"""
 
 from __future__ import annotations
-
-from datetime import timedelta
 
 from django import template
 from django.utils.safestring import SafeString
 
-from jobs import words
+from jobs.ops import words
 
 register = template.Library()
 
@@ -31,19 +33,5 @@ def state_tag(state: str, model: str = "job") -> SafeString:
     return words.state_tag(state, effect=model == "effect")
 
 
-@register.filter
-def duration(value: timedelta | None) -> str:
-    """A short age: ``4 s``, ``3 min 20 s``, ``2 h 5 min``, ``3 d 4 h``."""
-    if value is None:
-        return "—"
-    seconds = int(value.total_seconds())
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if days:
-        return f"{days} d {hours} h"
-    if hours:
-        return f"{hours} h {minutes} min"
-    if minutes:
-        return f"{minutes} min {seconds} s"
-    return f"{seconds} s"
+# ``4 s``, ``3 min 20 s``: the console's ages, in the same words as its health line.
+register.filter("duration", words.duration)

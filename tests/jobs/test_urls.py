@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from django.urls import Resolver404, resolve, reverse
 
@@ -29,3 +31,20 @@ def test_metrics__under_the_prefix_the_project_chose(client, admin_user):
     assert "jobs_jobs" in client.get("/ops/metrics").content.decode()
     page = client.get(reverse("admin:jobs_job_dashboard")).content.decode()
     assert 'href="/ops/metrics"' in page
+
+
+@pytest.mark.urls("tests.testapp.urls_ops")
+def test_metrics__without_the_extra_a_plain_404_that_names_it(client, admin_user, monkeypatch):
+    # No prometheus_client installed: an import of it fails as it would in such a project.
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    client.force_login(admin_user)
+    response = client.get("/ops/metrics")
+    assert response.status_code == 404
+    assert response["Content-Type"].startswith("text/plain")
+    assert "pip install 'django-jobs-ledger[metrics]'" in response.content.decode()
+
+
+@pytest.mark.urls("tests.testapp.urls_ops")
+def test_metrics__without_the_extra_still_refuses_anonymous(client, monkeypatch):
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    assert client.get("/ops/metrics").status_code == 403

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from jobs import console
+from jobs.ops import console
 from jobs.runner import run_delivery
 from tests.permits.test_admin import dead_job, demo, login  # noqa: F401 (fixture)
 

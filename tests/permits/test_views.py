@@ -740,7 +740,7 @@ def test_state_words__the_same_on_the_reviewer_page_and_in_the_admin(client, set
     adds the engine's name; a provider's words are the site's on both sides."""
     from jobs.models import EFFECT_STATES, JOB_STATES, Effect, Job
     from jobs.runner import run_delivery
-    from jobs.words import EFFECT_STATE_WORDS, JOB_STATE_WORDS
+    from jobs.ops.words import EFFECT_STATE_WORDS, JOB_STATE_WORDS
     from permits.services import report_request
     from tests.permits import factories
 

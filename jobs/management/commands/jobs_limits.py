@@ -6,7 +6,8 @@ import getpass
 
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs import flow, flowview
+from jobs import flow
+from jobs.ops import flowview
 
 
 class Command(BaseCommand):

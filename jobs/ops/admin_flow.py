@@ -4,8 +4,8 @@ Every write goes through ``jobs.flow`` (``set_rule``, ``pause``, ``resume``,
 ``delete_rule``), the same functions ``manage.py jobs_limits`` calls, so a change
 from the admin or the console writes its ``FlowRuleChange`` row (who, from what, to
 what) in the same transaction, and an admin ``LogEntry`` as well. The circuit and
-rate state are the engine's: shown, never edited by hand. Registered by
-``jobs.admin``.
+rate state are the engine's: shown, never edited by hand. Registered when Django's
+admin autodiscovery imports ``jobs.admin``.
 """
 
 from __future__ import annotations

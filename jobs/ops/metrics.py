@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from jobs import stats
+from jobs.ops.flowview import scope_views
 
 
 class EngineCollector:
@@ -79,11 +80,9 @@ class EngineCollector:
 
 
 class FlowCollector:
-    """Each flow scope's rule and what it holds (``jobs.flowview``), and each circuit."""
+    """Each flow scope's rule and what it holds (``jobs.ops.flowview``), and each circuit."""
 
     def collect(self):
-        from jobs.flowview import scope_views
-
         views = scope_views()
         labels = ["scope"]
         families = {

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from jobs import clock, failures, stats
 from jobs.models import EFFECT_STATES, JOB_STATES, Attempt, Effect, EffectEvent, Job
+from jobs.ops.words import duration
 
 WORKER_WINDOW = timedelta(minutes=1)
 HEALTH_WINDOW = timedelta(minutes=15)
@@ -136,8 +137,6 @@ def failure_rate(window: timedelta = HEALTH_WINDOW) -> tuple[int, int]:
 
 
 def _ago(delta: timedelta) -> str:
-    from jobs.templatetags.jobs_console import duration
-
     return duration(delta)
 
 

@@ -7,11 +7,20 @@ import hmac
 from django.contrib import admin
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotFound
 from django.template.response import TemplateResponse
 from django.views.decorators.cache import never_cache
 
-from jobs import conf, console, flowview, stats
+from jobs import conf, stats
+from jobs.hooks import subject_labels
+from jobs.ops import console, flowview
+from jobs.ops.error_detail import can_view_error_detail
+
+# What /metrics says when the Prometheus client is not installed: a 404 that names the
+# extra, not a 500 (an operator can tell a missing install from a broken one).
+METRICS_EXTRA_MISSING = (
+    "Prometheus metrics need the [metrics] extra: pip install 'django-jobs-ledger[metrics]'\n"
+)
 
 
 def _token_ok(request: HttpRequest) -> bool:
@@ -25,9 +34,11 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     user = request.user
     if not (_token_ok(request) or (user.is_active and user.has_perm("jobs.view_job"))):
         raise PermissionDenied
-    from prometheus_client import CONTENT_TYPE_LATEST  # django-jobs-ledger[metrics]
-
-    from jobs import metrics
+    try:
+        from prometheus_client import CONTENT_TYPE_LATEST  # django-jobs-ledger[metrics]
+    except ImportError:
+        return HttpResponseNotFound(METRICS_EXTRA_MISSING, content_type="text/plain; charset=utf-8")
+    from jobs.ops import metrics
 
     return HttpResponse(metrics.render(), content_type=CONTENT_TYPE_LATEST)
 
@@ -41,8 +52,6 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
     """
     if not request.user.has_perm("jobs.view_job"):
         raise PermissionDenied
-    from jobs.admin import can_view_error_detail, subject_labels
-
     snap = console.snapshot()
     rows = snap.timeline
     labels = subject_labels(snap.failures)

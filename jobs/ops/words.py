@@ -12,6 +12,7 @@ webhook that reaches the reviewer's phone is their "Device".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -103,3 +104,20 @@ def provider_tag(name: str) -> SafeString:
     if words.label == name:
         return format_html("{}", name)
     return format_html('{} <span class="jobs-state__engine">· {}</span>', words.label, name)
+
+
+def duration(value: timedelta | None) -> str:
+    """A short age: ``4 s``, ``3 min 20 s``, ``2 h 5 min``, ``3 d 4 h``."""
+    if value is None:
+        return "—"
+    seconds = int(value.total_seconds())
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    if minutes:
+        return f"{minutes} min {seconds} s"
+    return f"{seconds} s"
