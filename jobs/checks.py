@@ -19,6 +19,10 @@ runserver) stops on an Error, so a project learns what to fix before a job runs.
 | jobs.W010 | PostgreSQL allows the connections the configured processes need (database tag) |
 | jobs.W014 | no pooler in front of PostgreSQL while prepared statements are on (database tag) |
 | jobs.I001 | which path the hot path takes on this database, and why (database tag) |
+| jobs.W015 | the jobs' SQLite database runs without ``transaction_mode="IMMEDIATE"`` and WAL |
+| jobs.W016 | the metrics URL is routed but ``prometheus_client`` (``[metrics]``) is missing |
+
+The documentation site renders every check from this source (``docs/app/checks.md``).
 """
 
 from __future__ import annotations
@@ -108,8 +112,9 @@ def check_exclusive_create(app_configs=None, **kwargs):
         Error(
             f"artifact storage {alias!r}: {problem}",
             hint="Artifacts are written once by conditional create (If-None-Match: *). Check "
-            "the bucket, endpoint, region and credentials (ARTIFACT_S3_*, AWS_*), and use a "
-            "store that honours conditional writes (S3, MinIO, Ceph RGW, R2, B2).",
+            f"the bucket, endpoint, region and credentials in STORAGES[{alias!r}]['OPTIONS'] "
+            "(and the AWS_* environment boto3 reads), and use a store that honours "
+            "conditional writes (S3, MinIO, Ceph RGW, R2, B2).",
             id="jobs.E031",
         )
     ]
@@ -434,5 +439,88 @@ def check_pooler(app_configs=None, databases=None, **kwargs):
             "Workers need a session-mode pool (provider slots are session advisory locks). "
             "See docs/deployment.md.",
             id="jobs.W014",
+        )
+    ]
+
+
+@register()
+def check_sqlite(app_configs=None, databases=None, **kwargs):
+    """Warn when the jobs' SQLite database would make callers fail with "database is locked".
+
+    On Django's default SQLite settings a transaction starts deferred and takes the write
+    lock at its first write; when two writers meet, SQLite cannot wait for one of them
+    and ``jobs.request()`` raises ``OperationalError: database is locked`` (a burst of 60
+    enqueues did, in a fresh project). ``transaction_mode="IMMEDIATE"`` takes the lock at
+    ``BEGIN``, where the busy timeout waits, and WAL lets readers go on meanwhile. Read
+    from the settings alone (no connection is opened); an in-memory database is not
+    judged for WAL.
+    """
+    alias = router.db_for_write(apps.get_model("jobs", "Job"))
+    conn = connections[alias]
+    if conn.vendor != "sqlite":
+        return []
+    options = conn.settings_dict.get("OPTIONS") or {}
+    missing = []
+    if str(options.get("transaction_mode") or "").upper() != "IMMEDIATE":
+        missing.append('"transaction_mode": "IMMEDIATE"')
+    name = str(conn.settings_dict.get("NAME") or "")
+    in_memory = name == ":memory:" or "mode=memory" in name
+    init = str(options.get("init_command") or "").lower().replace(" ", "")
+    if not in_memory and "journal_mode=wal" not in init:
+        missing.append('"init_command": "PRAGMA journal_mode=WAL; ..."')
+    if not missing:
+        return []
+    return [
+        Warning(
+            f"the jobs' database {alias!r} is SQLite without " + " and ".join(missing),
+            hint="Concurrent writers then fail with 'database is locked' instead of waiting. "
+            f"Add to settings.py: DATABASES[{alias!r}]['OPTIONS'] = {{'transaction_mode': "
+            "'IMMEDIATE', 'init_command': 'PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
+            "PRAGMA busy_timeout=5000;'}",
+            id="jobs.W015",
+        )
+    ]
+
+
+def _routes_metrics(patterns, depth: int = 0) -> bool:
+    """Whether the URLconf serves the app's metrics view (by its URL name or function)."""
+    for pattern in patterns:
+        nested = getattr(pattern, "url_patterns", None)
+        if nested is not None:
+            if depth < 8 and _routes_metrics(nested, depth + 1):
+                return True
+            continue
+        callback = getattr(pattern, "callback", None)
+        if getattr(pattern, "name", None) == "jobs-metrics" or (
+            getattr(callback, "__name__", "") == "metrics_view"
+            and str(getattr(callback, "__module__", "")).startswith("jobs.")
+        ):
+            return True
+    return False
+
+
+@register(Tags.urls)
+def check_metrics(app_configs=None, **kwargs):
+    """Warn when the metrics URL is routed but ``prometheus_client`` is not installed.
+
+    The view then answers a plain-text 404 that names the extra; a scraper sees only
+    that the target is down, so the check says it at start-up.
+    """
+    if importlib.util.find_spec("prometheus_client") is not None:
+        return []
+    from django.urls import get_resolver
+
+    try:
+        routed = _routes_metrics(get_resolver().url_patterns)
+    except Exception:  # a broken URLconf is Django's own check's to report
+        return []
+    if not routed:
+        return []
+    return [
+        Warning(
+            "the jobs metrics URL is routed but prometheus_client is not installed",
+            hint="pip install 'django-jobs-ledger[metrics]', or drop the include of "
+            "jobs.urls; until then the metrics URL answers 404.",
+            id="jobs.W016",
         )
     ]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from jobs import checks, conf
+from jobs import checks
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD_Q = {"orm": "default", "timeout": 5, "retry": 7}
@@ -121,7 +121,66 @@ def test_conf__no_engine_module_reads_a_jobs_setting_around_conf():
     assert offenders == []
 
 
-def test_conf__every_setting_is_documented():
-    page = (ROOT / "docs" / "app" / "settings.md").read_text()
-    missing = [s.name for s in conf.SETTINGS if f"`{s.name}`" not in page]
-    assert missing == []
+class _FakeConnection:
+    vendor = "sqlite"
+
+    def __init__(self, name, options):
+        self.settings_dict = {"NAME": name, "OPTIONS": options}
+
+
+SQLITE_SAFE = {
+    "transaction_mode": "IMMEDIATE",
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA busy_timeout=5000;",
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "missing"),
+    [
+        ("db.sqlite3", SQLITE_SAFE, []),
+        ("db.sqlite3", {}, ["transaction_mode", "journal_mode=WAL"]),
+        ("db.sqlite3", {"transaction_mode": "IMMEDIATE"}, ["journal_mode=WAL"]),
+        ("db.sqlite3", {"init_command": "PRAGMA journal_mode = wal"}, ["transaction_mode"]),
+        (":memory:", {"transaction_mode": "immediate"}, []),  # WAL means nothing in memory
+    ],
+)
+def test_check_sqlite__names_the_options_to_add(monkeypatch, name, options, missing):
+    monkeypatch.setattr(checks, "connections", {"default": _FakeConnection(name, options)})
+    found = checks.check_sqlite()
+    if not missing:
+        assert found == []
+        return
+    [warning] = found
+    assert warning.id == "jobs.W015" and warning.level == checks.Warning("").level
+    assert all(word in warning.msg for word in missing), warning.msg
+    # The hint is the snippet to paste.
+    assert "'transaction_mode': 'IMMEDIATE'" in warning.hint
+    assert "journal_mode=WAL" in warning.hint
+
+
+def test_check_sqlite__silent_on_other_databases_and_on_this_sites_settings():
+    """The site's own SQLite settings (the demo) and PostgreSQL pass without a word."""
+    assert checks.check_sqlite() == []
+
+
+urlpatterns: list = []  # a URLconf without the metrics view (ROOT_URLCONF = __name__)
+
+
+def test_check_metrics__routed_without_prometheus_client_warns(settings, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "prometheus_client" else real(name, *a),
+    )
+    [warning] = checks.check_metrics()  # the site routes jobs.urls
+    assert warning.id == "jobs.W016" and "django-jobs-ledger[metrics]" in warning.hint
+    settings.ROOT_URLCONF = __name__
+    assert checks.check_metrics() == []
+
+
+def test_check_metrics__silent_with_the_extra_installed():
+    pytest.importorskip("prometheus_client")
+    assert checks.check_metrics() == []
