@@ -92,15 +92,20 @@ class AtomicFileSystemStorage(FileSystemStorage):
         return path, tmp
 
     def create_exclusive(self, name: str, data: bytes) -> bool:
-        """Store ``data`` under exactly ``name``; False if the name already exists."""
+        """Store ``data`` under exactly ``name``; False if the name already exists.
+
+        The folder is fsynced after the link: the new name is on disk before the
+        publish names it (a crash after the publish cannot lose a published file's name).
+        """
         path, tmp = self._write_temp(name, data)
         try:
             os.link(tmp, path)
-            return True
         except FileExistsError:
             return False
         finally:
             os.unlink(tmp)
+        _fsync_folder(os.path.dirname(path))
+        return True
 
     def replace(self, name: str, data: bytes) -> None:
         """Atomically put ``data`` under ``name``.
@@ -110,6 +115,16 @@ class AtomicFileSystemStorage(FileSystemStorage):
         """
         path, tmp = self._write_temp(name, data)
         os.replace(tmp, path)
+        _fsync_folder(os.path.dirname(path))
+
+
+def _fsync_folder(folder: str) -> None:
+    """Make the folder's entries durable (a new name is in the folder, not only the inode)."""
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def get_storage() -> Storage:
@@ -162,6 +177,23 @@ UNAVAILABLE_ERRNOS = frozenset(
 )  # fmt: skip
 
 
+def _unavailable(exc: OSError, what: str) -> StorageUnavailable | None:
+    """The storage's own failure (``UNAVAILABLE_ERRNOS``) as ``StorageUnavailable``, or None.
+
+    The code names the errno (``storage_eio``): the retry table takes every
+    ``storage_`` code for an outage. The class and errno only: the message may carry
+    the file's path.
+    """
+    if exc.errno not in UNAVAILABLE_ERRNOS:
+        return None
+    name = errno.errorcode.get(exc.errno, "OSError")
+    return StorageUnavailable(f"artifact storage {what} failed ({name})", code=_code(name))
+
+
+def _code(errno_name: str) -> str:
+    return f"storage_{errno_name.lower()}"
+
+
 def _copy_hashed(storage: Storage, name: str, sink: IO[bytes] | None) -> str | None:
     """Stream the file in chunks into ``sink`` (if any); its sha256, or None if there is no
     readable file. A storage that fails to read (``UNAVAILABLE_ERRNOS``; an object store's
@@ -174,10 +206,9 @@ def _copy_hashed(storage: Storage, name: str, sink: IO[bytes] | None) -> str | N
                 if sink is not None:
                     sink.write(chunk)
     except OSError as exc:
-        if exc.errno in UNAVAILABLE_ERRNOS:
-            code = errno.errorcode.get(exc.errno, "OSError")
-            # The class and errno only: the message may carry the file's path.
-            raise StorageUnavailable(f"artifact storage read failed ({code})") from exc
+        unavailable = _unavailable(exc, "read")
+        if unavailable is not None:
+            raise unavailable from exc
         return None
     return digest.hexdigest()
 
@@ -188,7 +219,23 @@ def _digest_of(storage: Storage, name: str) -> str | None:
 
 
 def _create(storage: Storage, name: str, data: bytes) -> bool:
-    """Create ``name`` exclusively; False if the name is taken (nothing is overwritten)."""
+    """Create ``name`` exclusively; False if the name is taken (nothing is overwritten).
+
+    A storage that cannot be written now (a disk error, a stale NFS handle, a
+    permission; an object store away) raises ``StorageUnavailable``: an outage the
+    job waits out. A full or read-only disk stays the ``OSError`` it is (the retry
+    table names it by errno: ``storage_enospc``, an outage as well).
+    """
+    try:
+        return _create_now(storage, name, data)
+    except OSError as exc:
+        unavailable = _unavailable(exc, "write")
+        if unavailable is None:
+            raise
+        raise unavailable from exc
+
+
+def _create_now(storage: Storage, name: str, data: bytes) -> bool:
     if hasattr(storage, "create_exclusive"):
         return storage.create_exclusive(name, data)
     # A generic Storage offers exists-then-save; ``save`` never overwrites (it renames),

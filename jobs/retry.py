@@ -10,7 +10,7 @@ import email.utils
 import errno
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 
@@ -50,7 +50,7 @@ POLICY: dict[ErrorClass, Rule] = {
         False,
         "dead",
         "needs_review",
-        "HTTP 429/503, database unavailable, deadlock, serialization",
+        "HTTP 429/503, database or artifact storage unavailable, deadlock, serialization",
     ),
     ErrorClass.PROVIDER_TIMEOUT: Rule(
         True,
@@ -160,6 +160,30 @@ def effect_outcome(
 # Storage errors that mean "the disk is full or read-only for now": an outage, not a bug.
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.ENFILE, errno.EMFILE}
 
+# Every outage, one rule: a failure whose code names a dependency that is down (the
+# database, the artifact storage) waits, budgeted by time (``job_outcome``), not by
+# attempts. By code prefix, the same for every way the dependency fails: a refused
+# or cut database connection (SQLSTATE classes 08, 57P, 53), a full or read-only disk
+# (``storage_enospc``), a storage that cannot be read or written now, a disk error
+# (``storage_eio``, ``storage_estale``) or an object store refusing connections,
+# answering 5xx or timing out (``storage_unavailable``, jobs.exceptions.StorageUnavailable).
+OUTAGES: dict[str, str] = {
+    "db_unavailable": "database",
+    "pg_08": "database",
+    "pg_57P": "database",
+    "pg_53": "database",
+    "storage_": "artifact storage",
+}
+
+
+def outage_of(code: str) -> str:
+    """The dependency a failure with this code says is down, or "" (no outage)."""
+    for prefix, dependency in OUTAGES.items():
+        if code.startswith(prefix):
+            return dependency
+    return ""
+
+
 # SQLSTATEs that mean "the same statement may succeed if tried again".
 _RETRYABLE_SQLSTATES = {
     "40P01": "deadlock",
@@ -174,7 +198,7 @@ class Classified:
     code: str
     detail: str = ""
     retry_after: float | None = None
-    outage: bool = False  # a dependency is down (database, storage): wait, budgeted by time
+    outage: bool = False  # a dependency is down (``OUTAGES``): wait, budgeted by time
 
     @property
     def rule(self) -> Rule:
@@ -204,7 +228,17 @@ def _chain(exc: BaseException):
 
 
 def classify(exc: BaseException) -> Classified:
-    """Map an exception to its retry class; the code names the cause, never the data."""
+    """Map an exception to its retry class; the code names the cause, never the data.
+
+    Whether it is an outage is decided by its code alone (``OUTAGES``), whichever rule
+    below named it.
+    """
+    c = _classify(exc)
+    outage = bool(outage_of(c.code)) and c.error_class == ErrorClass.TEMPORARY
+    return c if c.outage == outage else replace(c, outage=outage)
+
+
+def _classify(exc: BaseException) -> Classified:
     if not isinstance(exc, Exception):
         name = type(exc).__name__
         for base in type(exc).__mro__:
@@ -229,7 +263,6 @@ def classify(exc: BaseException) -> Classified:
                     ErrorClass.TEMPORARY,
                     f"pg_{sqlstate}",
                     detail=f"database unavailable (SQLSTATE {sqlstate})",
-                    outage=True,
                 )
         if isinstance(err, OSError) and err.errno in _STORAGE_ERRNOS:
             name = errno.errorcode[err.errno]
@@ -238,7 +271,6 @@ def classify(exc: BaseException) -> Classified:
                 ErrorClass.TEMPORARY,
                 f"storage_{name.lower()}",
                 detail=f"storage unavailable: {os.strerror(err.errno)} ({name})",
-                outage=True,
             )
         http = _classify_httpx(err)
         if http is not None:
@@ -250,10 +282,7 @@ def classify(exc: BaseException) -> Classified:
         ):
             # Connection lost or database locked: the database is temporarily unavailable.
             return Classified(
-                ErrorClass.TEMPORARY,
-                "db_unavailable",
-                detail=f"database unavailable ({name})",
-                outage=True,
+                ErrorClass.TEMPORARY, "db_unavailable", detail=f"database unavailable ({name})"
             )
         if isinstance(err, TimeoutError):
             return Classified(ErrorClass.PROVIDER_TIMEOUT, "timeout")

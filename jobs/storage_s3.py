@@ -58,9 +58,25 @@ def _status(exc: ClientError) -> int:
     return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
 
 
+# What the store being away raises, besides an answer (ClientError): botocore's own
+# errors (EndpointConnectionError for a refused connection, ConnectTimeoutError,
+# ReadTimeoutError, ConnectionClosedError, ...), urllib3's when botocore lets one
+# through, and the socket's (a reset mid-request).
+_AWAY = (BotoCoreError, Urllib3Error, OSError)
+
+
 def _unavailable(exc: Exception, what: str) -> StorageUnavailable:
-    # The class and code only: an error text may carry the bucket or key.
-    code = _error_code(exc) if isinstance(exc, ClientError) else type(exc).__name__
+    """The store's failure as ``StorageUnavailable``: an outage the job waits out.
+
+    Every failure that is not a verdict (412 "taken", 404 "missing") lands here: a
+    refused connection, a timeout, a 5xx or a throttling answer; an access or bucket
+    refusal too, which an operator fixes while the job waits (the outage window bounds
+    the wait). The class and code only: an error text may carry the bucket or key.
+    """
+    if isinstance(exc, ClientError):
+        code = _error_code(exc) or str(_status(exc))
+    else:
+        code = type(exc).__name__
     return StorageUnavailable(f"object storage {what} failed ({code[:64]})")
 
 
@@ -78,7 +94,7 @@ class _Body:
     def read(self, size: int = -1) -> bytes:
         try:
             return self._body.read(size if size >= 0 else None)
-        except (BotoCoreError, Urllib3Error, OSError) as exc:
+        except _AWAY as exc:
             raise _unavailable(exc, "read") from exc
 
     def close(self) -> None:
@@ -123,7 +139,7 @@ class S3Storage(_S3Storage):
             if _error_code(exc) in _TAKEN or _status(exc) in (409, 412):
                 return False
             raise _unavailable(exc, "create") from exc
-        except BotoCoreError as exc:
+        except _AWAY as exc:
             raise _unavailable(exc, "create") from exc
         return True
 
@@ -131,7 +147,7 @@ class S3Storage(_S3Storage):
         """Put ``data`` under ``name`` whatever is there (a restore of checked bytes only)."""
         try:
             self._put(name, data)
-        except (ClientError, BotoCoreError) as exc:
+        except (ClientError, *_AWAY) as exc:
             raise _unavailable(exc, "restore") from exc
 
     def open_stream(self, name: str) -> _Body:
@@ -144,14 +160,25 @@ class S3Storage(_S3Storage):
             if _error_code(exc) in _MISSING or _status(exc) == 404:
                 raise FileNotFoundError(name) from None
             raise _unavailable(exc, "read") from exc
-        except BotoCoreError as exc:
+        except _AWAY as exc:
             raise _unavailable(exc, "read") from exc
 
     def stored_sha256(self, name: str) -> str | None:
-        """The SHA-256 the store recorded at upload (hex), or None if it has none."""
-        head = self.client.head_object(
-            Bucket=self.bucket_name, Key=self._key(name), ChecksumMode="ENABLED"
-        )
+        """The SHA-256 the store recorded at upload (hex), or None if it has none.
+
+        FileNotFoundError if there is no such object; ``StorageUnavailable`` when the
+        store cannot answer now.
+        """
+        try:
+            head = self.client.head_object(
+                Bucket=self.bucket_name, Key=self._key(name), ChecksumMode="ENABLED"
+            )
+        except ClientError as exc:
+            if _error_code(exc) in _MISSING or _status(exc) == 404:
+                raise FileNotFoundError(name) from None
+            raise _unavailable(exc, "read") from exc
+        except _AWAY as exc:
+            raise _unavailable(exc, "read") from exc
         value = head.get("ChecksumSHA256")
         if not value or "-" in value:  # a multipart composite checksum is not the object's
             return None

@@ -10,7 +10,7 @@ import psycopg.errors
 import pytest
 from django.db import OperationalError
 
-from jobs.exceptions import NotAuthorized, PayloadInvalid, TemporaryFailure
+from jobs.exceptions import NotAuthorized, PayloadInvalid, StorageUnavailable, TemporaryFailure
 from jobs.retry import (
     POLICY,
     Classified,
@@ -19,6 +19,7 @@ from jobs.retry import (
     classify,
     effect_outcome,
     job_outcome,
+    outage_of,
     parse_retry_after,
 )
 
@@ -178,3 +179,59 @@ def test_job_outcome__an_outage_waits_by_time_not_by_attempts():
     assert job_outcome(c, outage_for=None, **kwargs) == "outage_wait"
     assert job_outcome(c, outage_for=3599, **kwargs) == "outage_wait"
     assert job_outcome(c, outage_for=3600, **kwargs) == "dead", "past the window it counts"
+
+
+@pytest.mark.parametrize(
+    ("exc", "code", "dependency"),
+    [
+        (_wrapped(psycopg.errors.AdminShutdown()), "pg_57P01", "database"),
+        (_wrapped(psycopg.errors.TooManyConnections()), "pg_53300", "database"),
+        (OperationalError("server closed the connection"), "db_unavailable", "database"),
+        (OSError(__import__("errno").ENOSPC, "full"), "storage_enospc", "artifact storage"),
+        (StorageUnavailable("object storage create failed (EndpointConnectionError)"),
+         "storage_unavailable", "artifact storage"),
+        (StorageUnavailable("artifact storage write failed (EIO)", code="storage_eio"),
+         "storage_eio", "artifact storage"),
+        (StorageUnavailable("artifact storage read failed (ESTALE)", code="storage_estale"),
+         "storage_estale", "artifact storage"),
+    ],
+)  # fmt: skip
+def test_classify__every_outage_is_one_rule_by_code(exc, code, dependency):
+    """A database or an artifact storage that is away: the same outage, whatever failed."""
+    c = classify(exc)
+    assert (c.error_class, c.code, c.outage) == (ErrorClass.TEMPORARY, code, True)
+    assert outage_of(c.code) == dependency
+    kwargs = {"attempts": 3, "max_attempts": 3, "outage_window": 3600}
+    assert job_outcome(c, outage_for=60, **kwargs) == "outage_wait", "no attempt spent"
+
+
+def test_classify__a_storage_unavailable_wrapping_an_s3_error_is_an_outage():
+    from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
+
+    from jobs.storage_s3 import _unavailable
+
+    for cause in (
+        EndpointConnectionError(endpoint_url="http://127.0.0.1:9/bucket"),
+        ReadTimeoutError(endpoint_url="http://127.0.0.1:9/bucket"),
+        ClientError(
+            {"Error": {"Code": "InternalError"}, "ResponseMetadata": {"HTTPStatusCode": 500}},
+            "PutObject",
+        ),
+        ClientError({"Error": {}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject"),
+    ):
+        try:
+            try:
+                raise cause
+            except Exception as exc:
+                raise _unavailable(exc, "create") from exc
+        except StorageUnavailable as wrapped:
+            c = classify(wrapped)
+        assert (c.code, c.outage) == ("storage_unavailable", True), cause
+        assert "127.0.0.1" not in c.detail and "bucket" not in c.detail, c.detail
+
+
+def test_classify__other_temporary_failures_are_no_outage():
+    assert not classify(TemporaryFailure("down")).outage, "budgeted by attempts"
+    assert not classify(_status_error(503)).outage, "a provider's 503 is its circuit's"
+    assert not classify(_wrapped(psycopg.errors.DeadlockDetected())).outage
+    assert not classify(PayloadInvalid("x", code="storage_x")).outage, "permanent: no wait"
