@@ -332,9 +332,11 @@ def announce_finished(job_id: int, outcome: str) -> None:
 
 
 def _errors(job: Job) -> list[TaskError]:
-    """One TaskError per failed attempt: the real class path and its formatted traceback."""
-    if not job.last_error_class:
-        return []
+    """One TaskError per failed attempt, as Django defines ``TaskResult.errors``.
+
+    Read from the attempt rows, so a task that failed twice and then succeeded still
+    shows its two errors (the job's ``last_error_*`` fields are cleared by the success).
+    """
     failed = list(
         Attempt.objects.filter(job=job)
         .exclude(error_type="")
@@ -343,6 +345,8 @@ def _errors(job: Job) -> list[TaskError]:
     )
     if failed:
         return [TaskError(exception_class_path=p, traceback=tb) for p, tb in failed]
+    if not job.last_error_class:
+        return []
     # The engine gave up without an attempt's exception (e.g. a crashed worker's budget).
     detail = f"{job.last_error_class}/{job.last_error_code}: {job.last_error_detail}"
     return [TaskError(exception_class_path=_ENGINE_ERROR, traceback=detail)]

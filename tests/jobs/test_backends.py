@@ -10,8 +10,8 @@ from django_q.models import OrmQ
 
 import jobs
 from jobs import backends, registry
+from jobs.delivery.runner import run_delivery
 from jobs.models import Job
-from jobs.runner import run_delivery
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db
@@ -86,6 +86,34 @@ def test_task_error__real_class_and_formatted_traceback_without_arguments():
     assert "c-17" not in job.last_error_detail  # the short detail names the class only
     with pytest.raises(ValueError, match="Task failed"):
         result.return_value  # noqa: B018
+
+
+@tasks.task(takes_context=True)
+def fails_twice(context) -> int:
+    """Found by its path (tests.jobs.test_backends.fails_twice) in the worker, as any task."""
+    if context.attempt < 3:
+        raise KeyError(f"pool-{context.attempt}")
+    return context.attempt
+
+
+def test_task_errors__one_per_failed_attempt_also_after_a_later_success():
+    """Django's contract: ``errors`` holds one TaskError per failed attempt, whatever came after."""
+    result = fails_twice.enqueue()
+    for attempt in (1, 2, 3):
+        Job.objects.filter(pk=int(result.id)).update(
+            next_attempt_at=timezone.now() - timedelta(seconds=1)
+        )
+        run_delivery(int(result.id), worker=f"w{attempt}")
+    result.refresh()
+
+    assert (result.status, result.return_value, result.attempts) == (Status.SUCCESSFUL, 3, 3)
+    assert [e.exception_class for e in result.errors] == [KeyError, KeyError]
+    assert [e.traceback.splitlines()[-1] for e in result.errors] == [
+        "KeyError: 'pool-1'",
+        "KeyError: 'pool-2'",
+    ]
+    again = fails_twice.get_backend().get_result(result.id)
+    assert [e.exception_class_path for e in again.errors] == ["builtins.KeyError"] * 2
 
 
 def test_task__takes_context_sees_its_attempt_and_a_bad_return_value_fails_once():
