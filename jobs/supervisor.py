@@ -17,15 +17,19 @@ import contextlib
 import ctypes
 import logging
 import os
+import queue
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
 from django.db import connections as db_connections
@@ -34,6 +38,7 @@ from jobs import retry
 from jobs.exceptions import DeliveryFailed
 
 log = logging.getLogger("jobs.supervisor")
+T = TypeVar("T")
 
 # What "the database is not there" raises: refused or reset connections, a server
 # shutting down or starting up, too many clients, an administrator's terminate.
@@ -86,12 +91,18 @@ class Outage:
         """Note a failed try; close the broken connections; return the wait before the next."""
         if self.since is None:
             self.since, self.tries = time.monotonic(), 0
+            host = _host()
             log.warning(
-                "%s: database unavailable (%s); retrying with backoff up to %gs",
+                "%s: database unavailable (%s) on host %s; retrying with backoff up to %gs",
                 self.what,
                 describe(exc),
+                host,
                 self.cap,
-                extra={"component": self.what, "error_code": retry.classify(exc).code},
+                extra={
+                    "component": self.what,
+                    "error_code": retry.classify(exc).code,
+                    "host": host,
+                },
             )
         self.tries += 1
         close_connections()
@@ -113,18 +124,114 @@ class Outage:
         return seconds
 
 
-def ping_database() -> None:
-    """One round trip on the default connection; raises what the driver raises."""
+def _host() -> str:
+    from jobs import conf
+
+    try:
+        return conf.host_name()
+    except Exception:  # settings unreadable: the system's name still says which host
+        return socket.gethostname()
+
+
+# How long one look at the database may take before the database counts as away. A
+# connection that is cut without a word (a partition, a relay or a NAT that stopped
+# forwarding: the TCP connection stays open, nothing comes back) would otherwise keep
+# a query waiting for many minutes with nothing in the log.
+PING_TIMEOUT = 3.0
+
+
+class _Looker:
+    """One daemon thread with its own database connection that runs the supervisor's looks.
+
+    The connection is kept between looks (as the supervisor's own was). A look that
+    misses its deadline leaves its thread blocked; the thread is given up (it closes
+    its connection once the look ends, whenever that is) and the next look after it
+    ended gets a new thread. While it is still blocked the database counts as away
+    without a new try: at most one blocked thread at a time.
+    """
+
+    def __init__(self) -> None:
+        self.inbox: queue.SimpleQueue | None = None
+        self.blocked: threading.Event | None = None  # set once the given-up look ended
+
+    def run(self, seconds: float, call: Callable[[], T]) -> T:
+        if self.blocked is not None and not self.blocked.is_set():
+            raise OperationalError(
+                f"the database did not answer in {seconds:g} s (an earlier look still waits)"
+            )
+        if self.inbox is None:
+            self.inbox = queue.SimpleQueue()
+            threading.Thread(
+                target=self._serve, args=(self.inbox,), name="jobs-database-look", daemon=True
+            ).start()
+        answer: queue.SimpleQueue = queue.SimpleQueue()
+        ended = threading.Event()
+        self.inbox.put((call, answer, ended))
+        try:
+            ok, value = answer.get(timeout=seconds)
+        except queue.Empty:
+            self.inbox.put(None)  # the thread stops after the blocked look
+            self.inbox, self.blocked = None, ended
+            raise OperationalError(f"the database did not answer in {seconds:g} s") from None
+        if not ok:
+            raise value
+        return value
+
+    @staticmethod
+    def _serve(inbox: queue.SimpleQueue) -> None:
+        try:
+            while (item := inbox.get()) is not None:
+                call, answer, ended = item
+                try:
+                    close_old_connections()  # a connection broken by the last look
+                    answer.put((True, call()))
+                except BaseException as exc:
+                    answer.put((False, exc))
+                finally:
+                    ended.set()
+        finally:
+            close_connections()  # this thread's own
+
+
+_looker = _Looker()
+
+
+def within(seconds: float | None, call: Callable[[], T]) -> T:
+    """Run ``call`` against the database, raising ``OperationalError`` if it takes longer.
+
+    The call runs on the looker thread, with that thread's own connection, so a
+    blocked socket holds up that thread only (``_Looker``). ``seconds`` None: run it
+    here, no deadline.
+    """
+    if seconds is None:
+        return call()
+    return _looker.run(seconds, call)
+
+
+def _ping() -> None:
     close_old_connections()
     with db_connections["default"].cursor() as cursor:
         cursor.execute("SELECT 1")
 
 
-def wait_for_database(outage: Outage, stopping: Callable[[], bool]) -> bool:
-    """Block until the database answers (True) or ``stopping()`` (False)."""
+def ping_database(timeout: float | None = None) -> None:
+    """One round trip on the default connection; raises what the driver raises.
+
+    ``timeout``: ``OperationalError`` if no answer came in that many seconds.
+    """
+    within(timeout, _ping)
+
+
+def wait_for_database(
+    outage: Outage, stopping: Callable[[], bool], *, timeout: float | None = None
+) -> bool:
+    """Block until the database answers (True) or ``stopping()`` (False).
+
+    ``timeout``: how long one try may wait for an answer (``ping_database``).
+    """
     while not stopping():
         try:
-            ping_database()
+            ping_database(timeout)
         except DATABASE_ERRORS as exc:
             pause(outage.failed(exc), stopping)
             continue
@@ -300,6 +407,8 @@ class Options:
     # processes forked): on a loaded host that can take longer than ``stall_seconds``,
     # and restarting it then only starts the slow boot again.
     boot_grace: float = 30.0
+    # One look at the database (a ping, the queue) that takes longer: the database is away.
+    ping_timeout: float = PING_TIMEOUT
 
 
 class Supervisor:
@@ -339,7 +448,9 @@ class Supervisor:
         quick_exits, checked_connections = 0, False
         try:
             while not self.stopping():
-                if not wait_for_database(self.outage, self.stopping):
+                if not wait_for_database(
+                    self.outage, self.stopping, timeout=self.options.ping_timeout
+                ):
                     break
                 if not checked_connections:
                     checked_connections = True
@@ -388,7 +499,10 @@ class Supervisor:
         from jobs.checks import check_connections
 
         try:
-            for message in check_connections(databases=["default"]):
+            found = within(
+                self.options.ping_timeout * 3, lambda: check_connections(databases=["default"])
+            )
+            for message in found:
                 log.warning("jobs_worker: %s (%s) %s", message.id, message.msg, message.hint or "")
         except DATABASE_ERRORS as exc:  # the sizing figures are advice: never a reason to stop
             log.warning("jobs_worker: connection sizing not checked (%s)", describe(exc))
@@ -447,11 +561,14 @@ class Supervisor:
         """Ping the database, or (``stalled``) ask whether messages wait; note outages."""
         try:
             if stalled:
-                waiting = messages_waiting(
-                    stall=self.options.stall_seconds, grace=self.options.grace
+                waiting = within(
+                    self.options.ping_timeout,
+                    lambda: messages_waiting(
+                        stall=self.options.stall_seconds, grace=self.options.grace
+                    ),
                 )
             else:
-                ping_database()
+                ping_database(self.options.ping_timeout)
                 waiting = ""
         except DATABASE_ERRORS as exc:
             self.outage.failed(exc)

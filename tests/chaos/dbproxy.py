@@ -7,6 +7,13 @@ when the server is stopped) and cuts every relayed connection in both directions
 their transactions and releasing their locks), exactly what a restart does to its
 clients. :meth:`DatabaseProxy.up` listens on the same port again.
 
+:meth:`DatabaseProxy.stall` is the other kind of outage, a partition: the relay keeps
+every connection open and accepts new ones, and forwards nothing in either direction
+(no refusal, no reset, no EOF: the clients' packets are acknowledged and go nowhere,
+as when a link, a NAT or a firewall drops them). :meth:`DatabaseProxy.flow` forwards
+again what was held. The relay is plain TCP: it stands in front of any server (the
+S3 tests put one in front of moto's).
+
 Why a relay and not a second PostgreSQL cluster: the real server keeps running,
 so the test's own connection (which observes and checks) and the other suites
 sharing the server are untouched, no cluster has to be initialised (initdb refuses
@@ -34,6 +41,8 @@ class DatabaseProxy:
         self._open: set[socket.socket] = set()
         self.accepted = 0
         self.cut = 0
+        self._flowing = threading.Event()  # cleared: a partition, nothing forwarded
+        self._flowing.set()
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -76,7 +85,20 @@ class DatabaseProxy:
                     raise
                 time.sleep(0.05)
 
+    def stall(self) -> None:
+        """Forward nothing, keep every connection open, accept new ones: a partition."""
+        self._flowing.clear()
+
+    def flow(self) -> None:
+        """Forward again, what was held first: the partition healed."""
+        self._flowing.set()
+
+    @property
+    def stalled(self) -> bool:
+        return not self._flowing.is_set()
+
     def close(self) -> None:
+        self._flowing.set()
         self.down()
 
     @property
@@ -138,6 +160,9 @@ class DatabaseProxy:
         try:
             while True:
                 data = src.recv(65536)
+                # In a partition what arrived is held (an EOF too), not dropped: TCP
+                # would deliver it once the path is back.
+                self._flowing.wait()
                 if not data:
                     break
                 dst.sendall(data)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 import time
 
 import pytest
@@ -16,7 +17,7 @@ from django.db import OperationalError
 from django.utils import timezone
 from django_q.models import Task
 
-from jobs import stats
+from jobs import conf, stats, supervisor
 from jobs.exceptions import DeliveryFailed
 from jobs.supervisor import PROGRESS_FILE_ENV, Outage, delivery
 
@@ -56,8 +57,8 @@ def test_outage__logged_once_when_it_begins_and_once_when_it_ends(caplog):
     assert seconds is not None and not outage.down
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [
-        "test_loop: database unavailable (OperationalError db_unavailable); retrying with "
-        "backoff up to 0.5s",
+        "test_loop: database unavailable (OperationalError db_unavailable) on host "
+        f"{conf.host_name()}; retrying with backoff up to 0.5s",
         f"test_loop: database back after {seconds:.1f} s (4 failed tries)",
     ]
 
@@ -114,3 +115,36 @@ def test_idle__a_cluster_that_has_delivered_nothing_yet_gets_its_boot_grace(tmp_
         assert 9 < sup._idle_seconds() < 11, "after a delivery, idleness counts from it"
     finally:
         sup.progress.unlink(missing_ok=True)
+
+
+def test_within__a_look_that_gets_no_answer_is_an_outage_in_seconds(caplog):
+    """A connection cut without a word blocks its query; the look gives up at its deadline,
+    and while that look still waits the next one fails at once (one blocked thread)."""
+    caplog.set_level(logging.WARNING, logger="jobs.supervisor")
+    answered = threading.Event()
+    started = time.monotonic()
+    with pytest.raises(OperationalError, match=r"did not answer in 0\.3 s"):
+        supervisor.within(0.3, lambda: answered.wait(30))
+    assert 0.3 <= time.monotonic() - started < 2
+    started = time.monotonic()
+    with pytest.raises(OperationalError, match="an earlier look still waits"):
+        supervisor.within(0.3, lambda: "never run")
+    assert time.monotonic() - started < 0.2, "no second thread blocks behind the first"
+    outage = Outage("test_loop")
+    try:
+        supervisor.within(0.3, lambda: "never run")
+    except OperationalError as exc:
+        outage.failed(exc)
+    assert "test_loop: database unavailable (OperationalError db_unavailable) on host" in (
+        caplog.text
+    )
+    answered.set()  # the blocked look ends: the next look runs on a new thread
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            assert supervisor.within(2, lambda: "answer") == "answer"
+            break
+        except OperationalError:
+            assert time.monotonic() < deadline, "the blocked look never ended"
+            time.sleep(0.05)
+    assert supervisor.within(None, lambda: 7) == 7, "no deadline: run in place"

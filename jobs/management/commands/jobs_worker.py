@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.supervisor import Options, Supervisor
+from jobs.supervisor import PING_TIMEOUT, Options, Supervisor
 
 
 def default_stall_seconds() -> float:
@@ -41,13 +41,20 @@ class Command(BaseCommand):
             help="seconds a graceful stop may take before the group is killed (default 30)",
         )
         parser.add_argument(
+            "--ping-timeout",
+            type=float,
+            default=PING_TIMEOUT,
+            help="seconds one look at the database may take before it counts as unavailable "
+            f"(a cut connection that answers nothing; default {PING_TIMEOUT:g})",
+        )
+        parser.add_argument(
             "--max-backoff",
             type=float,
             default=5.0,
             help="longest wait between database tries and between quick restarts (default 5)",
         )
 
-    def handle(self, *args, stall_seconds, stop_timeout, max_backoff, **options):
+    def handle(self, *args, stall_seconds, stop_timeout, max_backoff, ping_timeout, **options):
         q = getattr(settings, "Q_CLUSTER", {})
         timeout, retry = float(q.get("timeout") or 0), float(q.get("retry") or 0)
         stall = default_stall_seconds() if stall_seconds is None else stall_seconds
@@ -56,9 +63,11 @@ class Command(BaseCommand):
                 f"--stall-seconds ({stall:g}) must exceed Q_CLUSTER['timeout'] ({timeout:g}): "
                 "a delivery may legitimately run that long"
             )
-        if stop_timeout < 0 or max_backoff <= 0:
-            raise CommandError("--stop-timeout must be >= 0 and --max-backoff > 0")
-        check_every = min(5.0, max(0.5, stall / 4))
+        if stop_timeout < 0 or max_backoff <= 0 or ping_timeout <= 0:
+            raise CommandError("--stop-timeout must be >= 0, --max-backoff and --ping-timeout > 0")
+        # At most 2.5 s between looks: with the ping's own deadline, a database that
+        # stopped answering is in the log within seconds (a ping costs one SELECT 1).
+        check_every = min(2.5, max(0.5, stall / 4))
         if retry > stall:  # a message a stalled cluster holds is seen for retry - stall
             check_every = max(0.25, min(check_every, (retry - stall) / 2))
         options_ = Options(
@@ -66,5 +75,6 @@ class Command(BaseCommand):
             stop_timeout=stop_timeout,
             max_backoff=max_backoff,
             check_every=check_every,
+            ping_timeout=ping_timeout,
         )
         Supervisor(options_).run()
