@@ -2,8 +2,10 @@
 
 Operators (model-wide permissions, e.g. the ``operators`` group) see every
 request. Reviewers see only the requests they hold ``review_permitrequest`` on,
-read-only. Office admins (``permits.assign_reviewer``) assign and revoke reviewers
-on each request's "Assign reviewers" page; every grant and revocation is recorded
+read-only. Office admins (``permits.assign_reviewer``) see the requests of their offices
+(``permits.offices``) and assign and revoke reviewers of that office on each request's
+"Assign reviewers" page; another office's request answers 404 on every admin URL, and a
+reviewer of another office is refused (403). Every grant and revocation is recorded
 (``ReviewerAssignment``) and listed on the request's page; nobody grants themselves.
 Guardian's generic object-permission screens are for superusers only.
 
@@ -25,9 +27,9 @@ from django.contrib.admin.exceptions import DisallowedModelAdminLookup
 from django.contrib.admin.options import IS_POPUP_VAR
 from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ORDER_VAR
-from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.exceptions import FieldDoesNotExist, PermissionDenied
+from django.db.models import Count, Q
 from django.db.models.constants import LOOKUP_SEP
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -38,7 +40,7 @@ from guardian.shortcuts import get_objects_for_user, get_users_with_perms
 
 from jobs.hooks import register_subject
 from jobs.models import Job
-from permits import reports, selectors, services
+from permits import offices, reports, selectors, services
 from permits.models import (
     ASSIGN_PERM,
     CONTACT_PERM,
@@ -160,7 +162,9 @@ class DecisionInline(admin.TabularInline):
         return False
 
     def has_view_permission(self, request, obj=None):
-        return obj is None or _is_operator(request) or request.user.has_perm(REVIEW_PERM, obj)
+        if obj is None or _is_operator(request) or can_assign(request, obj):
+            return True
+        return request.user.has_perm(REVIEW_PERM, obj)
 
 
 class AssignmentInline(admin.TabularInline):
@@ -191,8 +195,27 @@ class AssignForm(forms.Form):
         self.fields["reviewer"].queryset = candidates
 
 
-def can_assign(request) -> bool:
-    return request.user.is_active and request.user.has_perm(ASSIGN_PERM)
+def assigned_reviewers(permit: PermitRequest) -> list:
+    """Users holding review of ``permit`` directly, by username."""
+    return list(
+        get_users_with_perms(
+            permit, only_with_perms_in=["review_permitrequest"], with_group_users=False
+        ).order_by("username")
+    )
+
+
+def can_assign(request, obj=None) -> bool:
+    """Whether the user assigns reviewers (on ``obj``: an office admin of its office)."""
+    if not (request.user.is_active and request.user.has_perm(ASSIGN_PERM)):
+        return False
+    return obj is None or offices.administers(request.user, obj)
+
+
+class RevokeForm(forms.Form):
+    """A revocation asked for; ``confirm`` once the page named what the reviewer loses."""
+
+    user = forms.IntegerField()
+    confirm = forms.BooleanField(required=False)
 
 
 @admin.register(PermitRequest)
@@ -204,6 +227,7 @@ class PermitRequestAdmin(PrivateFieldsGuard, GuardedModelAdmin):
     inlines = [DecisionInline, AssignmentInline]
     change_form_template = "admin/permits/permitrequest/change_form.html"
     assign_template = "admin/permits/permitrequest/reviewers.html"
+    revoke_template = "admin/permits/permitrequest/revoke_confirm.html"
 
     def get_urls(self):
         info = self.opts.app_label, self.opts.model_name
@@ -230,25 +254,23 @@ class PermitRequestAdmin(PrivateFieldsGuard, GuardedModelAdmin):
         if not can_assign(request):
             raise PermissionDenied
         obj = self.get_object(request, unquote(object_id))
-        assigned = list(
-            get_users_with_perms(
-                obj, only_with_perms_in=["review_permitrequest"], with_group_users=False
-            ).order_by("username")
-        )
-        candidates = (
-            get_user_model()
-            .objects.filter(is_active=True, groups__name="reviewers")
-            .exclude(pk__in=[u.pk for u in assigned])
-            .exclude(pk=request.user.pk)  # nobody grants themselves
-            .order_by("username")
-            .distinct()
+        if not can_assign(request, obj):
+            # Another office's request (seen, say, as its reviewer): as if it did not exist.
+            raise Http404("No such permit request")
+        assigned = assigned_reviewers(obj)
+        candidates = offices.assignable_reviewers(obj, request.user).exclude(
+            pk__in=[u.pk for u in assigned]
         )
         form = AssignForm(candidates=candidates)
         if request.method == "POST":
             action = request.POST.get("action")
             if action == "assign":
-                if request.POST.get("reviewer") == str(request.user.pk):
+                chosen = request.POST.get("reviewer", "")
+                if chosen == str(request.user.pk):
                     raise services.SelfGrantRefused
+                outside = chosen.isdigit() and not offices.belongs(int(chosen), obj.tenant_id)
+                if outside and not offices.is_global(request.user):
+                    raise offices.OutsideOffice  # a reviewer of another office: 403
                 form = AssignForm(request.POST, candidates=candidates)
                 if form.is_valid():
                     user = form.cleaned_data["reviewer"]
@@ -256,11 +278,15 @@ class PermitRequestAdmin(PrivateFieldsGuard, GuardedModelAdmin):
                     self.message_user(request, f"{user} now reviews {obj}.", messages.SUCCESS)
                     return HttpResponseRedirect(request.path)
             elif action == "revoke":
-                user = next((u for u in assigned if str(u.pk) == request.POST.get("user")), None)
+                revoke = RevokeForm(request.POST)
+                pk = revoke.cleaned_data["user"] if revoke.is_valid() else None
+                user = next((u for u in assigned if u.pk == pk), None)
                 if user is None:
                     self.message_user(
                         request, "That reviewer is not assigned (any more).", messages.WARNING
                     )
+                elif not revoke.cleaned_data["confirm"]:
+                    return self._confirm_revoke(request, obj, user)
                 else:
                     services.revoke_reviewer(obj, user, by=request.user, via="assign page")
                     self.message_user(request, f"{user} no longer reviews {obj}.", messages.SUCCESS)
@@ -277,6 +303,19 @@ class PermitRequestAdmin(PrivateFieldsGuard, GuardedModelAdmin):
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, self.assign_template, context)
+
+    def _confirm_revoke(self, request, obj, user):
+        """Name the reviewer and what they lose before the revocation happens."""
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Revoke {user.get_username()} from {obj}?",
+            "opts": self.opts,
+            "original": obj,
+            "reviewer": user,
+            "is_popup": IS_POPUP_VAR in request.GET,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, self.revoke_template, context)
 
     # -- guardian's generic screens: superusers only, never for themselves ---------------
 
@@ -303,7 +342,9 @@ class PermitRequestAdmin(PrivateFieldsGuard, GuardedModelAdmin):
             return super().obj_perms_manage_group_view(request, object_pk, group_id)
 
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
-        context["can_assign_reviewers"] = obj is not None and can_assign(request)
+        context["can_assign_reviewers"] = obj is not None and can_assign(request, obj)
+        if context["can_assign_reviewers"]:
+            context["assigned_reviewers"] = assigned_reviewers(obj)
         context["can_manage_object_permissions"] = request.user.is_superuser
         if obj is not None and sees_contacts(request):  # this page shows the contacts
             ApplicantContactView.objects.create(viewer=request.user, request=obj)
@@ -329,7 +370,14 @@ class PermitRequestAdmin(PrivateFieldsGuard, GuardedModelAdmin):
         qs = super().get_queryset(request).select_related("tenant")
         if _is_operator(request):
             return qs
-        return get_objects_for_user(request.user, REVIEW_PERM, klass=qs, accept_global_perms=False)
+        reviewing = get_objects_for_user(
+            request.user, REVIEW_PERM, klass=qs, accept_global_perms=False
+        )
+        if not can_assign(request):
+            return reviewing
+        # An office admin: their offices' requests (and any they review themselves).
+        mine = offices.administered(request.user, qs).values("pk")
+        return qs.filter(Q(pk__in=mine) | Q(pk__in=reviewing.values("pk")))
 
     def get_changelist_instance(self, request):
         changelist = super().get_changelist_instance(request)
@@ -341,13 +389,15 @@ class PermitRequestAdmin(PrivateFieldsGuard, GuardedModelAdmin):
         return changelist
 
     def has_module_permission(self, request):
-        return _is_operator(request) or _is_reviewer(request)
+        return _is_operator(request) or _is_reviewer(request) or can_assign(request)
 
     def has_view_permission(self, request, obj=None):
         if _is_operator(request):
             return True
         if obj is None:
-            return _is_reviewer(request)
+            return _is_reviewer(request) or can_assign(request)
+        if can_assign(request, obj):
+            return True
         return request.user.is_active and request.user.has_perm(REVIEW_PERM, obj)
 
     @admin.display(description="report")
@@ -383,7 +433,23 @@ class PermitRequestAdmin(PrivateFieldsGuard, GuardedModelAdmin):
 
 @admin.register(Tenant)
 class TenantAdmin(PrivateFieldsGuard, admin.ModelAdmin):
-    list_display = ("key", "name")
+    """Offices; who belongs to one (its office admins and reviewers) is set by superusers
+    only: membership is what binds an office admin's duty, so nobody widens their own."""
+
+    list_display = ("key", "name", "member_count")
+    filter_horizontal = ("members",)
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(n_members=Count("members"))
+
+    @admin.display(description="members", ordering="n_members")
+    def member_count(self, obj):
+        return obj.n_members
+
+    def get_readonly_fields(self, request, obj=None):
+        if request.user.is_superuser:
+            return ()
+        return ("members",)
 
 
 class AuditTrailAdmin(PrivateFieldsGuard, admin.ModelAdmin):
@@ -430,6 +496,12 @@ class ReviewerAssignmentAdmin(AuditTrailAdmin):
     list_filter = ("action", "via")
     search_fields = ("reviewer__username", "actor__username", "request__reference")
     readonly_fields = ("at", "action", "permission", "reviewer", "group", "request", "actor", "via")
+
+    def get_queryset(self, request):
+        qs = super().get_queryset(request)
+        if _is_operator(request):
+            return qs
+        return qs.filter(request__in=offices.administered(request.user))  # their offices'
 
 
 # The jobs admin names report jobs by their permit reference and finds them by it

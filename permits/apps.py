@@ -8,10 +8,14 @@ class PermitsConfig(AppConfig):
     verbose_name = "Permit review"
 
     def ready(self) -> None:
+        from django.core import checks
+
         from permits import jobkinds
+        from permits.offices import check_offices
         from permits.signals import connect_assignment_audit, create_groups
 
         jobkinds.register()
+        checks.register(check_offices, "permits")
         connect_assignment_audit()
         # After every app's migrate, so all permissions exist.
         post_migrate.connect(create_groups, dispatch_uid="permits.create_groups")

@@ -1,18 +1,20 @@
 """Job kinds this site registers with the engine.
 
 ``permits.report`` is the permit review report (``permits.reports``).
-``demo.summary`` is a minimal kind (a small text artifact and one in-app
-notice) used by the burst and benchmarks to measure the engine itself.
+``permits.assigned-notice`` and ``permits.report-stopped-notice`` are the reviewers'
+notices of events (``permits.notices``). ``demo.summary`` is a minimal kind (a small
+text artifact and one in-app notice) used by the burst and benchmarks to measure the
+engine itself.
 """
 
 from __future__ import annotations
 
 from django.contrib.auth import get_user_model
 
+from jobs.delivery.runner import JobContext
 from jobs.exceptions import PayloadInvalid
-from jobs.registry import EffectSpec, register_kind
-from jobs.runner import JobContext
 from jobs.ops.words import set_provider_words
+from jobs.registry import EffectSpec, register_kind
 
 
 def demo_summary(ctx: JobContext) -> list[EffectSpec]:
@@ -41,10 +43,11 @@ def demo_summary(ctx: JobContext) -> list[EffectSpec]:
 
 
 def register() -> None:
-    from permits import drill, reports
+    from permits import drill, notices, reports
 
     register_kind("demo.summary", demo_summary)
     reports.register()
+    notices.register()
     drill.register()
     # The webhook carries notices to the reviewer's device: that is its name on both
     # sides (the reviewer's "Notice to your device", the admin's "Device · webhook").

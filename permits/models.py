@@ -20,10 +20,21 @@ PRIVATE_FIELDS = ("applicant_name", "applicant_phone", "applicant_email", "appli
 
 
 class Tenant(models.Model):
-    """A permit office (jurisdiction); jobs carry its key for per-tenant bounds."""
+    """A permit office (jurisdiction); jobs carry its key for per-tenant bounds.
+
+    ``members`` are the people whose duties are bound to this office: its office admins
+    see and assign on its requests only, and only its reviewers may be assigned to them
+    (``permits.offices``). A superuser belongs to none and is bound by none.
+    """
 
     key = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
+    members = models.ManyToManyField(
+        settings.AUTH_USER_MODEL,
+        blank=True,
+        related_name="offices",
+        help_text="office admins and reviewers of this office",
+    )
 
     class Meta:
         ordering = ["name"]

@@ -8,6 +8,7 @@ verifying the stored artifact means something.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 from xml.sax.saxutils import escape
 
@@ -19,11 +20,10 @@ from reportlab.lib.styles import getSampleStyleSheet
 from reportlab.lib.units import mm
 from reportlab.platypus import Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
 
-from jobs.exceptions import NotAuthorized, PayloadInvalid
-from jobs.ledger import recipient_user
+from jobs.delivery.runner import JobContext
+from jobs.exceptions import LeaseLost, NotAuthorized, PayloadInvalid
 from jobs.models import Effect, Job
 from jobs.registry import EffectSpec, register_kind
-from jobs.runner import JobContext
 from permits.models import REVIEW_PERM, PermitRequest
 
 KIND = "permits.report"
@@ -198,7 +198,23 @@ def reviewers_of(permit: PermitRequest):
 
 
 def build_report(ctx: JobContext) -> list[EffectSpec]:
-    """The handler: fence, policy, render, store, then ask for one notice per reviewer."""
+    """The handler; when it raises, the stop notice is asked for (``permits.notices``:
+    it tells the reviewers only if the engine then stops the report)."""
+    try:
+        return _build_report(ctx)
+    except LeaseLost:
+        raise  # another worker owns the job: this attempt decides nothing
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        from permits.notices import ask_stopped_notice
+
+        ask_stopped_notice(ctx.job.pk)
+        raise
+
+
+def _build_report(ctx: JobContext) -> list[EffectSpec]:
+    """Fence, policy, render, store, then ask for one notice per reviewer."""
     job = ctx.job
     ctx.check_owner()  # before the first read of the request's private fields
     permit = _load_permit(job)
@@ -246,9 +262,34 @@ def authorize_release(effect: Effect) -> str | None:
     assignment in one query; a group's assignment or a superuser only when that
     misses (guardian's own check takes four queries).
     """
+
+    def superuser() -> bool:
+        try:  # the user row the engine's release check just read (no second query)
+            from jobs.delivery.policy import recipient_user
+        except ImportError:  # before the engine's reshape
+            from jobs.delivery.policy import recipient_user
+        return recipient_user(effect).is_superuser
+
+    return review_release(effect.job.subject_id, effect.recipient, superuser=superuser)
+
+
+def review_release(
+    permit_pk: int | str, user_id: int | str, *, superuser: Callable[[], bool] | None = None
+) -> str | None:
+    """Why a notice about request ``permit_pk`` may not reach user ``user_id`` now, or None.
+
+    Shared by every notice of a request (report ready, assigned, could not be built).
+    ``superuser`` answers whether the recipient is one (asked only when nothing else
+    allows the release).
+    """
+    from django.contrib.auth import get_user_model
     from guardian.models import UserObjectPermission
 
-    permit_pk, user_id = effect.job.subject_id, effect.recipient
+    if superuser is None:
+
+        def superuser() -> bool:
+            return get_user_model().objects.filter(pk=user_id, is_superuser=True).exists()
+
     direct = UserObjectPermission.objects.filter(user_id=user_id, **_granted(permit_pk))
     row = (
         PermitRequest.objects.filter(pk=permit_pk)
@@ -263,7 +304,7 @@ def authorize_release(effect: Effect) -> str | None:
         return "the request was withdrawn"
     if assigned or is_assigned_through_group(user_id, permit_pk):
         return None
-    if recipient_user(effect).is_superuser:
+    if superuser():
         return None
     return "the recipient is no longer assigned to this request"
 

@@ -17,7 +17,7 @@ from guardian.shortcuts import assign_perm, get_user_perms, remove_perm
 
 from jobs.models import Job, Notice
 from jobs.services import request_job
-from permits import reports, selectors
+from permits import offices, reports, selectors
 from permits.models import PermitRequest, ReportRebuild, ReviewDecision
 
 
@@ -101,6 +101,36 @@ class RebuildLimitReached(RebuildRefused):
 
 
 PREPARING = (Job.State.QUEUED, Job.State.RUNNING, Job.State.RETRY_WAIT)
+#: Causes of a stopped report that may have passed by now (a network or a service that
+#: was away): a rebuild can change the outcome. Any other stop (invalid data, a policy
+#: refusal, an unexpected error) comes back the same however often a reviewer rebuilds:
+#: the office's operators were told and act on it.
+PASSING_CAUSES = ("transport", "temporary", "provider_timeout")
+DECIDED = selectors.DECIDED
+
+
+class RebuildCannotHelp(RebuildRefused):
+    """Raised when a rebuild cannot change the outcome (a decided request, a stop whose
+    cause the reviewer cannot fix)."""
+
+
+def rebuild_refusal(permit: PermitRequest, job: Job | None) -> str:
+    """Why a rebuild cannot help now (the page says it instead of offering the button),
+    or "" when it can."""
+    if permit.status in DECIDED:
+        if permit.is_withdrawn:
+            return "The applicant withdrew this request: no new report is needed."
+        return (
+            "This request is decided: its report stays as the decision saw it. "
+            "A new review starts from the office."
+        )
+    if job is None:
+        return ""
+    if job.state == Job.State.FAILED or (
+        job.state == Job.State.DEAD and job.last_error_class not in PASSING_CAUSES
+    ):
+        return "The office has been told; nothing to do for you. A rebuild would stop the same way."
+    return ""
 
 
 def rebuild_limit() -> tuple[int, int]:
@@ -127,6 +157,9 @@ def rebuild_report(permit: PermitRequest, user, *, seen_revision: int) -> tuple[
             job = selectors.report_job(current)
             if job is not None and job.state in PREPARING:
                 raise ReportStillBeingPrepared(seen_revision)
+            refusal = rebuild_refusal(current, job)
+            if refusal:
+                raise RebuildCannotHelp(refusal)
             limit, minutes = rebuild_limit()
             recent = ReportRebuild.objects.filter(
                 requested_by=user, at__gte=timezone.now() - timedelta(minutes=minutes)
@@ -304,11 +337,15 @@ def _holds_review(user, permit: PermitRequest) -> bool:
 def assign_reviewer(permit: PermitRequest, user, *, by=None, via: str = "") -> bool:
     """Grant ``user`` review of ``permit``; recorded (``ReviewerAssignment``) when it is new.
 
-    ``by`` is who grants (None: the system, e.g. the demo seed); nobody grants themselves.
-    Returns whether it was a new grant.
+    ``by`` is who grants (None: the system, e.g. the demo seed); nobody grants themselves,
+    and an office admin grants only on their offices' requests to reviewers of the
+    request's office (``permits.offices.OutsideOffice``). A new grant by a person asks for
+    the reviewer's "New request assigned to you" notice (``permits.signals``). Returns
+    whether it was a new grant.
     """
     if by is not None and by.pk == user.pk:
         raise SelfGrantRefused
+    offices.check_grant(permit, user.pk, by)  # office admins: their offices' reviewers only
     with transaction.atomic(), acting(by, via or ("system" if by is None else "service")):
         before = _holds_review(user, permit)
         assign_perm("review_permitrequest", user, permit)
@@ -320,7 +357,8 @@ def revoke_reviewer(permit: PermitRequest, user, *, by=None, via: str = "") -> b
     """Take review of ``permit`` from ``user``; recorded. Returns whether it was held.
 
     A notice the engine has not released yet is withheld at its release (the recheck of
-    ``permits.reports.authorize_release``), and the reviewer's pages answer 404 at once.
+    ``permits.reports.authorize_release``), the reviewer's pages answer 404 at once, and
+    their notices of the request say "No longer assigned" and link nowhere.
     """
     with transaction.atomic(), acting(by, via or ("system" if by is None else "service")):
         before = _holds_review(user, permit)

@@ -3,9 +3,14 @@
 
 Operators run jobs. Reading applicant contacts (``view_applicant_contact``) is a separate
 duty granted to people one by one, never through a group. Assigning reviewers
-(``assign_reviewer``) is the office admins' duty: they hold nothing else but the view of
-requests, the assignment records and the login lockouts they may lift. Nobody but a
+(``assign_reviewer``) is the office admins' duty: they hold nothing else but the
+assignment records and the login lockouts they may lift; which requests they see comes
+from their offices (``permits.offices``), not from a model-wide view. Nobody but a
 superuser holds guardian's own object-permission models or screens.
+
+Every grant of review to a user, made by a person, asks for the reviewer's "New request
+assigned to you" notice in the same transaction; every revocation turns the reviewer's
+notices of that request into "No longer assigned" with no link (``permits.notices``).
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ OPERATOR_VIEW_ONLY = {
 OFFICE_ADMINS = "office-admins"
 OFFICE_ADMIN_PERMS = [
     ("permits", "assign_reviewer"),
-    ("permits", "view_permitrequest"),
     ("permits", "view_reviewerassignment"),
     ("axes", "view_accessattempt"),
     ("axes", "delete_accessattempt"),  # unlock a login (or an address)
 ]
+
+
+NO_LONGER_FOR_OFFICE_ADMINS = [("permits", "view_permitrequest")]
 
 
 def _perms(pairs):
@@ -75,6 +82,9 @@ def create_groups(sender=None, **kwargs) -> None:
     )
     office, _ = Group.objects.get_or_create(name=OFFICE_ADMINS)
     office.permissions.add(*_perms(OFFICE_ADMIN_PERMS))
+    # Earlier versions gave office admins every request to view (issue 33: an office
+    # admin read other offices' requests); their offices decide now.
+    office.permissions.remove(*_perms(NO_LONGER_FOR_OFFICE_ADMINS))
 
 
 # --- grants and revocations of object permissions on requests: recorded, never to oneself ---
@@ -103,14 +113,32 @@ def refuse_self_grant(sender, instance, raw=False, **kwargs) -> None:
         group_id is not None and actor.groups.filter(pk=group_id).exists()
     ):
         raise SelfGrantRefused
+    refuse_outside_office(instance, actor)
 
 
-def _record(instance, action: str) -> None:
+def refuse_outside_office(instance, actor) -> None:
+    """The last line of the office rule: a known actor grants review on a request of their
+    office to a reviewer of that office only (a superuser is bound by no office)."""
+    from permits.models import PermitRequest
+    from permits.offices import OutsideOffice, check_grant
+
+    permit = PermitRequest.objects.filter(pk=instance.object_pk).first()
+    if permit is None:
+        return
+    user_id = getattr(instance, "user_id", None)
+    if user_id is None:  # a group: only superusers reach guardian's group screen
+        if not (actor.is_active and actor.is_superuser):
+            raise OutsideOffice
+        return
+    check_grant(permit, user_id, actor)
+
+
+def _record(instance, action: str):
     from permits.models import ReviewerAssignment
     from permits.services import current_actor
 
     actor, via = current_actor()
-    ReviewerAssignment.objects.create(
+    return ReviewerAssignment.objects.create(
         request_id=int(instance.object_pk),
         action=action,
         permission=instance.permission.codename,
@@ -121,9 +149,21 @@ def _record(instance, action: str) -> None:
     )
 
 
+def _is_review(instance) -> bool:
+    from permits.models import REVIEW_PERM
+
+    return instance.permission.codename == REVIEW_PERM.split(".", 1)[1]
+
+
 def record_grant(sender, instance, created=False, raw=False, **kwargs) -> None:
     if created and not raw and _on_requests(instance):
-        _record(instance, "granted")
+        record = _record(instance, "granted")
+        # A person's grant tells the reviewer; the system's (seed, shell, migrations) is
+        # setup and stays silent.
+        if record.actor_id is not None and record.reviewer_id is not None and _is_review(instance):
+            from permits.notices import ask_assigned_notice
+
+            ask_assigned_notice(record)
 
 
 def record_revocation(sender, instance, **kwargs) -> None:
@@ -131,6 +171,11 @@ def record_revocation(sender, instance, **kwargs) -> None:
 
     if _on_requests(instance) and PermitRequest.objects.filter(pk=instance.object_pk).exists():
         _record(instance, "revoked")
+        user_id = getattr(instance, "user_id", None)
+        if user_id is not None and _is_review(instance):
+            from permits.notices import forget_request
+
+            forget_request(int(instance.object_pk), user_id)
 
 
 def connect_assignment_audit() -> None:

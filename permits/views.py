@@ -35,8 +35,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from jobs.artifacts import open_verified
 from jobs.exceptions import ArtifactCorrupt, ArtifactLost, TemporaryFailure
 from jobs.models import Attempt, Effect, Job, Notice
-from jobs.queue import enqueue_restore
 from jobs.ops.words import JOB_STATE_WORDS, effect_state_word, provider_words
+from jobs.queue import enqueue_restore
 from permits import selectors, services
 from permits.forms import DecisionForm, NewRevisionForm
 from permits.models import PermitRequest
@@ -345,6 +345,8 @@ def _report_context(permit: PermitRequest, user) -> dict:
         "report_ready": ready,
         "preparing": job is not None and job.state in services.PREPARING,
         "can_generate": job is None or job.state == State.CANCELLED,
+        # Rebuild only where it can change the outcome; else the reason, in its place.
+        "rebuild_refusal": services.rebuild_refusal(permit, job),
         "decision_wait": "" if ready else decision_wait(job, permit),
         "finished": state.finished and settled,
         "artifact": selectors.artifact_of(job),
@@ -518,6 +520,10 @@ def request_revision(request: HttpRequest, pk: int) -> HttpResponse:
     permit = selectors.request_for(request.user, pk)
     if permit.is_withdrawn:
         messages.error(request, "The applicant withdrew this request: no new report is needed.")
+        return redirect("request_detail", pk=permit.pk)
+    refusal = services.rebuild_refusal(permit, selectors.report_job(permit))
+    if request.method == "GET" and refusal:
+        messages.info(request, refusal)
         return redirect("request_detail", pk=permit.pk)
     if request.method == "GET":
         context = {

@@ -19,8 +19,8 @@ from django.core.management import call_command
 from django.test import Client, RequestFactory
 from guardian.shortcuts import get_perms
 
+from jobs.delivery.runner import run_delivery
 from jobs.models import Effect, Job, Notice
-from jobs.runner import run_delivery
 from permits import selectors
 from permits.models import (
     PRIVATE_FIELDS,
@@ -69,6 +69,7 @@ def finished_report(permit: PermitRequest) -> Job:
 def reviewer(make_user):
     user = make_user(username="acc-reviewer", password=PASSWORD)
     user.groups.add(Group.objects.get(name="reviewers"))
+    factories.tenant().members.add(user)  # a reviewer of the factories' office
     return user
 
 
@@ -76,6 +77,7 @@ def reviewer(make_user):
 def other_reviewer(make_user):
     user = make_user(username="acc-reviewer-2", password=PASSWORD)
     user.groups.add(Group.objects.get(name="reviewers"))
+    factories.tenant().members.add(user)  # a reviewer of the factories' office
     return user
 
 
@@ -91,6 +93,7 @@ def operator(make_user):
 def office_admin(make_user):
     user = make_user(username="acc-office", password=PASSWORD, is_staff=True)
     user.groups.add(Group.objects.get(name=OFFICE_ADMINS), Group.objects.get(name="reviewers"))
+    factories.tenant().members.add(user)  # an office admin of the factories' office
     return user
 
 
@@ -373,12 +376,20 @@ def test_office_admin__assigns_recorded_shown_reviewer_sees_then_revocation_with
     card = signed_in(reviewer).get(f"/requests/{permit.pk}/")
     assert card.status_code == 200 and PRIVATE["applicant_phone"] in card.content.decode()
 
+    # Revoke asks first, naming the reviewer and what they lose; nothing is revoked yet.
+    asked = desk.post(url, {"action": "revoke", "user": reviewer.pk})
+    assert asked.status_code == 200
+    text = asked.content.decode()
+    assert 'id="confirm-revoke"' in text and "Yes, revoke acc-reviewer" in text
+    assert "applicant contacts" in text and "report" in text
+    assert selectors.is_assigned(fresh(reviewer), permit)
+
     # Revoked while the report is being made: the job finishes, its notice is withheld.
     job, _ = report_request(permit)
 
     def revoke_before_release(stage, ctx):
         if stage == "before_publish":
-            done = desk.post(url, {"action": "revoke", "user": reviewer.pk})
+            done = desk.post(url, {"action": "revoke", "user": reviewer.pk, "confirm": "on"})
             assert done.status_code == 302
 
     assert run_delivery(job.pk, on_stage=revoke_before_release).outcome == "succeeded"

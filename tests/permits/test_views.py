@@ -14,8 +14,8 @@ from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
+from jobs.delivery.runner import run_delivery
 from jobs.models import Artifact, Job, Notice
-from jobs.runner import run_delivery
 from permits import selectors
 from permits.models import PermitRequest, ReviewDecision, Tenant
 from permits.services import assign_reviewer, report_request, revoke_reviewer
@@ -593,6 +593,17 @@ def test_rebuild__asks_to_confirm_and_says_what_happens_to_decisions(reviewer):
     client = client_for(reviewer)
     _decide(client, p, decision="approve")
     detail = client.get(f"/requests/{p.pk}/").content.decode()
+    # Decided: a rebuild cannot change the outcome, so it is not offered (issue 33).
+    assert "Rebuild report" not in detail and 'id="no-rebuild"' in detail
+    assert "This request is decided" in detail
+    refused = client.get(f"/requests/{p.pk}/revisions/", follow=True).content.decode()
+    assert "This request is decided" in refused and "Rebuild the report of" not in refused
+    client.post(f"/requests/{p.pk}/revisions/", {"seen_revision": 1})
+    p.refresh_from_db()
+    assert p.output_revision == 1
+    # The office puts it back into review: the decision on revision 1 is still in force.
+    PermitRequest.objects.filter(pk=p.pk).update(status=PermitRequest.Status.IN_REVIEW)
+    detail = client.get(f"/requests/{p.pk}/").content.decode()
     assert "Rebuild report" in detail and "Request a new revision" not in detail
     page = client.get(f"/requests/{p.pk}/revisions/").content.decode()
     assert "Rebuild the report of" in page and "as <strong>revision 2</strong>" in page
@@ -697,13 +708,21 @@ def test_notices__open_marks_read_and_goes_to_the_request(reviewer):
     assert "0 unread" in client.get("/notices/").content.decode()
 
 
-def test_notices__link_of_a_revoked_request_answers_404(reviewer):
+def test_notices__of_a_revoked_request_say_so_and_link_nowhere(reviewer):
     p = permit(reviewer=reviewer)
     finished_report(p)
     notice = Notice.objects.get()
     revoke_reviewer(p, reviewer)
     client = client_for(reviewer)
-    assert client.get(f"/notices/{notice.pk}/", follow=True).status_code == 404
+    assert client.get(f"/requests/{p.pk}/").status_code == 404
+    # The notice no longer leads there: it says so and opens the inbox (issue 33).
+    notice.refresh_from_db()
+    assert (notice.title, notice.link) == (f"No longer assigned: {p.reference}", "")
+    followed = client.get(f"/notices/{notice.pk}/", follow=True)
+    assert followed.status_code == 200 and followed.redirect_chain[-1][0] == "/notices/"
+    inbox = followed.content.decode()
+    assert f"No longer assigned: {p.reference}" in inbox
+    assert f"/requests/{p.pk}/" not in inbox
 
 
 def test_notices__mark_all_read(reviewer):
@@ -716,8 +735,8 @@ def test_notices__mark_all_read(reviewer):
 
 
 def test_detail__shows_the_delivery_state_of_each_of_my_notices(client, settings):
+    from jobs.delivery.runner import run_delivery
     from jobs.models import Effect
-    from jobs.runner import run_delivery
     from permits.services import report_request
     from tests.permits import factories
 
@@ -738,8 +757,8 @@ def test_detail__shows_the_delivery_state_of_each_of_my_notices(client, settings
 def test_state_words__the_same_on_the_reviewer_page_and_in_the_admin(client, settings):
     """One table (jobs.words): the reviewer's badge word is the admin's tag word, the admin
     adds the engine's name; a provider's words are the site's on both sides."""
+    from jobs.delivery.runner import run_delivery
     from jobs.models import EFFECT_STATES, JOB_STATES, Effect, Job
-    from jobs.runner import run_delivery
     from jobs.ops.words import EFFECT_STATE_WORDS, JOB_STATE_WORDS
     from permits.services import report_request
     from tests.permits import factories

@@ -1,5 +1,5 @@
-"""Seed the demo (idempotent): offices, reviewer47, an operator, an office admin, a dozen
-requests, job 84."""
+"""Seed the demo (idempotent): offices, reviewer47, an operator, an office admin (each
+person in their offices), a dozen requests, job 84."""
 
 from __future__ import annotations
 
@@ -68,7 +68,16 @@ class Command(BaseCommand):
         # Assigning reviewers is the office admins' duty (not the operators'): the group
         # and its permissions exist after migrate; made sure of here as well.
         create_groups()
-        self._user("officeadmin", pk=None, group=OFFICE_ADMINS)
+        officeadmin = self._user("officeadmin", pk=None, group=OFFICE_ADMINS)
+        # Each person's office(s): the office admin and reviewer47 work for Springfield,
+        # reviewer52 for both (as the requests assigned below say).
+        for user, keys in (
+            (reviewer47, ["springfield"]),
+            (reviewer52, ["springfield", "shelbyville"]),
+            (officeadmin, ["springfield"]),
+        ):
+            for key in keys:
+                offices[key].members.add(user)
 
         assignments = []
         for pk, office, work_type, address, valuation, mine in REQUESTS:
