@@ -109,14 +109,39 @@ def orphans(*, older_than_seconds: float | None = None) -> list[str]:
 
 
 def prune_orphans(*, dry_run: bool = False) -> int:
-    """Delete orphan artifact files older than ``JOBS_ORPHAN_GRACE_SECONDS``; their count."""
+    """Delete orphan artifact files older than ``JOBS_ORPHAN_GRACE_SECONDS``; their count.
+
+    The listing is only a list of candidates: each file is looked at again as it is
+    deleted (``_delete_if_orphan``), so a file that a requeued job's publish named
+    since the listing stays.
+    """
     stale = orphans(older_than_seconds=conf.orphan_grace_seconds())
-    if not dry_run:
-        named = set(
-            Artifact.objects.filter(storage_name__in=stale).values_list("storage_name", flat=True)
-        )
-        storage = artifacts.get_storage()
-        for name in stale:
-            if name not in named:  # a row written since the listing keeps its file
-                storage.delete(name)
-    return len(stale)
+    if dry_run:
+        return len(stale)
+    storage = artifacts.get_storage()
+    return sum(_delete_if_orphan(storage, name) for name in stale)
+
+
+def _delete_if_orphan(storage, name: str) -> bool:
+    """Delete ``name`` if still no row names it and its job is still finished; whether it did.
+
+    The job's row is locked while the file is checked and deleted: an operator's requeue
+    (a CAS on that row) waits until the file is gone, and a delivery can publish only
+    after a requeue, so no publish can name the file between the check and the delete.
+    A job requeued before the lock is live, and its file is kept.
+    """
+    found = _JOB_OF_NAME.search(name)
+    with transaction.atomic():
+        if found is not None:
+            state = (
+                Job.objects.select_for_update()
+                .filter(pk=int(found.group(1)))
+                .values_list("state", flat=True)
+                .first()
+            )
+            if state is not None and state not in Job.TERMINAL:
+                return False  # live again: its next delivery may publish this very file
+        if Artifact.objects.filter(storage_name=name).exists():
+            return False  # a row written since the listing keeps its file
+        storage.delete(name)
+    return True
