@@ -470,9 +470,10 @@ def check_sqlite(app_configs=None, databases=None, **kwargs):
         missing.append('"init_command": "PRAGMA journal_mode=WAL; ..."')
     if not missing:
         return []
+    options_missing = " and ".join(missing)
     return [
         Warning(
-            f"the jobs' database {alias!r} is SQLite without " + " and ".join(missing),
+            f"the jobs' database {alias!r} is SQLite without {options_missing}",
             hint="Concurrent writers then fail with 'database is locked' instead of waiting. "
             f"Add to settings.py: DATABASES[{alias!r}]['OPTIONS'] = {{'transaction_mode': "
             "'IMMEDIATE', 'init_command': 'PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
