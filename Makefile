@@ -21,7 +21,7 @@ TEST_WORKERS ?= 4
 # tests are deselected (CI turns their skip into a failure).
 SQLITE_TESTS ?= tests/jobs tests/permits/test_drill.py
 
-.PHONY: install install-runtime demo serve test test-main test-sqlite lint format clean bench soak
+.PHONY: install install-runtime demo serve test test-main test-sqlite lint format clean bench soak docs package
 
 $(VENV)/bin/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -80,6 +80,20 @@ soak: $(STAMP)
 ## make scaleout: 3 worker hosts, one PostgreSQL, an S3 server on loopback; one host killed.
 scaleout: $(STAMP)
 	$(PY) -m tests.chaos.scaleout $(SCALEOUT_ARGS)
+
+## make docs: the documentation site from docs/ into var/docs/ (Sphinx + MyST), strict:
+## a warning, a broken link or a broken reference fails it. Open var/docs/index.html.
+DOCS_OUT ?= var/docs
+SPHINXOPTS ?= -W --keep-going -n -q
+docs: $(STAMP)
+	$(PY) -m sphinx -b html -E $(SPHINXOPTS) docs $(DOCS_OUT)
+	@echo "docs: $(DOCS_OUT)/index.html"
+
+## make package: the app's sdist and wheel in var/dist/, checked by twine.
+package: $(STAMP)
+	rm -rf var/dist
+	$(PY) -m build --outdir var/dist packaging/django-jobs-ledger
+	$(PY) -m twine check --strict var/dist/*
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
