@@ -20,10 +20,10 @@ from django.contrib.auth.models import Group
 from django.test import Client
 
 from jobs import artifacts, checks, registry, retention
+from jobs.delivery.runner import run_delivery
 from jobs.exceptions import ArtifactCorrupt
 from jobs.models import Artifact
 from jobs.restore import restore_artifact
-from jobs.runner import run_delivery
 from jobs.storage_s3 import S3Storage
 from jobs.testing.s3server import honours_conditional_create, threaded_moto_server
 from permits.services import report_request
@@ -276,3 +276,96 @@ def test_report__object_store_breaks_off_mid_read__503_and_no_restore_asked(
     assert Artifact.objects.get(job=job).state == Artifact.State.STORED
     assert "storage unavailable at download" in caplog.text
     assert "failed its sha256 check" not in caplog.text
+
+
+# --- the store away: every failure is StorageUnavailable, an outage the job waits out ----
+
+
+@pytest.fixture
+def relayed(s3_server, bucket, settings):
+    """The artifact storage reached through a TCP relay in front of the server (down, stall),
+    with boto3's own retries and timeouts short so a test sees each failure at once."""
+    from botocore.config import Config
+
+    from tests.chaos.dbproxy import DatabaseProxy
+
+    host, port = s3_server.endpoint.removeprefix("http://").split(":")
+    relay = DatabaseProxy(host, int(port)).start()
+    options = s3_server.storage_options(bucket)
+    options["OPTIONS"]["endpoint_url"] = f"http://127.0.0.1:{relay.port}"
+    options["OPTIONS"]["client_config"] = Config(
+        connect_timeout=1,
+        read_timeout=1,
+        retries={"max_attempts": 1, "mode": "standard"},
+        s3={"addressing_style": "path"},
+    )
+    settings.STORAGES = {**settings.STORAGES, "artifacts": options}
+    yield relay
+    relay.close()
+
+
+def _outage_of(call) -> str:
+    from jobs.exceptions import StorageUnavailable
+    from jobs.retry import classify
+
+    with pytest.raises(StorageUnavailable) as raised:
+        call()
+    c = classify(raised.value)
+    assert c.outage and c.code == "storage_unavailable", c
+    assert "127.0.0.1" not in str(raised.value), "no endpoint, bucket or key in the text"
+    return str(raised.value)
+
+
+@pytest.mark.parametrize("fault", ["refused", "hung"])
+def test_store_away__create_and_read_are_storage_unavailable_then_work_again(relayed, fault):
+    storage = artifacts.get_storage()
+    assert storage.create_exclusive("jobs/x/before.txt", b"before") is True
+    relayed.down() if fault == "refused" else relayed.stall()
+    created = _outage_of(lambda: storage.create_exclusive("jobs/x/during.txt", b"during"))
+    read = _outage_of(lambda: storage.open_stream("jobs/x/before.txt").read())
+    _outage_of(lambda: storage.stored_sha256("jobs/x/before.txt"))
+    expected = "EndpointConnectionError" if fault == "refused" else "ReadTimeoutError"
+    assert expected in created and expected in read, (created, read)
+    relayed.up() if fault == "refused" else relayed.flow()
+    assert storage.create_exclusive("jobs/x/during.txt", b"during") in (True, False)
+    with storage.open_stream("jobs/x/before.txt") as body:
+        assert body.read() == b"before"
+
+
+@pytest.mark.parametrize("status", [500, 503])
+def test_store_away__a_5xx_answer_is_storage_unavailable(bucket, monkeypatch, status):
+    from botocore.exceptions import ClientError
+
+    def answers_5xx(self, name, data, **conditions):
+        code = {500: "InternalError", 503: "SlowDown"}[status]
+        raise ClientError(
+            {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}},
+            "PutObject",
+        )
+
+    monkeypatch.setattr(S3Storage, "_put", answers_5xx)
+    storage = artifacts.get_storage()
+    text = _outage_of(lambda: storage.create_exclusive("jobs/x/five.txt", b"x"))
+    assert text in (
+        "object storage create failed (InternalError)",
+        "object storage create failed (SlowDown)",
+    )
+
+
+@pytest.mark.django_db
+def test_store_away__a_delivery_waits_without_spending_an_attempt_then_succeeds(relayed):
+    """One process, no workers: the delivery meets the store refusing, waits, then publishes."""
+    from jobs.models import Job
+
+    job = new_job(kind="test.short")
+    relayed.down()
+    for _ in range(job.max_attempts + 1):  # more tries than the whole budget
+        assert run_delivery(job.pk, worker="w1").outcome == "retry"
+        job.refresh_from_db()
+        assert job.state == Job.State.RETRY_WAIT and job.last_error_code == "storage_unavailable"
+        Job.objects.filter(pk=job.pk).update(next_attempt_at=job.created_at)
+    assert job.max_attempts == 3 + 4, "the budget grew by every attempt the outage cost"
+    relayed.up()
+    assert run_delivery(job.pk, worker="w1").outcome == "succeeded"
+    job.refresh_from_db()
+    assert job.state == Job.State.SUCCEEDED and (job.attempts, job.max_attempts) == (5, 7)
