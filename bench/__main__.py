@@ -338,9 +338,9 @@ def flow_cost(n: int, workers: int, user_id: int, rounds: int) -> list[dict]:
     binds: the price of a rule on the claim (judged inside the claim's statement by
     ``jobs_flow_admits_v1``: the scope's lock and a count, or a take from the rate's row)."""
     from bench import e2e
-    from jobs import flow
+    from jobs import flow, rules
 
-    scope = flow.kind_scope("demo.summary")
+    scope = rules.kind_scope("demo.summary")
     out = []
     for r in range(1, rounds + 1):
         order = list(FLOW_VARIANTS.items())

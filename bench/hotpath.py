@@ -23,7 +23,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from bench import workloads
-from jobs.runner import run_delivery
+from jobs.delivery.runner import run_delivery
 from jobs.services import request_job
 
 # A data-modifying WITH (the one-statement claim and publish, jobs/sql.py) is a write too.

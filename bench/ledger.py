@@ -26,7 +26,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from bench import infra
-from jobs.ledger import effect_identity, idempotency_key
+from jobs.engine.effect_machine import effect_identity, idempotency_key
 from jobs.models import Effect, Job
 
 ALIAS = "ledger"

@@ -31,7 +31,7 @@ _EXPORTS = {
     "EffectSpec": "jobs.registry",
     "register_kind": "jobs.registry",
     "register_provider": "jobs.registry",
-    "JobContext": "jobs.runner",
+    "JobContext": "jobs.delivery.runner",
     "Provider": "jobs.providers",
     "JobError": "jobs.exceptions",
     "PayloadInvalid": "jobs.exceptions",
@@ -60,6 +60,7 @@ assert sorted(__all__) == sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from jobs.api import JobConflict, JobFailure, JobHandle, kind, request
+    from jobs.delivery.runner import JobContext
     from jobs.exceptions import (
         JobError,
         LeaseLost,
@@ -69,7 +70,6 @@ if TYPE_CHECKING:
     )
     from jobs.providers import Provider
     from jobs.registry import EffectSpec, register_kind, register_provider
-    from jobs.runner import JobContext
 
 
 def __getattr__(name: str) -> Any:

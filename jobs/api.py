@@ -31,7 +31,7 @@ from jobs.models import Artifact, Effect, Job
 from jobs.queue import enqueue_job
 
 if TYPE_CHECKING:
-    from jobs.runner import JobContext
+    from jobs.delivery.runner import JobContext
 
 Handler = Callable[["JobContext"], "list[registry.EffectSpec] | None"]
 

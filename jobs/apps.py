@@ -11,7 +11,7 @@ class JobsConfig(AppConfig):
     def ready(self) -> None:
         from jobs import checks  # noqa: F401  (registers system checks)
         from jobs.backends import register_task_kind_if_configured
-        from jobs.providers import register_builtin_providers
+        from jobs.registry import register_builtin_providers
         from jobs.signals import install_dispatch_schedule
 
         register_builtin_providers()

@@ -312,11 +312,11 @@ def check_hot_path(app_configs=None, databases=None, **kwargs):
     """Say which path the claim and the publish take here, and why."""
     from django.core.checks import Info
 
-    from jobs import sql
+    from jobs import executors
 
     if not databases or "default" not in databases:
         return []
-    _, why = sql.path()
+    _, why = executors.path()
     return [Info(f"jobs hot path: {why}", id="jobs.I001")]
 
 

@@ -6,6 +6,8 @@ stored in error fields and logged.
 
 from __future__ import annotations
 
+from django.core.exceptions import ImproperlyConfigured
+
 
 class JobError(Exception):
     """Base class for errors raised by the jobs app."""
@@ -88,3 +90,54 @@ class DeliveryFailed(JobError):
     """Raised to django-q2 when a delivery ended without an outcome (it is redelivered)."""
 
     code = "delivery_failed"
+
+
+# --- providers: the class decides the retry (``jobs.retry``) ----------------------------
+
+
+class ProviderError(JobError):
+    """Base class for errors raised by providers; the class decides the retry."""
+
+    code = "provider_error"
+
+
+class ProviderNotConfigured(ProviderError, ImproperlyConfigured):
+    """Raised when a provider is used while a setting it needs is missing."""
+
+    error_class = "validation"
+    code = "provider_not_configured"
+
+
+class ProviderUnreachable(ProviderError):
+    """Raised when the provider could not be reached: nothing was handed over."""
+
+    error_class = "transport"
+    code = "unreachable"
+
+
+class ProviderTimeout(ProviderError):
+    """Raised when the effect was handed over but no answer came back in time."""
+
+    error_class = "provider_timeout"
+    code = "no_answer"
+
+
+class ProviderRejected(ProviderError):
+    """Raised when the provider refused the effect as invalid; retrying cannot help."""
+
+    error_class = "validation"
+    code = "rejected"
+
+
+class ProviderRefusedCredentials(ProviderError):
+    """Raised when the provider refused our credentials; an operator must look."""
+
+    error_class = "authorization"
+    code = "credentials_refused"
+
+
+class ProviderProtocolError(ProviderError):
+    """Raised when the provider answered outside its protocol (e.g. no id)."""
+
+    error_class = "unknown"
+    code = "protocol_error"

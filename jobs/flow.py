@@ -49,14 +49,17 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
-from django.db import OperationalError, connection, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs import clock, conf, rules
-from jobs.models import FlowRule, FlowRuleChange, Job
+from jobs import clock, conf
+from jobs.engine.admission import paused_delay, spread, take
+from jobs.engine.plan import Hold
+from jobs.models import FlowRule, FlowRuleChange
+from jobs.rules import partition_scope, provider_scope
 
 log = logging.getLogger("jobs.flow")
 
@@ -72,22 +75,6 @@ _RATE_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*([smh])\s*$")
 
 class FlowError(ValueError):
     """Raised when a scope or a rate is not written the way ``jobs_limits`` expects."""
-
-
-def kind_scope(kind: str) -> str:
-    return f"{rules.FLOW_KIND_PREFIX}{kind}"
-
-
-def tenant_scope(tenant_key: str) -> str:
-    return f"{rules.FLOW_TENANT_PREFIX}{tenant_key}"
-
-
-def provider_scope(provider: str) -> str:
-    return f"provider:{provider}"
-
-
-def partition_scope(provider: str, tenant_key: str) -> str:
-    return f"provider:{provider}/tenant:{tenant_key}"
 
 
 def check_scope(scope: str) -> str:
@@ -133,168 +120,6 @@ def forget() -> None:
     """Drop this process's copy of the rules (after a change, and in tests)."""
     global _cache
     _cache = None
-
-
-# --- GCRA -------------------------------------------------------------------------------
-
-
-def gcra(tat: datetime | None, now: datetime, interval: float) -> tuple[bool, datetime]:
-    """The rate rule: (allowed, new TAT) when allowed, else (False, TAT: the due time).
-
-    The PostgreSQL statement in ``take`` is the same rule in SQL.
-    """
-    if tat is None or tat <= now:
-        return True, max(tat or now, now) + timedelta(seconds=interval)
-    return False, tat
-
-
-@dataclass(frozen=True)
-class Taken:
-    """What one take on a rule's rate found."""
-
-    ok: bool
-    reason: str = ""  # "" | rate | paused
-    delay: float = 0.0  # seconds (server clock) until the rate allows the next start
-
-
-_TAKE_PG = f"""
-WITH c AS (SELECT clock_timestamp() AS now),
-took AS (
-    UPDATE {{t}} r SET next_free_at = {rules.GCRA_NEXT_SQL.format(r="r.", now="c.now")}
-    FROM c
-    WHERE r.scope = %s AND NOT r.paused AND r.rate > 0
-      AND {rules.GCRA_DUE_SQL.format(r="r.", now="c.now")}
-    RETURNING r.next_free_at
-)
-SELECT (SELECT count(*) FROM took), r.paused, r.rate,
-       EXTRACT(EPOCH FROM (r.next_free_at - c.now))
-FROM c LEFT JOIN {{t}} r ON r.scope = %s
-"""
-
-
-def take(scope: str) -> Taken:
-    """Take one start from ``scope``'s rate: one UPDATE of its row by the server's clock.
-
-    A scope without a row or without a rate allows every start; a paused one none.
-    """
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(_TAKE_PG.format(t=FlowRule._meta.db_table), [scope, scope])
-            took, paused, rate, ahead = cursor.fetchone()
-        if took:
-            return Taken(True)
-        if paused:
-            return Taken(False, "paused", paused_delay())
-        if not rate:
-            return Taken(True)
-        return Taken(False, "rate", max(0.0, float(ahead or 0.0)))
-    # SQLite: writers are serialized (transaction_mode=IMMEDIATE), so a read and a
-    # write in one transaction are as atomic as the statement above.
-    with transaction.atomic():
-        row = FlowRule.objects.annotate(db_now=clock.ServerNow()).filter(scope=scope).first()
-        if row is None or (not row.paused and not row.rate):
-            return Taken(True)
-        if row.paused:
-            return Taken(False, "paused", paused_delay())
-        ok, tat = gcra(row.next_free_at, row.db_now, row.interval_seconds)
-        if not ok:
-            return Taken(False, "rate", max(0.0, (tat - row.db_now).total_seconds()))
-        FlowRule.objects.filter(pk=row.pk).update(next_free_at=tat)
-        return Taken(True)
-
-
-def paused_delay() -> float:
-    return float(conf.get("JOBS_FLOW_PAUSED_DEFER_SECONDS")) * (1 + random.random())
-
-
-@dataclass(frozen=True)
-class Hold:
-    """Why work may not start now, and in how many seconds (server clock) to try again."""
-
-    scope: str
-    reason: str  # paused | concurrency | rate | busy | circuit_open
-    delay: float
-
-    @property
-    def code(self) -> str:
-        return {"rate": "rate_limited", "circuit_open": "circuit_open"}.get(
-            self.reason, f"flow_{self.reason}"
-        )
-
-
-def _spread(rule: FlowRule | None) -> float:
-    """Jitter over one period (a rate's) or up to one second: waiters come back apart."""
-    period = rule.period_seconds if rule is not None and rule.rate else 1.0
-    return random.uniform(0.0, period)
-
-
-# --- the claim (kind: and tenant: scopes) ------------------------------------------------
-
-
-def job_scopes(job: Job) -> list[str]:
-    scopes = [kind_scope(job.kind)]
-    if job.tenant_key:
-        scopes.append(tenant_scope(job.tenant_key))
-    return scopes
-
-
-def lock(lock_class: int, key: str) -> bool:
-    """PostgreSQL: the transaction-level advisory lock (``lock_class``, hashtext(key)),
-    waiting at most the transaction's lock timeout; False if it ran out. SQLite: True
-    (``transaction_mode=IMMEDIATE`` already serializes every writer)."""
-    if connection.vendor != "postgresql":
-        return True
-    from jobs import sql
-
-    try:
-        with transaction.atomic(), connection.cursor() as cursor:  # a savepoint
-            cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [lock_class, key])
-    except OperationalError as exc:
-        if sql.refusal(exc) != "lock_not_available":
-            raise
-        return False
-    return True
-
-
-def admit_job(job: Job, *, default_tenant_bound: int) -> Hold | None:
-    """Whether the job's kind and tenant rules let it start now (None) or why not.
-
-    Called by the ORM claim inside its transaction, with the rows read fresh: pause,
-    then concurrency (live running jobs of the kind / tenant, counted under the
-    scope's advisory lock), then the rate (a take, last: a start it allows is
-    spent). A tenant without a concurrency row keeps ``default_tenant_bound``.
-    """
-    found = {r.scope: r for r in FlowRule.objects.filter(scope__in=job_scopes(job))}
-    for scope, rule in found.items():
-        if rule.paused:
-            return Hold(scope, "paused", paused_delay())
-    live = rules.to_q(rules.LIVE_RUNNING)
-    kind = found.get(kind_scope(job.kind))
-    if kind is not None and kind.concurrency is not None:
-        if not lock(rules.FLOW_LOCK_CLASS, kind.scope):
-            return Hold(kind.scope, "busy", paused_delay())
-        running = Job.objects.filter(live, kind=job.kind).exclude(pk=job.pk).count()
-        if running >= kind.concurrency:
-            return Hold(kind.scope, "concurrency", 0.2 + _spread(kind))
-    if job.tenant_key:
-        scope = tenant_scope(job.tenant_key)
-        tenant = found.get(scope)
-        bound = (
-            tenant.concurrency if tenant is not None and tenant.concurrency is not None else None
-        )
-        bound = default_tenant_bound if bound is None else bound
-        if not lock(rules.TENANT_LOCK_CLASS, job.tenant_key):
-            return Hold(scope, "busy", paused_delay())
-        running = Job.objects.filter(live, tenant_key=job.tenant_key).exclude(pk=job.pk)
-        if running.count() >= bound:
-            return Hold(scope, "concurrency", 0.2 + _spread(tenant))
-    for scope in job_scopes(job):
-        rule = found.get(scope)
-        if rule is not None and rule.rate:
-            taken = take(scope)
-            if not taken.ok:
-                return Hold(scope, taken.reason, taken.delay + _spread(rule))
-    return None
 
 
 # --- the effect's slot (provider: scopes) -------------------------------------------------
@@ -423,7 +248,7 @@ def take_within(
         if taken.reason == "rate" and time.monotonic() + taken.delay < deadline:
             time.sleep(taken.delay + random.uniform(0.0, 0.005))
             continue
-        return Hold(rule.scope, taken.reason, taken.delay + _spread(rule)), ""
+        return Hold(rule.scope, taken.reason, taken.delay + spread(rule)), ""
 
 
 # --- circuit breaker ----------------------------------------------------------------------

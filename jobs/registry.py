@@ -17,7 +17,10 @@ from jobs.exceptions import PayloadInvalid, UnknownKind
 if TYPE_CHECKING:
     from jobs.models import Effect
     from jobs.providers import Provider
-    from jobs.runner import JobContext
+
+# A kind's handler takes a ``jobs.JobContext`` (defined above this module, in the
+# delivery, which imports the registry) and returns its effects.
+Handler = Callable[[Any], "list[EffectSpec] | None"]
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,7 @@ def validate_effects(specs: list[EffectSpec]) -> list[EffectSpec]:
 @dataclass(frozen=True)
 class JobKind:
     name: str
-    handler: Callable[[JobContext], list[EffectSpec] | None]
+    handler: Handler
     # Current policy for releasing an effect: a reason to withhold it, or None to send.
     authorize_release: Callable[[Effect], str | None] | None = None
     max_attempts: int | None = None
@@ -95,7 +98,7 @@ _providers: dict[str, Provider] = {}
 
 def register_kind(
     name: str,
-    handler: Callable[[JobContext], list[EffectSpec] | None],
+    handler: Handler,
     *,
     authorize_release: Callable[[Effect], str | None] | None = None,
     max_attempts: int | None = None,
@@ -137,3 +140,19 @@ def get_provider(name: str) -> Provider:
 
 def providers() -> dict[str, Provider]:
     return dict(_providers)
+
+
+def register_builtin_providers() -> None:
+    """Register ``inapp``, ``email`` and, where httpx is installed, ``webhook``."""
+    from jobs.providers.email import EmailProvider
+    from jobs.providers.inapp import InAppProvider
+
+    register_provider(InAppProvider())
+    register_provider(EmailProvider())
+    try:  # the extra django-jobs-ledger[webhook]; jobs.checks names it when it is missing
+        from jobs.providers.webhook import WebhookProvider
+    except ModuleNotFoundError as exc:
+        if exc.name != "httpx":
+            raise
+        return
+    register_provider(WebhookProvider())

@@ -28,11 +28,12 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from jobs import artifacts, registry, transitions
+from jobs import artifacts, registry
+from jobs.delivery.runner import JobContext
+from jobs.engine.job_machine import worker_identity
 from jobs.exceptions import ArtifactCorrupt, LeaseLost, TemporaryFailure
 from jobs.models import Artifact, Job
 from jobs.retry import POLICY, classify
-from jobs.runner import JobContext
 
 log = logging.getLogger("jobs.restore")
 
@@ -97,7 +98,7 @@ def _restore(artifact_pk: int) -> str:
         else:
             return _put_back(artifact, data, "restored_from_replica")
 
-    ctx = RestoreContext(job, transitions.worker_identity(), artifact)
+    ctx = RestoreContext(job, worker_identity(), artifact)
     try:
         registry.get_kind(job.kind).handler(ctx)
     except Exception as exc:

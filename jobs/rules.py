@@ -30,6 +30,9 @@ TENANT_LOCK_CLASS = 1785684595
 FLOW_LOCK_CLASS = 1785684596
 # An in-app notice's provider reference: the ledger row names the notice it wrote.
 NOTICE_REF_PREFIX = "notice:"
+# Why the account rule (``account_admits``) refused a recipient, as the ledger records it.
+ACCOUNT_MISSING = "recipient account no longer exists"
+ACCOUNT_REFUSED = "recipient account is inactive"
 
 
 def notice_reference(notice_pk: int) -> str:
@@ -132,13 +135,41 @@ STILL_OWNER = all_of(OWNER_FENCE, Cond("state", "=", S.RUNNING))
 
 # A flow rule (``jobs.models.FlowRule``) that can hold work back: paused, or a concurrency
 # or a rate set. For a job of a kind or tenant with such a rule the one-statement claim
-# calls ``jobs_flow_admits_v1`` (``flow_function_sql``); whatever it refuses falls to the
-# ORM claim, which enforces the same rules (``jobs.flow.admit_job``) and records why.
+# calls ``jobs_flow_admits_v2`` (``flow_function_sql``); whatever it refuses falls to the
+# ORM claim, which enforces the same rules (``jobs.engine.admission.admit``) and records why.
 FLOW_RULE_ACTIVE = any_of(
     Cond("paused", "=", True), Cond("concurrency", "null", False), Cond("rate", "null", False)
 )
-# The scopes of a job's claim: its kind's and its tenant's (``jobs.flow.job_scopes``).
+# The scopes of a job's claim: its kind's and its tenant's (``jobs.engine.admission.job_scopes``).
 FLOW_KIND_PREFIX, FLOW_TENANT_PREFIX = "kind:", "tenant:"
+FLOW_PROVIDER_PREFIX = "provider:"
+
+
+def kind_scope(kind: str) -> str:
+    return f"{FLOW_KIND_PREFIX}{kind}"
+
+
+def tenant_scope(tenant_key: str) -> str:
+    return f"{FLOW_TENANT_PREFIX}{tenant_key}"
+
+
+def provider_scope(provider: str) -> str:
+    return f"{FLOW_PROVIDER_PREFIX}{provider}"
+
+
+def partition_scope(provider: str, tenant_key: str) -> str:
+    """A provider's calls for one tenant: ``provider:<name>/tenant:<key>``."""
+    return f"{provider_scope(provider)}/{tenant_scope(tenant_key)}"
+
+
+def scope_provider(scope: str) -> tuple[str, str] | None:
+    """``(provider, tenant key or "")`` of a ``provider:`` scope, else None."""
+    if not scope.startswith(FLOW_PROVIDER_PREFIX):
+        return None
+    rest = scope.removeprefix(FLOW_PROVIDER_PREFIX)
+    provider, _, tenant = rest.partition("/" + FLOW_TENANT_PREFIX)
+    return provider, tenant
+
 
 # The rate rule (GCRA, ``jobs.flow``) in SQL, for a rule row ``{r}`` and the server's time
 # ``{now}``: a start is due when the row's next free time has come, and moves it on by
@@ -358,36 +389,29 @@ END $$;
 """
 
 
-def flow_function_sql(version: int = 1) -> str:
-    """The flow rules of a job's kind and tenant, judged inside the one-statement claim.
+def flow_function_sql(version: int = 2) -> str:
+    """The flow rules of a job's kind and tenant, judged by the one-statement claim.
 
-    The same order as the ORM claim's ``jobs.flow.admit_job``: pause; the kind's
-    concurrency (its scope's lock, then a count of live running jobs of the kind); the
-    tenant's (``jobs_tenant_admits_v2`` with the row's bound, else ``p_bound``, the
-    setting); then each rate, a take (last: a take spends the start).
-    Locks are tried, never waited for, and any "no" makes the statement claim nothing:
-    the ORM claim then decides again, waits where it may, and records the deferral.
-    Migration 0013 holds this text frozen; ``tests/jobs/test_rules.py`` checks it.
+    The same procedure as the ORM claim's ``jobs.engine.admission.admit``: pause; the
+    kind's concurrency (its scope's lock, then a count of live running jobs of the
+    kind); the tenant's (``jobs_tenant_admits_v2`` with the row's bound, else
+    ``p_bound``, the setting); then the rates, last and all-or-nothing: the rated rows
+    are locked in id order, every one judged, and only if all allow a start is one
+    taken from each (version 1 took the kind's start before judging the tenant's, and
+    a refusal by the second kept the first spent). Locks are tried, never waited for,
+    and any "no" makes the statement claim nothing: the ORM claim then decides again,
+    waits where it may, and records the deferral. The claim calls it from a CTE of its
+    own, after the job's row is locked, never inside the UPDATE's WHERE (which the
+    server may evaluate again after a concurrent update). Migration 0014 holds this
+    text frozen (0013 version 1); ``tests/jobs/test_rules.py`` checks it.
     """
+    if version != 2:
+        raise ValueError("only version 2 is generated; version 1 is frozen in migration 0013")
     table, live = FlowRule._meta.db_table, _live_running_literal()
     kind_scope = f"'{FLOW_KIND_PREFIX}' || p_kind"
-    take = (
-        "v_now := clock_timestamp();\n"
-        "        UPDATE {t} r SET next_free_at = {next}\n"
-        "        WHERE r.id = {row} AND NOT r.paused AND r.rate > 0 AND {due};\n"
-        "        IF NOT FOUND THEN\n"
-        "            RETURN false;\n"
-        "        END IF;"
-    )
-
-    def take_of(row: str) -> str:
-        return take.format(
-            t=table,
-            row=row,
-            next=GCRA_NEXT_SQL.format(r="r.", now="v_now"),
-            due=GCRA_DUE_SQL.format(r="r.", now="v_now"),
-        )
-
+    rated = "r.id IN (k_id, t_id) AND r.rate > 0"
+    due = GCRA_DUE_SQL.format(r="r.", now="v_now")
+    take = GCRA_NEXT_SQL.format(r="r.", now="v_now")
     return f"""
 CREATE OR REPLACE FUNCTION jobs_flow_admits_v{version}(
     p_kind varchar, p_tenant varchar, p_job bigint, p_bound integer
@@ -402,6 +426,7 @@ DECLARE
     t_concurrency integer;
     t_rate integer;
     v_now timestamptz;
+    v_locked integer;
 BEGIN
     SELECT id, paused, concurrency, rate INTO k_id, k_paused, k_concurrency, k_rate
     FROM {table} WHERE scope = {kind_scope};
@@ -428,11 +453,18 @@ BEGIN
             RETURN false;
         END IF;
     END IF;
-    IF k_rate > 0 THEN
-        {take_of("k_id")}
-    END IF;
-    IF t_rate > 0 THEN
-        {take_of("t_id")}
+    IF COALESCE(k_rate, 0) > 0 OR COALESCE(t_rate, 0) > 0 THEN
+        SELECT count(*) INTO v_locked FROM (
+            SELECT r.id FROM {table} r WHERE {rated} ORDER BY r.id FOR UPDATE SKIP LOCKED
+        ) l;
+        IF v_locked < (SELECT count(*) FROM {table} r WHERE {rated}) THEN
+            RETURN false;
+        END IF;
+        v_now := clock_timestamp();
+        IF EXISTS (SELECT 1 FROM {table} r WHERE {rated} AND (r.paused OR NOT {due})) THEN
+            RETURN false;
+        END IF;
+        UPDATE {table} r SET next_free_at = {take} WHERE {rated};
     END IF;
     RETURN true;
 END $$;

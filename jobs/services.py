@@ -13,8 +13,9 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
-from jobs import clock, conf, ledger, transitions
+from jobs import clock, conf
 from jobs.api import obtain
+from jobs.engine import effect_machine, job_machine
 from jobs.models import Effect, Job
 from jobs.queue import enqueue_effect, enqueue_job
 
@@ -99,13 +100,13 @@ def cancel_job(job: Job, *, operator: str = "") -> bool:
     Each of these arrows writes its history row (``JobEvent``, naming ``operator``)
     in the transaction of its compare-and-swap.
     """
-    return transitions.cancel(job, actor=_actor(operator))
+    return job_machine.cancel(job, actor=_actor(operator))
 
 
 def requeue_job(job: Job, *, operator: str = "") -> bool:
     """Operator: give a failed or dead job a fresh attempt budget and enqueue it."""
     with transaction.atomic():
-        if not transitions.requeue(job, actor=_actor(operator)):
+        if not job_machine.requeue(job, actor=_actor(operator)):
             return False
         _after_operator_change(job)
     return True
@@ -114,7 +115,7 @@ def requeue_job(job: Job, *, operator: str = "") -> bool:
 def retry_job_now(job: Job, *, operator: str = "") -> bool:
     """Operator: run a waiting job now instead of at its backoff time."""
     with transaction.atomic():
-        if not transitions.retry_now(job, actor=_actor(operator)):
+        if not job_machine.retry_now(job, actor=_actor(operator)):
             return False
         _after_operator_change(job)
     return True
@@ -129,4 +130,4 @@ def recheck_and_release(effect: Effect, *, operator: str) -> bool:
 
     Returns at once: the row change and its message commit together.
     """
-    return ledger.recheck_withheld(effect, operator=operator)
+    return effect_machine.recheck_withheld(effect, operator=operator)

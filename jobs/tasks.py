@@ -8,7 +8,9 @@ redelivers the message.
 
 from __future__ import annotations
 
-from jobs import backends, dispatch, ledger, runner, transitions
+from jobs import backends, dispatch
+from jobs.delivery import release, runner
+from jobs.engine.job_machine import worker_identity
 from jobs.models import Effect
 from jobs.supervisor import delivery
 
@@ -28,7 +30,7 @@ def release_effect(effect_pk: int) -> str:
         effect = Effect.objects.select_related("job").filter(pk=effect_pk).first()
         if effect is None:
             return "missing"
-        return ledger.release(effect, transitions.worker_identity())
+        return release.release(effect, worker_identity())
 
 
 def run_dispatcher() -> str:

@@ -24,11 +24,11 @@ from django.core.management import call_command
 from django.db import connection, connections, transaction
 
 from jobs import artifacts
+from jobs.delivery.runner import JobContext, run_delivery
 from jobs.exceptions import TemporaryFailure
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
 from jobs.registry import EffectSpec, register_kind
 from jobs.retry import POLICY, ErrorClass
-from jobs.runner import JobContext, run_delivery
 from jobs.services import request_job
 from jobs.tasks import release_effect
 from jobs.testing.fakeprovider import Faults, Record, start_in_thread

@@ -9,6 +9,7 @@ docs/production.md lists the rest.
 from __future__ import annotations
 
 import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -20,6 +21,30 @@ from django.core.checks.security.base import (
     SECRET_KEY_MIN_UNIQUE_CHARACTERS,
 )
 from django.core.exceptions import ImproperlyConfigured
+
+
+class SettingError(ImproperlyConfigured):
+    """A variable is missing or wrong: start-up stops with one paragraph, no traceback.
+
+    Raised while the settings load; when nothing catches it (``manage.py``, a worker),
+    the process ends with the message as an operator reads it. Every other exception
+    keeps Python's own report.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        sys.excepthook = _report_setting_error
+
+
+def _report_setting_error(kind, exc, tb) -> None:
+    if not isinstance(exc, SettingError):
+        sys.__excepthook__(kind, exc, tb)
+        return
+    sys.stderr.write(
+        f"ImproperlyConfigured: {exc}\n"
+        "The site did not start. Production variables: docs/production.md.\n"
+    )
+
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("VAR_DIR", BASE_DIR / "var"))
@@ -33,7 +58,7 @@ def env_bool(name: str, default: bool) -> bool:
         return True
     if raw.lower() in {"0", "false", "no", "off"}:
         return False
-    raise ImproperlyConfigured(f"{name} must be a boolean (1/0, true/false), got {raw!r}")
+    raise SettingError(f"{name} must be a boolean (1/0, true/false), got {raw!r}")
 
 
 def env_int(name: str, default: int) -> int:
@@ -43,7 +68,7 @@ def env_int(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from None
+        raise SettingError(f"{name} must be an integer, got {raw!r}") from None
 
 
 def env_float(name: str, default: float) -> float:
@@ -53,10 +78,28 @@ def env_float(name: str, default: float) -> float:
     try:
         return float(raw)
     except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
+        raise SettingError(f"{name} must be a number, got {raw!r}") from None
 
 
 DEBUG = env_bool("DEBUG", False)
+# The demo (scripts/demo.sh sets DEMO=1 with DEBUG=1): the login page lists the seeded
+# accounts. Never with DEBUG off, whatever DEMO says.
+DEMO = DEBUG and env_bool("DEMO", False)
+# (login, password, what they see), as manage.py seed_demo creates them.
+DEMO_ACCOUNTS = (
+    ("reviewer47", "reviewer-demo", "My queue, reports and notices"),
+    ("reviewer52", "reviewer-demo", "another reviewer's queue"),
+    ("operator", "operator-demo", "the admin and the operations console"),
+    ("officeadmin", "officeadmin-demo", "assigns reviewers on each request"),
+)
+
+
+def demo_accounts(request) -> dict:
+    """Template context: the demo's accounts on the login page, only in the demo."""
+    from django.conf import settings
+
+    return {"demo_accounts": DEMO_ACCOUNTS} if getattr(settings, "DEMO", False) else {}
+
 
 DEMO_SECRET_KEY = "demo-only-insecure-key-do-not-use-in-production"
 _DEMO_HINT = " (for the demo on this machine, set DEBUG=1 as `make demo` does)"
@@ -79,9 +122,9 @@ SECRET_KEY = os.environ.get("SECRET_KEY", "")
 if DEBUG:
     SECRET_KEY = SECRET_KEY or DEMO_SECRET_KEY
 elif not SECRET_KEY:
-    raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off" + _DEMO_HINT)
+    raise SettingError("SECRET_KEY must be set when DEBUG is off" + _DEMO_HINT)
 elif weakness := secret_key_weakness(SECRET_KEY):
-    raise ImproperlyConfigured(
+    raise SettingError(
         f"SECRET_KEY {weakness}: use a random value of at least {SECRET_KEY_MIN_LENGTH} "
         "characters when DEBUG is off (docs/production.md)"
     )
@@ -89,12 +132,12 @@ elif weakness := secret_key_weakness(SECRET_KEY):
 ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "").split(",") if h.strip()]
 if not ALLOWED_HOSTS:
     if not DEBUG:
-        raise ImproperlyConfigured("ALLOWED_HOSTS must be set when DEBUG is off" + _DEMO_HINT)
+        raise SettingError("ALLOWED_HOSTS must be set when DEBUG is off" + _DEMO_HINT)
     ALLOWED_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
 if not DEBUG and "*" in ALLOWED_HOSTS:
     # "*" turns off Django's Host header check: password-reset and notice links, caches and
     # logs would trust whatever host a client sends.
-    raise ImproperlyConfigured(
+    raise SettingError(
         "ALLOWED_HOSTS must name the site's hosts when DEBUG is off, not '*' (docs/production.md)"
     )
 
@@ -147,6 +190,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "permits.settings.demo_accounts",
             ],
         },
     },
@@ -221,9 +265,9 @@ def env_mode(name: str, default: int) -> int:
     try:
         mode = int(raw, 8)
     except ValueError:
-        raise ImproperlyConfigured(f"{name} must be an octal file mode, got {raw!r}") from None
+        raise SettingError(f"{name} must be an octal file mode, got {raw!r}") from None
     if mode & 0o002 or not 0 <= mode <= 0o777:
-        raise ImproperlyConfigured(f"{name} must be a mode nobody else may write, got {raw!r}")
+        raise SettingError(f"{name} must be a mode nobody else may write, got {raw!r}")
     return mode
 
 
@@ -307,11 +351,11 @@ CONTENT_SECURITY_POLICY = {
 # rows in the admin, or `manage.py axes_reset_username` / `axes_reset_ip`). docs/access.md.
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
 if AXES_FAILURE_LIMIT < 1:
-    raise ImproperlyConfigured(f"LOGIN_FAILURE_LIMIT must be at least 1, got {AXES_FAILURE_LIMIT}")
+    raise SettingError(f"LOGIN_FAILURE_LIMIT must be at least 1, got {AXES_FAILURE_LIMIT}")
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 LOGIN_ADDRESS_FAILURE_LIMIT = env_int("LOGIN_ADDRESS_FAILURE_LIMIT", 20)
 if LOGIN_ADDRESS_FAILURE_LIMIT < AXES_FAILURE_LIMIT:
-    raise ImproperlyConfigured(
+    raise SettingError(
         "LOGIN_ADDRESS_FAILURE_LIMIT must be at least LOGIN_FAILURE_LIMIT "
         f"({AXES_FAILURE_LIMIT}), got {LOGIN_ADDRESS_FAILURE_LIMIT}"
     )
@@ -334,7 +378,7 @@ METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 NOTICE_PROVIDER_URL = os.environ.get("NOTICE_PROVIDER_URL", "")
 NOTICE_PROVIDER_TOKEN = os.environ.get("NOTICE_PROVIDER_TOKEN", "")
 if NOTICE_PROVIDER_URL and not NOTICE_PROVIDER_TOKEN and not DEBUG:
-    raise ImproperlyConfigured("NOTICE_PROVIDER_TOKEN must be set when NOTICE_PROVIDER_URL is")
+    raise SettingError("NOTICE_PROVIDER_TOKEN must be set when NOTICE_PROVIDER_URL is")
 NOTICE_PROVIDER_CONNECT_TIMEOUT = env_float("NOTICE_PROVIDER_CONNECT_TIMEOUT", 3.0)
 NOTICE_PROVIDER_READ_TIMEOUT = env_float("NOTICE_PROVIDER_READ_TIMEOUT", 10.0)
 NOTICE_PROVIDER_MAX_IN_FLIGHT = env_int("NOTICE_PROVIDER_MAX_IN_FLIGHT", 4)
@@ -371,7 +415,7 @@ Q_CLUSTER = {
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "plain")
 if LOG_FORMAT not in ("plain", "json"):
-    raise ImproperlyConfigured(f"LOG_FORMAT must be 'plain' or 'json', got {LOG_FORMAT!r}")
+    raise SettingError(f"LOG_FORMAT must be 'plain' or 'json', got {LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -9,6 +9,8 @@ PROVIDER_PORT="${PROVIDER_PORT:-8025}"
 unset DATABASE_URL
 # The demo, and only the demo, runs with DEBUG on (its public SECRET_KEY is refused otherwise).
 export DEBUG=1
+# The login page lists the demo accounts (only with DEBUG on: permits.settings.DEMO).
+export DEMO=1
 mkdir -p var/log
 # Webhook notices go to the loopback stand-in provider, which keeps its own record.
 export NOTICE_PROVIDER_URL="http://127.0.0.1:${PROVIDER_PORT}"
@@ -66,13 +68,14 @@ cat <<MSG
 
   Permit report jobs demo
   -----------------------
-  Web:      http://127.0.0.1:${PORT}/
-  Admin:    http://127.0.0.1:${PORT}/admin/   (operator / operator-demo)
+  Web:      http://127.0.0.1:${PORT}/   (reviewer pages; the login page lists the demo accounts)
   Logins:   reviewer47 / reviewer-demo   reviewer52 / reviewer-demo
+  Admin:    http://127.0.0.1:${PORT}/admin/   (operator / operator-demo)
+  Console:  http://127.0.0.1:${PORT}/admin/jobs/job/dashboard/   (operator)
   Assign:   officeadmin / officeadmin-demo (Assign reviewers, on a request's admin page)
   Provider: http://127.0.0.1:${PROVIDER_PORT} (stand-in; 20% of sends accepted then stalled)
   Logs:     var/log/web.log  var/log/worker.log  var/log/dispatcher.log  var/log/provider.log
-  Figures:  .venv/bin/python manage.py jobs_stats
+  Figures:  DEBUG=1 DATABASE_URL= .venv/bin/python manage.py jobs_stats
   Ports:    make demo PORT=8001 PROVIDER_PORT=8026
   Stop:     Ctrl-C (stops the web server, worker, dispatcher and provider)
 

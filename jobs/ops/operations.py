@@ -29,7 +29,8 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.views.decorators.http import require_GET, require_http_methods
 
-from jobs import ledger, rules, services
+from jobs import rules, services
+from jobs.engine import effect_machine
 from jobs.models import Attempt, Effect, Job, JobEvent
 from jobs.ops.console import error_of
 
@@ -93,7 +94,7 @@ EFFECT_OPERATIONS = {
             "Mark sent",
             "Marked sent",
             "You confirmed delivery out of band: record it as applied, send nothing.",
-            lambda effect, operator: ledger.mark_sent(
+            lambda effect, operator: effect_machine.mark_sent(
                 effect, operator=operator, note="admin action"
             ),
         ),
@@ -102,7 +103,7 @@ EFFECT_OPERATIONS = {
             "Send again",
             "Queued to send again:",
             "Queue one more send under the same key for a worker (an e-mail may arrive twice).",
-            lambda effect, operator: ledger.send_again(
+            lambda effect, operator: effect_machine.send_again(
                 effect, operator=operator, note="admin action"
             ),
         ),

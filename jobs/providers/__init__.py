@@ -15,60 +15,31 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from django.core.exceptions import ImproperlyConfigured
-
-from jobs.exceptions import JobError
+# The provider errors are part of the one hierarchy in ``jobs.exceptions``; importable
+# from here too, where provider authors look for them.
+from jobs.exceptions import (
+    ProviderError,
+    ProviderNotConfigured,
+    ProviderProtocolError,
+    ProviderRefusedCredentials,
+    ProviderRejected,
+    ProviderTimeout,
+    ProviderUnreachable,
+)
 
 if TYPE_CHECKING:
     from jobs.models import Effect
 
-
-class ProviderError(JobError):
-    """Base class for errors raised by providers; the class decides the retry."""
-
-    code = "provider_error"
-
-
-class ProviderNotConfigured(ProviderError, ImproperlyConfigured):
-    """Raised when a provider is used while a setting it needs is missing."""
-
-    error_class = "validation"
-    code = "provider_not_configured"
-
-
-class ProviderUnreachable(ProviderError):
-    """Raised when the provider could not be reached: nothing was handed over."""
-
-    error_class = "transport"
-    code = "unreachable"
-
-
-class ProviderTimeout(ProviderError):
-    """Raised when the effect was handed over but no answer came back in time."""
-
-    error_class = "provider_timeout"
-    code = "no_answer"
-
-
-class ProviderRejected(ProviderError):
-    """Raised when the provider refused the effect as invalid; retrying cannot help."""
-
-    error_class = "validation"
-    code = "rejected"
-
-
-class ProviderRefusedCredentials(ProviderError):
-    """Raised when the provider refused our credentials; an operator must look."""
-
-    error_class = "authorization"
-    code = "credentials_refused"
-
-
-class ProviderProtocolError(ProviderError):
-    """Raised when the provider answered outside its protocol (e.g. no id)."""
-
-    error_class = "unknown"
-    code = "protocol_error"
+__all__ = [
+    "Provider",
+    "ProviderError",
+    "ProviderNotConfigured",
+    "ProviderProtocolError",
+    "ProviderRefusedCredentials",
+    "ProviderRejected",
+    "ProviderTimeout",
+    "ProviderUnreachable",
+]
 
 
 class Provider:
@@ -80,6 +51,10 @@ class Provider:
     supports_idempotency: bool = False
     # Most calls in flight at once across all workers (None: unbounded).
     max_in_flight: int | None = None
+    # The effect is one in-app ``Notice`` row (``notice_for``) that the publish inserts
+    # itself, in its statement or transaction; else ``apply`` runs (transactional) or
+    # ``send`` (external).
+    notice_in_plan: bool = False
 
     def in_flight_limit(self) -> int | None:
         """The bound on simultaneous calls, read at call time (None: unbounded)."""
@@ -97,20 +72,3 @@ class Provider:
     def send(self, effect: Effect) -> str:
         """Deliver the effect (raise on failure); return the provider's reference."""
         raise NotImplementedError
-
-
-def register_builtin_providers() -> None:
-    """Register ``inapp``, ``email`` and, where httpx is installed, ``webhook``."""
-    from jobs.providers.email import EmailProvider
-    from jobs.providers.inapp import InAppProvider
-    from jobs.registry import register_provider
-
-    register_provider(InAppProvider())
-    register_provider(EmailProvider())
-    try:  # the extra django-jobs-ledger[webhook]; jobs.checks names it when it is missing
-        from jobs.providers.webhook import WebhookProvider
-    except ModuleNotFoundError as exc:
-        if exc.name != "httpx":
-            raise
-        return
-    register_provider(WebhookProvider())

@@ -11,6 +11,11 @@ class InAppProvider(Provider):
     transactional = True
     supports_idempotency = True  # the notice's one-to-one on the effect
 
+    @property
+    def notice_in_plan(self) -> bool:
+        """A subclass with its own ``apply`` is applied by it, in the ORM transaction."""
+        return type(self).apply is InAppProvider.apply
+
     def notice_for(self, effect: Effect) -> Notice:
         """The unsaved notice of ``effect``: what the one-statement publish inserts."""
         return Notice(

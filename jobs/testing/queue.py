@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from django_q.models import OrmQ
 
-from jobs import ledger
+from jobs.delivery.release import release
+from jobs.engine.job_machine import worker_identity
 from jobs.models import Effect
-from jobs.transitions import worker_identity
 
 
 def run_queued_effects(worker: str | None = None) -> dict[int, str]:
@@ -25,5 +25,5 @@ def run_queued_effects(worker: str | None = None) -> dict[int, str]:
         message.delete()  # acknowledged, as django-q2 does after the task returns
         (pk,) = task["args"]
         effect = Effect.objects.select_related("job").filter(pk=pk).first()
-        results[pk] = "missing" if effect is None else ledger.release(effect, worker)
+        results[pk] = "missing" if effect is None else release(effect, worker)
     return results

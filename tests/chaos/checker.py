@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jobs.engine import effect_machine
 from tests.chaos.intervals import Slot, merge, tenant_peaks
 
 if TYPE_CHECKING:
@@ -558,14 +559,13 @@ def one_ledger_row_per_effect_identity(h: History, r: Report) -> None:
     """Invariant 2: the identity and the key are derived, never regenerated."""
     from django.db.models import Count
 
-    from jobs import ledger
     from jobs.models import Effect
 
     identity = []
     for fx in h.effects:
-        if fx.effect_id != ledger.effect_identity(fx.job, fx.name, fx.recipient):
+        if fx.effect_id != effect_machine.effect_identity(fx.job, fx.name, fx.recipient):
             identity.append(f"{fx.effect_id}: not derived from its job")
-        if fx.idempotency_key != ledger.idempotency_key(fx.effect_id):
+        if fx.idempotency_key != effect_machine.idempotency_key(fx.effect_id):
             identity.append(f"{fx.effect_id}: key not derived from the identity")
     twice = Effect.objects.values("effect_id").annotate(n=Count("id")).filter(n__gt=1).count()
     r.check(

@@ -298,8 +298,8 @@ def test_browser__reviewer_gets_one_report_and_notice_then_loses_access(
 
 def _demo_with_every_kind_of_row(operator) -> None:
     """Seeded demo plus a finished report, a dead job, a waiting one and a withheld notice."""
+    from jobs.delivery.runner import run_delivery
     from jobs.models import Effect
-    from jobs.runner import run_delivery
     from permits.services import report_request
 
     call_command("seed_demo", stdout=io.StringIO())
@@ -407,7 +407,7 @@ def test_browser__pages_pass_axe_and_fit_a_phone(live_server, browser):
 
 
 def test_browser__live_region_keeps_its_identity_and_focus_across_polls(live_server, browser):
-    from jobs.runner import run_delivery
+    from jobs.delivery.runner import run_delivery
     from permits.services import assign_reviewer, report_request
 
     reviewer = get_user_model().objects.create_user("live-reviewer", password="live-pass-9")
@@ -451,7 +451,7 @@ def test_browser__live_region_keeps_its_identity_and_focus_across_polls(live_ser
 def test_browser__without_javascript_typed_input_survives_and_check_again_is_offered(
     live_server, browser
 ):
-    from jobs.runner import run_delivery
+    from jobs.delivery.runner import run_delivery
     from permits.services import report_request
 
     call_command("seed_demo", stdout=io.StringIO())

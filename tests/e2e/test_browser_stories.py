@@ -23,8 +23,8 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
+from jobs.delivery.runner import run_delivery
 from jobs.models import Job, JobEvent
-from jobs.runner import run_delivery
 from permits import reports, selectors, services
 from permits.models import PermitRequest, Tenant
 from tests.e2e import a11y

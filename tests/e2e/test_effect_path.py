@@ -8,7 +8,8 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 from django_q.models import OrmQ
 
-from jobs import ledger
+from jobs.delivery import publish
+from jobs.engine import effect_machine
 from jobs.models import Effect, EffectEvent, Job
 from jobs.services import request_job
 from tests.e2e.processes import PROVIDER_TOKEN, wait_until
@@ -81,8 +82,8 @@ def test_admin_send_again_on_20_effects__returns_at_once_and_a_worker_sends(
             params={"recipient": reviewer.pk, "providers": ["webhook"]},
         )
         Job.objects.filter(pk=job.pk).update(state=Job.State.SUCCEEDED)
-        (spec,) = [ledger.EffectSpec("notice-webhook", "webhook", str(reviewer.pk), {})]
-        (effect,) = Effect.objects.bulk_create(ledger.prepare(job, [spec], refused={}))
+        (spec,) = [effect_machine.EffectSpec("notice-webhook", "webhook", str(reviewer.pk), {})]
+        (effect,) = Effect.objects.bulk_create(publish.prepare(job, [spec], refused={}))
         effects.append(effect)
     Effect.objects.update(state=State.NEEDS_REVIEW, reason="stopped for the test")
     OrmQ.objects.all().delete()

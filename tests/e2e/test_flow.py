@@ -17,8 +17,9 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from jobs import flow, ledger
+from jobs import flow
 from jobs.contrib.drills.burst import max_in_window
+from jobs.delivery import publish
 from jobs.models import Attempt, Effect, EffectEvent, FlowRule, FlowRuleChange, Job
 from jobs.registry import EffectSpec
 from jobs.services import request_job
@@ -56,7 +57,7 @@ def pending_webhook_effects(n: int, *, subject: str = "flow") -> list[Effect]:
         EffectSpec(f"notice-{i}", "webhook", str(user.pk), {"report_key": f"r-{i}"})
         for i in range(n)
     ]
-    rows = ledger.prepare(job, specs, refused={})
+    rows = publish.prepare(job, specs, refused={})
     now = timezone.now()
     for e in rows:
         e.next_attempt_at, e.enqueued_for = now, None

@@ -1,10 +1,11 @@
 """The app as a new user gets it: a fresh project by docs/app/quickstart.md, literally.
 
-For Django 5.2 (Python 3.11, the django-tasks backport) and Django 6 (Python 3.12, the
+For Django 5.2 (Python 3.11, the django-tasks backport) and Django 6.1 (Python 3.12, the
 built-in ``django.tasks``): a clean copy of ``jobs/`` and its build file stands for the
 clone (``$JOBS_LEDGER``); in a fresh virtualenv the quickstart's shell commands run as
 written (its install line installs the app from that folder, not editable, with PyPI's
-dependencies), the settings it appends and the files it writes are used as written.
+dependencies; or, as a published package would be installed, from the sdist alone), the
+settings it appends and the files it writes are used as written.
 Substitutions: a scratch database for ``invoices``, and on Django 5.2 what the
 quickstart says to do there (the ``[tasks]`` extra, ``django_tasks``). Background
 commands run in their own process group, and ``kill %1`` is sent as a job-control shell
@@ -12,8 +13,10 @@ sends it (SIGTERM to that group): nothing ``jobs_worker`` started may be left af
 Checked: the quickstart's printed output, one artifact and one notice, the admin
 changelist and dashboard answer 200 (Django's test client inside the project), a
 ``@task`` through ``jobs.backends.JobsBackend``, ``manage.py help`` lists no drill or
-stand-in command, and the registry holds only the project's kinds. The wheel is built
-and its contents checked too. pip downloads go to pip's own cache (``~/.cache/pip``).
+stand-in command, and the registry holds only the project's kinds. ``python -m build``
+makes the sdist and the wheel (the wheel from the sdist, as PyPI's users' pip would),
+``twine check --strict`` passes both, and the wheel's contents are checked too. pip
+downloads go to pip's own cache (``~/.cache/pip``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -45,7 +49,11 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "docs" / "app" / "quickstart.md"
 # pip's own download cache: a fresh clone (CI) reuses what earlier runs downloaded.
 PIP_CACHE = Path(os.environ.get("PIP_CACHE_DIR") or Path.home() / ".cache" / "pip")
-VARIANTS = {"django-5.2": "3.11", "django-6": "3.12"}
+VARIANTS = {"django-5.2": "3.11", "django-6.1": "3.12"}
+# Django 6.1 is what CI tests on 6.x (the package's classifiers say the same).
+DJANGO_PINS = {"django-5.2": "Django>=5.2,<5.3", "django-6.1": "Django>=6.1,<6.2"}
+# (variant, what the quickstart's install line installs)
+RUNS = [("django-5.2", "sdist"), ("django-6.1", "sdist"), ("django-6.1", "folder")]
 
 VERIFY = """
 import json
@@ -112,13 +120,19 @@ def clone(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory, clone) -> Path:
-    """The app's wheel, built from a clean copy (no stale build/ folder can leak in)."""
+def dists(tmp_path_factory, clone) -> dict[str, Path]:
+    """``python -m build`` of a clean copy (no stale build/ folder can leak in): the sdist,
+    and the wheel built from it; both pass ``twine check --strict``."""
     pkg = clone / "packaging" / "django-jobs-ledger"
     out = tmp_path_factory.mktemp("dist")
     env = {**os.environ, "PIP_CACHE_DIR": str(PIP_CACHE)}
-    _run([sys.executable, "-m", "build", "--wheel", "--outdir", out, pkg], cwd=pkg, env=env)
+    _run([sys.executable, "-m", "build", "--outdir", out, pkg], cwd=pkg, env=env)
+    [sdist] = out.glob("django_jobs_ledger-*.tar.gz")
     [built] = out.glob("django_jobs_ledger-*.whl")
+    twine = _run(
+        [sys.executable, "-m", "twine", "check", "--strict", sdist, built], cwd=out, env=env
+    )
+    assert twine.count("PASSED") == 2, twine
     names = subprocess.run(
         [sys.executable, "-m", "zipfile", "-l", built], capture_output=True, text=True, check=True
     ).stdout
@@ -131,7 +145,48 @@ def wheel(tmp_path_factory, clone) -> Path:
         "jobs/migrations/",
     ):
         assert needed in names, needed
-    return built
+    with tarfile.open(sdist) as tar:
+        members = {m.name.split("/", 1)[1] for m in tar.getmembers() if "/" in m.name}
+    assert {"jobs/__init__.py", "jobs/py.typed", "LICENSE", "README.md", "setup.py"} <= members
+    assert not any("__pycache__" in m or m.startswith("..") for m in members)
+    metadata = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); "
+            "print(z.read(next(n for n in z.namelist() if n.endswith('METADATA'))).decode())",
+            built,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    import jobs
+
+    assert f"Version: {jobs.__version__}" in metadata  # the one place the version lives
+    for field in (
+        "Project-URL: Documentation, ",
+        "Project-URL: Homepage, ",
+        "License-Expression: MIT",
+        "Framework :: Django :: 5.2",
+        "Framework :: Django :: 6.1",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+    ):
+        assert field in metadata, field
+    return {"sdist": sdist, "wheel": built}
+
+
+@pytest.fixture(scope="module")
+def wheel(dists) -> Path:
+    """The app's wheel (built from its sdist)."""
+    return dists["wheel"]
+
+
+@pytest.fixture(scope="module")
+def sdist(dists) -> Path:
+    """The app's sdist: what a published release would be installed from."""
+    return dists["sdist"]
 
 
 def quickstart_steps() -> list[tuple[str, str, str]]:
@@ -196,11 +251,11 @@ def _stop_like_a_shell(proc, timeout: float = 45) -> None:
     assert proc.popen.poll() is not None and not left, f"kill %1 left processes: {left}"
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_wheel__quickstart_in_a_fresh_project(variant, wheel, clone, tmp_path, request):
+@pytest.mark.parametrize(("variant", "source"), RUNS)
+def test_wheel__quickstart_in_a_fresh_project(variant, source, sdist, clone, tmp_path, request):
     python = _python(VARIANTS[variant])
     old_django = variant == "django-5.2"
-    log: list[str] = [f"{variant}: {python}"]
+    log: list[str] = [f"{variant} from the {source}: {python}"]
     t0 = time.monotonic()
     venv, project = tmp_path / "venv", tmp_path / "project"
     project.mkdir()
@@ -227,8 +282,14 @@ def test_wheel__quickstart_in_a_fresh_project(variant, wheel, clone, tmp_path, r
     request.addfinalizer(procs.stop_all)  # runs first: nothing is connected at the drop
 
     def shell(command: str) -> str:
-        if command.startswith("pip install") and old_django:  # what it says for 5.2
-            command = command.replace('django-jobs-ledger"', 'django-jobs-ledger[tasks]"', 1)
+        if command.startswith("pip install"):
+            folder = '"$JOBS_LEDGER/packaging/django-jobs-ledger"'
+            assert folder in command, command
+            target = folder if source == "folder" else f'"{sdist}"'
+            if old_django:  # what it says for 5.2
+                target = target[:-1] + '[tasks]"'
+            command = command.replace(folder, target, 1) + f' "{DJANGO_PINS[variant]}"'
+            log.append(f"  install: {target}")
         if command.startswith("createdb "):
             scratchdb.create(server, db_name)
             return ""
@@ -270,11 +331,14 @@ def test_wheel__quickstart_in_a_fresh_project(variant, wheel, clone, tmp_path, r
     print("\n".join(log))
 
     [app] = [line for line in pip_freeze.splitlines() if line.startswith("django-jobs-ledger")]
-    # The clone's packaging folder, installed (not editable, not the repository's tree).
-    assert "packaging/django-jobs-ledger" in app and str(clone) in app, app
+    if source == "folder":
+        # The clone's packaging folder, installed (not editable, not the repository's tree).
+        assert "packaging/django-jobs-ledger" in app and str(clone) in app, app
+    else:  # the sdist alone: no checkout next to it is needed
+        assert f"/{sdist.name}" in app and str(clone) not in app, app
     assert not app.startswith("-e"), app
     assert "permit-report-jobs" not in pip_freeze and "httpx" not in pip_freeze
-    assert seen["django"].startswith("5.2" if old_django else "6.")
+    assert seen["django"].startswith("5.2." if old_django else "6.1")
     assert seen["kinds"] == ["billing.invoice", "jobs.task"]  # no drill kind
     assert seen["providers"] == ["email", "inapp"]  # webhook needs the extra
     assert seen["jobs"] == [["billing.invoice", "succeeded"], ["jobs.task", "succeeded"]]

@@ -58,7 +58,7 @@ class Crash(KeyboardInterrupt):
 
 def deliver(job_id: int, **kwargs):
     """One job delivery, then the effect messages its publish enqueued."""
-    from jobs.runner import run_delivery
+    from jobs.delivery.runner import run_delivery
 
     result = run_delivery(job_id, **kwargs)
     run_queued_effects()

@@ -13,9 +13,9 @@ from django_q.models import OrmQ
 
 import jobs
 from jobs import registry
+from jobs.delivery.runner import run_delivery
 from jobs.dispatch import dispatch_once
 from jobs.models import Attempt, Job, Notice
-from jobs.runner import run_delivery
 from tests.jobs.test_imports import JOBS
 
 pytestmark = pytest.mark.django_db

@@ -20,8 +20,8 @@ from django.core.management import call_command
 from django.db import connection
 
 from jobs import artifacts, registry
+from jobs.delivery.runner import run_delivery
 from jobs.models import Artifact, Attempt, Job
-from jobs.runner import run_delivery
 from tests.jobs.helpers import expire_lease, new_job
 
 try:  # Django 6

@@ -10,9 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import connection
 
-from jobs import artifacts, transitions
+from jobs import artifacts
+from jobs.delivery import runner
+from jobs.delivery.runner import run_delivery
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
-from jobs.runner import run_delivery
 from jobs.services import request_job
 from tests.jobs.helpers import expire_lease, new_job
 
@@ -38,7 +39,7 @@ def test_claim__n_concurrent_claimers_exactly_one_wins(make_user):
     user = make_user()
     for round_ in range(5):
         job = new_job(user, revision=round_ + 1, tenant=f"office-{round_}")
-        claims = in_threads(8, lambda i, pk=job.pk: transitions.claim(pk, f"w{i}").status)
+        claims = in_threads(8, lambda i, pk=job.pk: runner.claim_for(pk, f"w{i}").status)
         assert claims.count("claimed") == 1, claims
         assert claims.count("duplicate") == 7
         job.refresh_from_db()
@@ -108,12 +109,12 @@ def test_tenant_bound__holds_under_concurrent_claimers(make_user, settings):
     jobs = [new_job(user, subject=i, tenant="busy-office") for i in range(8)]
     other = new_job(user, subject=99, tenant="quiet-office")
 
-    statuses = in_threads(8, lambda i: transitions.claim(jobs[i].pk, f"w{i}").status)
+    statuses = in_threads(8, lambda i: runner.claim_for(jobs[i].pk, f"w{i}").status)
     assert statuses.count("claimed") == 2, statuses
     assert statuses.count("deferred") == 6
     assert Job.objects.live_running().filter(tenant_key="busy-office").count() == 2
     assert Job.objects.filter(tenant_key="busy-office", attempts=0).count() == 6
-    assert transitions.claim(other.pk, "w-other").status == "claimed", "bounds are per tenant"
+    assert runner.claim_for(other.pk, "w-other").status == "claimed", "bounds are per tenant"
 
 
 def test_publish__job_row_locked_elsewhere__no_wait_then_the_orm_transaction_publishes(
@@ -182,7 +183,7 @@ def test_claim__busy_tenant_lock__waits_at_most_the_lock_timeout_then_defers(mak
     try:
         assert held.wait(10)
         started = time.monotonic()
-        claim = transitions.claim(job.pk, "w1")
+        claim = runner.claim_for(job.pk, "w1")
         waited = time.monotonic() - started
     finally:
         release.set()

@@ -9,8 +9,9 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from jobs import ledger
+from jobs.delivery import release
 from jobs.dispatch import dispatch_once
+from jobs.engine import effect_machine
 from jobs.models import Effect, EffectEvent, Job
 from jobs.services import request_job
 from jobs.tasks import release_effect
@@ -82,13 +83,15 @@ def test_sender_that_keeps_dying__the_claim_stops_at_the_budget(make_user, setti
     deliver_without_effects(job)
     effect = Effect.objects.get(job=job)
     for n in range(1, 4):
-        assert ledger.claim_send(effect, f"sender-{n}") == "claimed"  # then the process dies
+        assert (
+            effect_machine.claim_send(effect, f"sender-{n}") == "claimed"
+        )  # then the process dies
         Effect.objects.filter(pk=effect.pk).update(
             lease_expires_at=timezone.now() - timedelta(seconds=1)
         )
         effect.refresh_from_db()
     assert effect.attempts == 3
-    assert ledger.claim_send(effect, "sender-4") == State.NEEDS_REVIEW
+    assert effect_machine.claim_send(effect, "sender-4") == State.NEEDS_REVIEW
     effect.refresh_from_db()
     assert effect.state == State.NEEDS_REVIEW and effect.attempts == 3
     assert effect.events.last().action == Action.STOP
@@ -98,7 +101,7 @@ def test_sender_that_keeps_dying__the_claim_stops_at_the_budget(make_user, setti
 
 
 def deliver_without_effects(job: Job) -> None:
-    from jobs.runner import run_delivery
+    from jobs.delivery.runner import run_delivery
 
     run_delivery(job.pk, worker="w1")
     OrmQ.objects.filter(pk__in=[m.pk for m in OrmQ.objects.all() if "release" in m.func()]).delete()
@@ -133,11 +136,11 @@ def _effect_in(user, state: str, *, subject: int) -> Effect:
 
 
 ARROWS = {
-    "claim": (State.PENDING, lambda e: ledger.claim_send(e, "w1")),
-    "release": (State.PENDING, lambda e: ledger.release(e, "w1")),
-    "send_again": (State.NEEDS_REVIEW, lambda e: ledger.send_again(e, operator="op")),
-    "recheck": (State.WITHHELD, lambda e: ledger.recheck_withheld(e, operator="op")),
-    "mark_sent": (State.NEEDS_REVIEW, lambda e: ledger.mark_sent(e, operator="op")),
+    "claim": (State.PENDING, lambda e: effect_machine.claim_send(e, "w1")),
+    "release": (State.PENDING, lambda e: release.release(e, "w1")),
+    "send_again": (State.NEEDS_REVIEW, lambda e: effect_machine.send_again(e, operator="op")),
+    "recheck": (State.WITHHELD, lambda e: effect_machine.recheck_withheld(e, operator="op")),
+    "mark_sent": (State.NEEDS_REVIEW, lambda e: effect_machine.mark_sent(e, operator="op")),
 }
 
 
@@ -166,7 +169,7 @@ def test_send_again__enqueues_with_a_fresh_budget_and_the_operator_named(make_us
     effect = _effect_in(make_user(email="r@example.org"), State.NEEDS_REVIEW, subject=1)
     Effect.objects.filter(pk=effect.pk).update(attempts=2, max_attempts=2)
     effect.refresh_from_db()
-    assert ledger.send_again(effect, operator="alice")
+    assert effect_machine.send_again(effect, operator="alice")
     effect.refresh_from_db()
     assert effect.state == State.PENDING and effect.max_attempts == 4
     (message,) = [m for m in OrmQ.objects.all() if m.func() == "jobs.tasks.release_effect"]

@@ -15,10 +15,13 @@ from django.core.management import call_command
 from django.db.models import Q
 from django_q.models import OrmQ
 
-from jobs import artifacts, ledger, registry, services, sql
+from jobs import artifacts, registry, services
+from jobs.delivery import runner
+from jobs.delivery.runner import run_delivery
 from jobs.dispatch import dispatch_once
+from jobs.engine import effect_machine, job_machine
+from jobs.executors import postgres
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
-from jobs.runner import run_delivery
 from jobs.tasks import release_effect
 from tests.jobs.helpers import Crash, expire_lease, make_due, new_job, run_queued_effects
 
@@ -59,7 +62,7 @@ def test_run_delivery__one_artifact_one_effect_one_notice(make_user):
     assert artifact.key == f"job-{job.pk}-rev-1" and artifacts.is_intact(artifact)
     effect = Effect.objects.get(job=job)
     assert effect.effect_id == f"{job.pk}:1:completion-notice:{user.pk}"
-    assert effect.idempotency_key == ledger.idempotency_key(effect.effect_id)
+    assert effect.idempotency_key == effect_machine.idempotency_key(effect.effect_id)
     assert effect.state == Effect.State.APPLIED
     assert Notice.objects.filter(recipient=user).count() == 1
 
@@ -345,16 +348,15 @@ def test_dispatch_schedule__installed_by_migrate():
 
 def test_expired_lease__worker_can_neither_heartbeat_nor_publish_even_unreclaimed(make_user):
     """Invariant 3: a worker whose lease expired publishes nothing, reclaimed or not."""
-    from jobs import transitions
 
     job = new_job(make_user())
-    claim = transitions.claim(job.pk, "late-worker")
+    claim = runner.claim_for(job.pk, "late-worker")
     assert claim.won
     expire_lease(job)
     late = claim.job
-    assert transitions.still_owner(late, "late-worker") is False
-    assert transitions.heartbeat(late, "late-worker") is False
-    assert transitions.publish(late, "late-worker") is False
+    assert job_machine.still_owner(late, "late-worker") is False
+    assert job_machine.heartbeat(late, "late-worker") is False
+    assert job_machine.publish(late, "late-worker") is False
     assert Job.objects.get(pk=job.pk).state == Job.State.RUNNING, "left for a reclaim"
     assert run_delivery(job.pk, worker="next-worker").outcome == "succeeded"
 
@@ -388,7 +390,7 @@ def test_one_statement_publish__refused_for_a_changed_account__each_recipient_de
     job = new_job(keep)
     Job.objects.filter(pk=job.pk).update(params={"recipients": [keep.pk, lose.pk]})
     calls = []
-    real_publish = sql.publish
+    real_publish = postgres._publish_in_one
 
     def change_account_then_publish(*args, **kwargs):
         if not calls:  # between the handler and the publish statement
@@ -400,7 +402,7 @@ def test_one_statement_publish__refused_for_a_changed_account__each_recipient_de
 
     with (
         caplog.at_level("INFO", logger="jobs.runner"),
-        mock.patch.object(sql, "publish", change_account_then_publish),
+        mock.patch.object(postgres, "_publish_in_one", change_account_then_publish),
     ):
         assert run_delivery(job.pk, worker="w1").outcome == "succeeded"
     assert calls[0] == [str(keep.pk), str(lose.pk)], "the statement checked both accounts"

@@ -12,8 +12,8 @@ from django.urls import reverse
 
 from jobs import failures, registry
 from jobs.api import JobHandle
+from jobs.delivery.runner import run_delivery
 from jobs.models import Attempt, Job
-from jobs.runner import run_delivery
 from tests.jobs.helpers import make_due, new_job
 
 pytestmark = pytest.mark.django_db

@@ -15,10 +15,10 @@ from django.db import connection, connections, transaction
 from django.db.models.functions import Now
 
 from jobs import registry
+from jobs.delivery.runner import run_delivery
 from jobs.dispatch import dispatch_once
 from jobs.models import Attempt, Effect, Job, Notice
 from jobs.providers.inapp import InAppProvider
-from jobs.runner import run_delivery
 from jobs.services import request_job
 from tests.jobs.helpers import expire_lease
 

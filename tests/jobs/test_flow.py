@@ -12,7 +12,10 @@ import pytest
 from django.core.management import call_command
 from django.db import connection, connections
 
-from jobs import flow, rules, sql, transitions
+from jobs import executors, flow, rules
+from jobs.delivery import runner
+from jobs.engine import admission
+from jobs.executors import postgres
 from jobs.models import Attempt, FlowRule, FlowRuleChange, Job
 from tests.jobs.helpers import advisory_lock_held, new_job
 
@@ -31,17 +34,17 @@ def _fresh_rules():
 
 def test_gcra__spacing_is_one_interval_and_no_burst_is_saved():
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
-    ok, tat = flow.gcra(None, t0, 0.5)
+    ok, tat = admission.gcra(None, t0, 0.5)
     assert ok and tat == t0 + timedelta(seconds=0.5)
-    ok, due = flow.gcra(tat, t0 + timedelta(seconds=0.1), 0.5)
+    ok, due = admission.gcra(tat, t0 + timedelta(seconds=0.1), 0.5)
     assert not ok and due == tat, "a miss tells when the next start is due"
-    ok, tat2 = flow.gcra(tat, tat, 0.5)
+    ok, tat2 = admission.gcra(tat, tat, 0.5)
     assert ok and tat2 == tat + timedelta(seconds=0.5)
     # Idle for a minute: the next start is allowed, but no burst was saved up.
     later = tat2 + timedelta(seconds=60)
-    ok, tat3 = flow.gcra(tat2, later, 0.5)
+    ok, tat3 = admission.gcra(tat2, later, 0.5)
     assert ok and tat3 == later + timedelta(seconds=0.5)
-    assert not flow.gcra(tat3, later + timedelta(seconds=0.01), 0.5)[0]
+    assert not admission.gcra(tat3, later + timedelta(seconds=0.01), 0.5)[0]
 
 
 @pytest.mark.parametrize(
@@ -84,25 +87,25 @@ def test_check_scope__the_four_forms(scope, ok):
 
 def test_take__at_most_one_start_per_interval_by_the_servers_clock():
     flow.set_rule("provider:webhook", actor="test", rate=5, period_seconds=1.0)
-    assert flow.take("provider:webhook").ok
-    miss = flow.take("provider:webhook")
+    assert admission.take("provider:webhook").ok
+    miss = admission.take("provider:webhook")
     assert not miss.ok and miss.reason == "rate" and 0.0 < miss.delay <= 0.2
     time.sleep(miss.delay + 0.01)
-    assert flow.take("provider:webhook").ok
+    assert admission.take("provider:webhook").ok
 
 
 def test_take__no_row_or_no_rate_allows__paused_refuses():
-    assert flow.take("provider:nothing").ok
+    assert admission.take("provider:nothing").ok
     flow.set_rule("kind:k", actor="test", concurrency=2)
-    assert flow.take("kind:k").ok and flow.take("kind:k").ok
+    assert admission.take("kind:k").ok and admission.take("kind:k").ok
     flow.pause("kind:k", actor="test")
-    held = flow.take("kind:k")
+    held = admission.take("kind:k")
     assert not held.ok and held.reason == "paused"
 
 
 def _slow_first_take(monkeypatch, pause: float) -> list[bool]:
-    """``flow.take`` that pauses after its first statement ran (the answer comes late)."""
-    real, results = flow.take, []
+    """``admission.take`` that pauses after its first statement ran (the answer comes late)."""
+    real, results = admission.take, []
 
     def take(scope):
         taken = real(scope)
@@ -150,7 +153,7 @@ def test_take__threads_racing__starts_stay_an_interval_apart():
     def taker():
         try:
             while time.monotonic() < stop:
-                if flow.take("provider:race").ok:
+                if admission.take("provider:race").ok:
                     with lock:
                         starts.append(time.monotonic())
                 else:
@@ -196,25 +199,25 @@ def test_claim__paused_kind__deferred_without_an_attempt_then_resumed(make_user)
     user = make_user()
     job = new_job(user, tenant="acme")
     flow.pause("kind:test.steps", actor="test")
-    got = transitions.claim(job.pk, "w1")
+    got = runner.claim_for(job.pk, "w1")
     assert got.status == "deferred"
     job.refresh_from_db()
     assert job.state == Job.State.QUEUED and job.attempts == 0 and job.next_attempt_at
     assert Attempt.objects.get(job=job).error_code == "flow_paused"
     flow.resume("kind:test.steps", actor="test")
     Job.objects.filter(pk=job.pk).update(next_attempt_at=None)
-    assert transitions.claim(job.pk, "w1").status == "claimed"
+    assert runner.claim_for(job.pk, "w1").status == "claimed"
 
 
 @pytest.mark.parametrize("ruled", [True, False])
 def test_claim_orm__the_attempt_starts_when_its_lease_did(make_user, monkeypatch, ruled):
     """The record the soak checks the tenant bound with: the lease the attempt implies
     (start + lease) is the lease the row got, not one read a moment later."""
-    monkeypatch.setattr(sql, "available", lambda: False)  # the ORM claim
+    monkeypatch.setattr(executors, "current", lambda: executors.by_name("orm"))  # the ORM claim
     if ruled:
         flow.set_rule("tenant:acme", actor="test", concurrency=1)
     job = new_job(make_user(), tenant="acme")
-    got = transitions.claim(job.pk, "w1", lease_seconds=2.0)
+    got = runner.claim_for(job.pk, "w1", lease_seconds=2.0)
     assert got.status == "claimed"
     job.refresh_from_db()
     assert got.attempt.started_at == job.lease_expires_at - timedelta(seconds=2.0)
@@ -225,12 +228,12 @@ def test_claim__kind_concurrency_from_the_row(make_user):
     user = make_user()
     jobs = [new_job(user, subject=str(n), tenant=f"t{n}") for n in range(3)]
     flow.set_rule("kind:test.steps", actor="test", concurrency=2)
-    results = [transitions.claim(j.pk, f"w{n}").status for n, j in enumerate(jobs)]
+    results = [runner.claim_for(j.pk, f"w{n}").status for n, j in enumerate(jobs)]
     assert results == ["claimed", "claimed", "deferred"]
     assert Job.objects.get(pk=jobs[2].pk).attempts == 0
     flow.set_rule("kind:test.steps", actor="test", concurrency=3)
     Job.objects.filter(pk=jobs[2].pk).update(next_attempt_at=None)
-    assert transitions.claim(jobs[2].pk, "w2").status == "claimed"
+    assert runner.claim_for(jobs[2].pk, "w2").status == "claimed"
 
 
 def test_claim__tenant_concurrency_row_wins_over_the_setting(make_user, settings):
@@ -238,7 +241,7 @@ def test_claim__tenant_concurrency_row_wins_over_the_setting(make_user, settings
     user = make_user()
     jobs = [new_job(user, subject=str(n), tenant="acme") for n in range(3)]
     flow.set_rule("tenant:acme", actor="test", concurrency=1)
-    results = [transitions.claim(j.pk, f"w{n}").status for n, j in enumerate(jobs)]
+    results = [runner.claim_for(j.pk, f"w{n}").status for n, j in enumerate(jobs)]
     assert results == ["claimed", "deferred", "deferred"]
 
 
@@ -246,8 +249,8 @@ def test_claim__tenant_rate__deferred_to_the_due_time_spread_over_the_period(mak
     user = make_user()
     jobs = [new_job(user, subject=str(n), tenant="acme") for n in range(3)]
     flow.set_rule("tenant:acme", actor="test", rate=1, period_seconds=10.0)
-    first = transitions.claim(jobs[0].pk, "w0")
-    second = transitions.claim(jobs[1].pk, "w1")
+    first = runner.claim_for(jobs[0].pk, "w0")
+    second = runner.claim_for(jobs[1].pk, "w1")
     assert (first.status, second.status) == ("claimed", "deferred")
     held = Job.objects.get(pk=jobs[1].pk)
     rule = FlowRule.objects.get(scope="tenant:acme")
@@ -262,10 +265,10 @@ def test_claim__no_rule__the_one_statement_claim_still_claims(make_user):
     user = make_user()
     job = new_job(user, tenant="acme")
     flow.set_rule("kind:test.short", actor="test", concurrency=1)
-    if sql.available():
-        assert sql.claim(job.pk, "w1", lease=5, bound=4) is not None
+    if executors.current().name == "postgres":
+        assert postgres.claim_in_one(job.pk, "w1", lease=5, bound=4) is not None
     else:
-        assert transitions.claim(job.pk, "w1").status == "claimed"
+        assert runner.claim_for(job.pk, "w1").status == "claimed"
 
 
 @pytest.mark.postgres
@@ -276,8 +279,8 @@ def test_sql_claim__rules_that_admit__the_one_statement_claims_the_ruled_job(mak
     b = new_job(user, subject="2", tenant="beta", kind="test.short")
     flow.set_rule("tenant:acme", actor="test", rate=100)
     flow.set_rule("kind:test.short", actor="test", concurrency=10)
-    assert sql.claim(a.pk, "w1", lease=5, bound=4) is not None
-    assert sql.claim(b.pk, "w1", lease=5, bound=4) is not None
+    assert postgres.claim_in_one(a.pk, "w1", lease=5, bound=4) is not None
+    assert postgres.claim_in_one(b.pk, "w1", lease=5, bound=4) is not None
     rule = FlowRule.objects.get(scope="tenant:acme")
     assert rule.next_free_at is not None, "the statement's claim took a start from the rate"
 
@@ -303,14 +306,14 @@ def test_sql_claim__a_rule_that_binds__leaves_the_job_to_the_orm_which_defers_it
     first, second = (new_job(user, subject=str(n), tenant="acme") for n in range(2))
     paused = rule.pop("paused", False)
     flow.set_rule(scope, actor="test", **rule)
-    assert sql.claim(first.pk, "w1", lease=30, bound=bound) is not None, why
+    assert postgres.claim_in_one(first.pk, "w1", lease=30, bound=bound) is not None, why
     if paused:
         flow.pause(scope, actor="test")
     before = FlowRule.objects.get(scope=scope).next_free_at
-    assert sql.claim(second.pk, "w2", lease=30, bound=bound) is None, why
+    assert postgres.claim_in_one(second.pk, "w2", lease=30, bound=bound) is None, why
     assert FlowRule.objects.get(scope=scope).next_free_at == before, "no start spent"
     assert Job.objects.get(pk=second.pk).attempts == 0
-    got = transitions.claim(second.pk, "w2", lease_seconds=30)
+    got = runner.claim_for(second.pk, "w2", lease_seconds=30)
     assert got.status == "deferred", why
     assert Job.objects.get(pk=second.pk).attempts == 0
 
@@ -323,9 +326,9 @@ def test_sql_claim__kind_scope_lock_busy__claims_nothing_and_never_waits(make_us
     flow.set_rule("kind:test.steps", actor="test", concurrency=5)
     with advisory_lock_held(rules.FLOW_LOCK_CLASS, "kind:test.steps"):
         started = time.monotonic()
-        assert sql.claim(job.pk, "w1", lease=5, bound=4) is None
+        assert postgres.claim_in_one(job.pk, "w1", lease=5, bound=4) is None
         assert time.monotonic() - started < 5, "the statement waited for the scope's lock"
-    assert sql.claim(job.pk, "w1", lease=5, bound=4) is not None
+    assert postgres.claim_in_one(job.pk, "w1", lease=5, bound=4) is not None
 
 
 @pytest.mark.postgres
@@ -347,7 +350,7 @@ def test_sql_claim__threads_racing__the_kind_rule_holds(make_user, rule, most):
             barrier.wait(10)
             until = time.monotonic() + 2
             while time.monotonic() < until:
-                if sql.claim(job.pk, f"w{job.pk}", lease=60, bound=100) is not None:
+                if postgres.claim_in_one(job.pk, f"w{job.pk}", lease=60, bound=100) is not None:
                     won.append(job.pk)
                     return
                 time.sleep(0.01)

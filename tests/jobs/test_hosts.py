@@ -16,21 +16,22 @@ from django.db import connections
 from django.db.models.functions import Now
 from django_q.models import OrmQ
 
-from jobs import conf, transitions
+from jobs import conf
 from jobs.dispatch import dispatch_once
+from jobs.engine import job_machine
 from jobs.models import Job
 from tests.jobs.helpers import expire_lease, new_job
 
 
 def test_worker_identity__carries_the_configured_host_name(settings, monkeypatch):
     settings.JOBS_HOST_NAME = "host-b"
-    monkeypatch.setattr(transitions, "_identity", None)
-    assert transitions.worker_identity().startswith("host-b:")
+    monkeypatch.setattr(job_machine, "_identity", None)
+    assert job_machine.worker_identity().startswith("host-b:")
     settings.JOBS_HOST_NAME = ""
-    monkeypatch.setattr(transitions, "_identity", None)
+    monkeypatch.setattr(job_machine, "_identity", None)
     import socket
 
-    assert transitions.worker_identity().startswith(f"{socket.gethostname()}:")
+    assert job_machine.worker_identity().startswith(f"{socket.gethostname()}:")
     assert conf.host_name() == socket.gethostname()
 
 

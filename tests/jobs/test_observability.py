@@ -10,10 +10,10 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from jobs.delivery.runner import claim_for as claim
+from jobs.delivery.runner import run_delivery
 from jobs.logformat import JsonFormatter
 from jobs.models import Attempt, Job
-from jobs.runner import run_delivery
-from jobs.transitions import claim
 from tests.jobs.helpers import new_job
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.testapp.urls")]

@@ -19,8 +19,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from jobs.delivery.runner import run_delivery
 from jobs.models import Attempt, Effect, Job, Notice
-from jobs.runner import run_delivery
 from jobs.services import request_job
 from tests.jobs.helpers import new_job
 

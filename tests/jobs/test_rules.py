@@ -118,9 +118,9 @@ def test_tenant_function__frozen_text_is_what_the_rule_generates():
 
 
 def test_flow_function__frozen_text_is_what_the_rules_generate():
-    migration = importlib.import_module("jobs.migrations.0013_flow_admits")
-    assert rules.flow_function_sql() == migration.CREATE, (
-        "jobs.rules changed: add a migration with jobs_flow_admits_v2 from the new rules"
+    migration = importlib.import_module("jobs.migrations.0014_flow_admits_v2")
+    assert rules.flow_function_sql() == "\n" + migration.CREATE, (
+        "jobs.rules changed: add a migration with jobs_flow_admits_v3 from the new rules"
     )
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from jobs import artifacts
+from jobs.delivery.runner import run_delivery
 from jobs.exceptions import StorageUnavailable
 from jobs.models import Artifact, Attempt, Job
 from jobs.retry import classify
-from jobs.delivery.runner import run_delivery
 from tests.jobs.helpers import make_due, new_job
 
 pytestmark = pytest.mark.django_db(transaction=True)

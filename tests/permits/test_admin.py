@@ -8,8 +8,8 @@ import pytest
 from django.contrib.auth.models import Group
 from django.core.management import call_command
 
+from jobs.delivery.runner import run_delivery
 from jobs.models import Job
-from jobs.runner import run_delivery
 from jobs.services import request_job
 from permits.models import PermitRequest
 

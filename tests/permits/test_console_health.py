@@ -7,8 +7,8 @@ import re
 
 import pytest
 
+from jobs.delivery.runner import run_delivery
 from jobs.ops import console
-from jobs.runner import run_delivery
 from tests.permits.test_admin import dead_job, demo, login  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.django_db

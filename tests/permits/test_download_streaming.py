@@ -18,8 +18,8 @@ from django.contrib.auth.models import Group
 from django.test import Client
 
 from jobs import artifacts
+from jobs.delivery.runner import run_delivery
 from jobs.models import Artifact
-from jobs.runner import run_delivery
 from jobs.testing.s3server import moto_server_process
 from permits.services import report_request
 from tests.permits import factories

@@ -8,8 +8,8 @@ import pytest
 from django.core import serializers
 from django_q.models import OrmQ, Task
 
+from jobs.delivery.runner import run_delivery
 from jobs.models import Attempt, Effect, Job, Notice
-from jobs.runner import run_delivery
 from jobs.services import request_job
 from permits import reports
 from permits.models import PermitRequest

@@ -10,8 +10,8 @@ import pytest
 from django.core.management import call_command
 
 from jobs import services as job_services
+from jobs.delivery.runner import run_delivery
 from jobs.models import Attempt, Job
-from jobs.runner import run_delivery
 from permits import selectors, services
 from permits.models import PermitRequest, ReviewDecision
 from tests.permits.factories import permit

@@ -12,8 +12,8 @@ from django.http import Http404
 
 from jobs import services as job_services
 from jobs.artifacts import open_artifact
+from jobs.delivery.runner import run_delivery
 from jobs.models import Artifact, Effect, Job, Notice
-from jobs.runner import run_delivery
 from permits import selectors
 from permits.models import PermitRequest, Tenant
 from permits.reports import compute_fees, render_report
@@ -152,7 +152,7 @@ def test_authorize_release__agrees_with_guardian_has_perm(make_user):
     from django.contrib.auth.models import Group
     from guardian.shortcuts import assign_perm
 
-    from jobs.ledger import effect_identity
+    from jobs.engine.effect_machine import effect_identity
     from permits.models import REVIEW_PERM
     from permits.reports import authorize_release
 

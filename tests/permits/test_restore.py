@@ -23,11 +23,11 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from jobs import artifacts, registry
+from jobs.delivery.runner import run_delivery
 from jobs.exceptions import ArtifactLost, StorageUnavailable, TemporaryFailure
 from jobs.models import Artifact, Job
 from jobs.queue import enqueue_restore
 from jobs.restore import restore_artifact
-from jobs.runner import run_delivery
 from permits.services import report_request
 from tests.permits import factories
 

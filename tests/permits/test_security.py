@@ -32,9 +32,9 @@ from django.urls import NoReverseMatch, reverse
 from django_q.models import OrmQ
 
 from jobs.artifacts import get_storage, sha256_hex
+from jobs.delivery.runner import run_delivery
 from jobs.models import Artifact, Job
 from jobs.restore import restore_artifact
-from jobs.runner import run_delivery
 from permits.models import PRIVATE_FIELDS, ApplicantContactView, PermitRequest
 from permits.services import report_request
 from tests.permits import factories

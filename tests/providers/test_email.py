@@ -13,6 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobs.dispatch import dispatch_once
+from jobs.engine import effect_machine
 from jobs.models import Effect, EffectEvent
 from jobs.tasks import release_effect
 from tests.jobs.helpers import deliver as run_delivery
@@ -225,7 +226,6 @@ def run_job(job):
 
 
 def test_email__sender_lost_mid_send_goes_to_review_instead_of_a_blind_resend(make_user):
-    from jobs import ledger
     from tests.jobs.helpers import Crash
 
     user = make_user(email="reviewer@example.org")
@@ -238,7 +238,7 @@ def test_email__sender_lost_mid_send_goes_to_review_instead_of_a_blind_resend(ma
     with pytest.raises(Crash):
         run_delivery(job.pk, worker="w1", on_stage=die_after_publish)
     effect = effect_of(job)
-    assert ledger.claim_send(effect, "w1") == "claimed"  # then dies inside the SMTP call
+    assert effect_machine.claim_send(effect, "w1") == "claimed"  # then dies inside the SMTP call
     Effect.objects.filter(pk=effect.pk).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1),
         enqueued_for=timezone.now() - timedelta(seconds=2),  # its message came before

@@ -10,6 +10,7 @@ import pytest
 from django.utils import timezone
 
 from jobs import flow, registry
+from jobs.engine import admission
 from jobs.models import Effect, EffectEvent, FlowRule, FlowRuleChange
 from jobs.tasks import release_effect
 from tests.jobs.helpers import deliver as run_delivery
@@ -96,7 +97,7 @@ def test_provider_rate__the_slow_set_up_comes_before_the_start(make_user, webhoo
     flow.set_rule("provider:webhook", actor="test", rate=5, period_seconds=1.0)
     registry.get_provider("webhook")._local.client = None  # as in a new worker process
     order = []
-    real_take, real_init = flow.take, httpx.Client.__init__
+    real_take, real_init = admission.take, httpx.Client.__init__
 
     def take(scope):
         order.append("start")

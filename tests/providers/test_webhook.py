@@ -14,8 +14,9 @@ import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from jobs import ledger
+from jobs.delivery import publish
 from jobs.dispatch import dispatch_once
+from jobs.engine import effect_machine
 from jobs.models import Effect, EffectEvent
 from jobs.providers import ProviderNotConfigured
 from jobs.providers.webhook import BODY_FIELDS, WebhookProvider
@@ -80,7 +81,7 @@ def test_webhook__an_existing_effect_never_gets_a_new_key(make_user, webhook):
     run_delivery(job.pk, worker="w1")  # 503: pending, retried later
     effect = effect_of(job)
     key = effect.idempotency_key
-    assert key == ledger.idempotency_key(effect.effect_id), "derived from the identity"
+    assert key == effect_machine.idempotency_key(effect.effect_id), "derived from the identity"
 
     webhook.faults.unavailable = 0.0
     webhook.faults.stall = 1.0
@@ -93,7 +94,7 @@ def test_webhook__an_existing_effect_never_gets_a_new_key(make_user, webhook):
     effect.refresh_from_db()
     make_due(effect)
     effect.refresh_from_db()
-    assert ledger.claim_send(effect, "crashed-sender") == "claimed"
+    assert effect_machine.claim_send(effect, "crashed-sender") == "claimed"
     Effect.objects.filter(pk=effect.pk).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1),
         enqueued_for=timezone.now() - timedelta(seconds=2),  # its message came before
@@ -104,7 +105,7 @@ def test_webhook__an_existing_effect_never_gets_a_new_key(make_user, webhook):
     # Publishing the same outcome again cannot mint a second row (or key).
     with pytest.raises(IntegrityError), transaction.atomic():
         spec = EffectSpec("completion-notice", "webhook", str(user.pk))
-        Effect.objects.bulk_create(ledger.prepare(job, [spec], refused={}))
+        Effect.objects.bulk_create(publish.prepare(job, [spec], refused={}))
 
     effect.refresh_from_db()
     assert effect.idempotency_key == key and Effect.objects.filter(job=job).count() == 1

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
+from jobs.delivery.runner import JobContext
 from jobs.exceptions import NotAuthorized, PayloadInvalid, TemporaryFailure
 from jobs.registry import EffectSpec, register_kind
-from jobs.runner import JobContext
 
 
 def _error(mode: str) -> Exception:

@@ -12,8 +12,8 @@ the ledger: the most calls it held open at once, calls per second after it came
 back, notices applied, and effects applied twice. The ledger is only compared
 against it (every effect applied, under the id the provider gave).
 
-The workers run the real code paths: ``runner.run_delivery`` for jobs and
-``ledger.release`` for due effects (what ``jobs.tasks.run_job`` and
+The workers run the real code paths: ``delivery.runner.run_delivery`` for jobs and
+``delivery.release.release`` for due effects (what ``jobs.tasks.run_job`` and
 ``jobs.tasks.release_effect`` call inside django-q2). They pick work from the
 database instead of the queue, partitioned by id so that no two of them chase
 the same row; they are separate processes sharing only the database and the
@@ -41,7 +41,8 @@ from django.db.models import F, Q
 from django.db.models.functions import Mod
 from django.utils import timezone
 
-from jobs import ledger, registry
+from jobs import registry
+from jobs.delivery.release import release
 from jobs.models import Effect, EffectEvent, FlowRule, Job
 from jobs.registry import EffectSpec
 from jobs.testing.fakeprovider import Record
@@ -87,7 +88,7 @@ def run_scope(run: str) -> Q:
 
 def work_once(run: str, index: int, count: int, worker: str, stop=lambda: False) -> int:
     """Take this worker's share of due jobs and due effects of ``run``; returns items done."""
-    from jobs.runner import run_delivery
+    from jobs.delivery.runner import run_delivery
 
     now = timezone.now()
     jobs = (
@@ -115,14 +116,14 @@ def work_once(run: str, index: int, count: int, worker: str, stop=lambda: False)
     for effect in list(effects):
         if stop():
             return done
-        ledger.release(effect, worker)
+        release(effect, worker)
         done += 1
     return done
 
 
 def work(run: str, index: int, count: int, *, idle: float = 0.02) -> None:
     """Loop until SIGTERM: the body of one worker process."""
-    from jobs.transitions import worker_identity
+    from jobs.engine.job_machine import worker_identity
 
     stopping = False
 

@@ -1,4 +1,4 @@
-"""The hot path's two statements, hand-written: the claim and the publish (PostgreSQL).
+"""The PostgreSQL executor: the claim and the publish as one hand-written statement each.
 
 Everything else in the engine speaks the ORM. These two run once per job, and the
 ORM would need five round trips for the claim and eight for the publish; each here
@@ -18,28 +18,40 @@ worker: the server commits it, or nothing, by itself.
 
 Their conditions are not spelled here: the claimability, the owner fence, the live
 lease and the account release rule come from ``jobs.rules``, which renders the same
-definitions for the ORM. The publish carries out a ``jobs.publish.Plan``; the ORM
-executor in ``jobs.publish`` carries out the same plan elsewhere (SQLite, psycopg2,
-effects that need a queue message or a provider's own code). The tenant function
-``jobs_tenant_admits_v2`` comes from migration 0008. psycopg is imported only when
-a statement runs: a site on SQLite or psycopg2 never loads it.
+definitions for the ORM. The publish carries out a ``jobs.engine.plan.Plan``; the
+ORM executor (``jobs.executors.orm``) carries out the same plan and the same claim
+for the documented refusals: a plan with effects that need a queue message or a
+provider's own code, the job's row locked elsewhere, a recipient deleted mid-publish,
+and a claim the statement could not plainly make (the ORM claim then decides and
+records what the delivery was, by the same admission). The tenant and flow functions
+come from migrations 0008 and 0014. psycopg is imported only when a statement runs:
+a site on SQLite or psycopg2 never loads it.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from types import SimpleNamespace
 
 from django.contrib.auth import get_user_model
-from django.db import connection, models
+from django.db import DatabaseError, connection, models, transaction
 from django.db.models.functions import Now
 
 from jobs import conf, rules
+from jobs.engine import effect_machine, job_machine
+from jobs.engine.plan import Claim, Plan, Result, Status
+from jobs.engine.refusals import refusal
+from jobs.executors import orm
 from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, Notice
+
+log = logging.getLogger("jobs.executors")
+
+name = "postgres"
 
 NOW = "clock_timestamp()"
 
@@ -57,33 +69,10 @@ def path() -> tuple[bool, str]:
     return True, "PostgreSQL through psycopg 3: one statement for the claim and the publish"
 
 
-def available() -> bool:
-    """Whether the one-statement paths apply to the default connection."""
-    return path()[0]
-
-
 def _int8(value: int):
     from psycopg.types.numeric import Int8
 
     return Int8(value)
-
-
-def refusal(exc: BaseException) -> str | None:
-    """The SQLSTATE name of a refusal the statements mean to give way on, else None.
-
-    Only these make the caller take the ORM path: the job's row locked by another
-    transaction (``lock_not_available``) and a recipient deleted between the check
-    and the insert (``foreign_key_violation``). A lost connection or anything else
-    is an error, not a refusal.
-    """
-    from psycopg import errors
-
-    cause = exc.__cause__ if exc.__cause__ is not None else exc
-    if isinstance(cause, errors.LockNotAvailable):
-        return "lock_not_available"
-    if isinstance(cause, errors.ForeignKeyViolation):
-        return "foreign_key_violation"
-    return None
 
 
 class _Prepared:
@@ -163,21 +152,31 @@ def _claim_statement() -> tuple[str, rules.Rendered]:
     columns = ", ".join(_q(f.column) for f in Job._meta.concrete_fields)
     claimable = rules.to_sql(rules.CLAIMABLE, Job, quote=_q)
     # A job whose kind or tenant has an active flow rule: the rules are judged by
-    # ``jobs_flow_admits_v1`` (jobs.rules.flow_function_sql); otherwise the tenant bound.
-    ruled = rules.flow_ruled_sql(job_t, quote=_q)
+    # ``jobs_flow_admits_v2`` (jobs.rules.flow_function_sql); otherwise the tenant bound.
+    ruled = rules.flow_ruled_sql("target", quote=_q)
     assert not ruled.slots, "the flow-rule condition has no parameters"
+    # The job's row is locked first (never waited for: a claim racing this one leaves
+    # it to the ORM claim, which records the duplicate), then admission runs once, in a
+    # CTE of its own: never in the UPDATE's WHERE, which the server may evaluate again
+    # after a concurrent update. Starts it takes stand because the row is already ours.
     text = f"""
-        WITH claimed AS (
+        WITH target AS MATERIALIZED (
+            SELECT id, kind, tenant_key FROM {job_t}
+            WHERE id = %s AND {claimable.text}
+            FOR UPDATE SKIP LOCKED
+        ), admitted AS MATERIALIZED (
+            SELECT id FROM target
+            WHERE CASE WHEN {ruled.text}
+                THEN jobs_flow_admits_v2(kind, tenant_key, id, %s::integer)
+                ELSE tenant_key = '' OR jobs_tenant_admits_v2(tenant_key, id, %s::integer)
+            END
+        ), claimed AS (
             UPDATE {job_t} SET
                 state = %s, attempts = attempts + 1, lease_owner = %s,
                 lease_expires_at = {NOW} + make_interval(secs => %s),
                 next_attempt_at = NULL, started_at = COALESCE(started_at, {NOW}),
                 version = version + 1, updated_at = {NOW}
-            WHERE id = %s AND {claimable.text}
-              AND CASE WHEN {ruled.text}
-                  THEN jobs_flow_admits_v1(kind, tenant_key, id, %s::integer)
-                  ELSE tenant_key = '' OR jobs_tenant_admits_v2(tenant_key, id, %s::integer)
-              END
+            WHERE id = (SELECT id FROM admitted)
             RETURNING {columns}
         ), attempt AS (
             INSERT INTO {attempt_t}
@@ -190,19 +189,32 @@ def _claim_statement() -> tuple[str, rules.Rendered]:
     return _compact(text), claimable
 
 
-def claim(job_id: int, worker: str, *, lease: float, bound: int) -> tuple[Job, Attempt] | None:
-    """queued or due retry_wait → running, with its attempt row, in one statement.
+def claim(job_id: int, worker: str, *, lease: float, bound: int) -> Claim:
+    """queued or due retry_wait → running in one statement, or the ORM claim's verdict.
 
-    Returns ``(job, attempt)`` (the attempt's ``started_at`` is the server's clock at
-    the claim) or None when the job is not plainly claimable now (not due, running,
-    finished, budget spent, tenant at its bound or its lock busy, a flow rule of its
-    kind or tenant holding it back or its lock busy, missing): the ORM
-    claim then decides and records what that delivery was. The lease is computed by
-    the server's clock when the row is written, after the tenant's lock is held.
+    When the job is not plainly claimable now (not due, running, finished, budget
+    spent, its row locked by a racing claim, the tenant at its bound or its lock busy,
+    a flow rule of its kind or tenant holding it back, missing), the statement writes
+    nothing and the ORM claim decides and records what that delivery was, by the same
+    admission.
     """
+    claimed = claim_in_one(job_id, worker, lease=lease, bound=bound)
+    if claimed is None:
+        return orm.claim(job_id, worker, lease=lease, bound=bound)
+    job, attempt = claimed
+    job_machine.log_arrow(job, "claim", worker, reclaimed=False)
+    return Claim("claimed", job, attempt)
+
+
+def claim_in_one(
+    job_id: int, worker: str, *, lease: float, bound: int
+) -> tuple[Job, Attempt] | None:
+    """The claim's one statement: ``(job, attempt)`` (the attempt's ``started_at`` is the
+    server's clock at the claim), or None having written nothing. The lease is computed
+    by the server's clock when the row is written, after every lock is held."""
     sql, claimable = _claim_statement()
-    params = [Job.State.RUNNING, worker, float(lease), _int8(job_id), *claimable.params()]
-    params += [_int8(bound), _int8(bound), worker]
+    params = [_int8(job_id), *claimable.params(), _int8(bound), _int8(bound)]
+    params += [Job.State.RUNNING, worker, float(lease), worker]
     with _cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -375,17 +387,40 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> tuple[str, tupl
     return text, (admits, fence)
 
 
-def publish(plan):
-    """Carry out a ``jobs.publish.Plan`` in one statement: running → succeeded with the
-    attempt's outcome, the artifact row, the effects born final, their notices and events.
+def publish(plan: Plan) -> Result:
+    """Carry out ``plan`` in one statement where it can, else by the ORM executor.
+
+    The ORM takes a plan the statement cannot (``Plan.statement_refusal``) and one the
+    statement gave way on (``jobs.engine.refusals``: the job's row locked elsewhere, a
+    recipient deleted mid-publish). A lost connection is an error, not a refusal.
+    """
+    if not plan.statement_refusal():
+        try:
+            with transaction.atomic() if connection.in_atomic_block else nullcontext():
+                result = _publish_in_one(plan)
+        except DatabaseError as exc:
+            why = refusal(exc)
+            if why is None:
+                raise
+            log.info("job=%s one-statement publish gave way (%s): ORM path", plan.job.pk, why)
+        else:
+            if result.status == Status.WON:
+                job_machine.mirror_publish(plan.job, plan.worker)
+                plan.attempt.outcome = Attempt.Outcome.SUCCEEDED
+                effect_machine.log_born(plan.effects, plan.worker)
+                result.effects = list(plan.effects)
+            return result
+    return orm.publish(plan)
+
+
+def _publish_in_one(plan: Plan) -> Result:
+    """running → succeeded with the attempt's outcome, the artifact row, the effects born
+    final, their notices and events, in one statement.
 
     The account rule is checked for ``plan.accounts`` in the same statement; if it
     refuses one, nothing is written and the result names them. If the owner fence
     fails, nothing is written. On a win the plan's instances get their ids.
     """
-    from jobs.ledger import ACCOUNT_MISSING, ACCOUNT_REFUSED
-    from jobs.publish import Result, Status
-
     job = plan.job
     changes = dict(plan.changes)
     statement, (admits, fence) = _publish_statement(
@@ -406,10 +441,10 @@ def publish(plan):
         won, refused, artifact_id, effect_ids, notice_ids = cursor.fetchone()
     if not won:
         if refused:
-            why = {"missing": ACCOUNT_MISSING, "refused": ACCOUNT_REFUSED}
+            why = {"missing": rules.ACCOUNT_MISSING, "refused": rules.ACCOUNT_REFUSED}
             reasons = {str(k): why[v] for k, v in _json(refused).items()}
-            return Result(Status.ACCOUNTS_REFUSED, "statement", reasons)
-        return Result(Status.LOST, "statement")
+            return Result(Status.ACCOUNTS_REFUSED, name, reasons)
+        return Result(Status.LOST, name)
     if plan.artifact is not None:
         plan.artifact.pk = artifact_id
         plan.artifact._state.adding = False
@@ -419,7 +454,7 @@ def publish(plan):
         effect._state.adding = False
         if effect.effect_id in notice_ids:
             effect.provider_ref = rules.notice_reference(notice_ids[effect.effect_id])
-    return Result(Status.WON, "statement")
+    return Result(Status.WON, name)
 
 
 def _compact(statement: str) -> str:

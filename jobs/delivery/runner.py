@@ -12,7 +12,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from jobs import artifacts, clock, conf, failures, publish, registry, transitions
+from jobs import artifacts, clock, conf, executors, failures, registry
+from jobs.delivery import publish
+from jobs.engine import job_machine
+from jobs.engine.plan import Claim
 from jobs.exceptions import JobError, LeaseLost
 from jobs.models import Artifact, Attempt, Job
 from jobs.retry import classify, job_outcome
@@ -46,7 +49,7 @@ class JobContext:
 
     def check_owner(self) -> None:
         """Raise LeaseLost unless this worker still holds the job; call before private reads."""
-        if not transitions.still_owner(self.job, self.worker):
+        if not executors.current().still_owner(self.job, self.worker):
             raise LeaseLost(f"job {self.job.pk} is no longer held by this worker")
         self._owner_checked = True
 
@@ -58,7 +61,7 @@ class JobContext:
         """
         if time.monotonic() - self._lease_extended_at < conf.lease_seconds() / 3:
             return
-        if not transitions.heartbeat(self.job, self.worker):
+        if not job_machine.heartbeat(self.job, self.worker):
             raise LeaseLost(f"job {self.job.pk} was reclaimed before the heartbeat")
         self._lease_extended_at = time.monotonic()
 
@@ -89,8 +92,8 @@ def run_delivery(
     job_id: int, *, worker: str | None = None, on_stage: StageHook | None = None
 ) -> DeliveryResult:
     """Handle one queue delivery of ``job_id`` by the worker protocol in DESIGN.md."""
-    worker = worker or transitions.worker_identity()
-    claim = transitions.claim(job_id, worker)
+    worker = worker or job_machine.worker_identity()
+    claim = claim_for(job_id, worker)
     if not claim.won:
         return DeliveryResult(job_id, claim.status, worker)
     job, attempt = claim.job, claim.attempt
@@ -102,7 +105,7 @@ def run_delivery(
         ctx.stage("before_publish")
         ctx.heartbeat()  # a lease more than a third spent is extended before the fenced publish
     except LeaseLost:
-        transitions.finish_attempt(attempt, Outcome.LEASE_LOST)
+        job_machine.finish_attempt(attempt, Outcome.LEASE_LOST)
         log.info("job=%s worker=%s lease lost during work", job.pk, worker)
         return DeliveryResult(job_id, Outcome.LEASE_LOST, worker)
     except KeyboardInterrupt:
@@ -112,7 +115,7 @@ def run_delivery(
 
     effects = _publish(ctx, specs)
     if effects is None:
-        transitions.finish_attempt(attempt, Outcome.LEASE_LOST)
+        job_machine.finish_attempt(attempt, Outcome.LEASE_LOST)
         log.info("job=%s worker=%s publish lost: another worker owns the job", job.pk, worker)
         return DeliveryResult(job_id, Outcome.LEASE_LOST, worker)
     ctx.stage("published")
@@ -163,7 +166,7 @@ def _handle_failure(ctx: JobContext, exc: BaseException) -> DeliveryResult:
                 if outage
                 else conf.backoff(job.attempts, retry_after=c.retry_after)
             )
-            won = transitions.schedule_retry(
+            won = job_machine.schedule_retry(
                 job,
                 worker,
                 delay=delay,
@@ -176,9 +179,9 @@ def _handle_failure(ctx: JobContext, exc: BaseException) -> DeliveryResult:
             outcome, fields["retry_delay_seconds"] = Outcome.RETRY, delay
         else:
             write, outcome = (
-                (transitions.fail, Outcome.FAILED)
+                (job_machine.fail, Outcome.FAILED)
                 if state == "failed"
-                else (transitions.bury, Outcome.DEAD)
+                else (job_machine.bury, Outcome.DEAD)
             )
             won = write(
                 job,
@@ -190,7 +193,7 @@ def _handle_failure(ctx: JobContext, exc: BaseException) -> DeliveryResult:
             )
         if not won:
             outcome = Outcome.LEASE_LOST
-        transitions.finish_attempt(attempt, outcome, **fields)
+        job_machine.finish_attempt(attempt, outcome, **fields)
     # One line per failed attempt: ids, class, code and frames; never the message or params.
     line = {"job": job.pk, "kind": job.kind, "attempt": attempt.number, "outcome": outcome}
     line.update(error=error.type_path, code=c.code, frames=failures.frames_text(exc))
@@ -211,3 +214,10 @@ def _outage_for(job: Job, attempt: Attempt) -> float | None:
     if job.outage_since is None or attempt.started_at is None:
         return None
     return (attempt.started_at - job.outage_since).total_seconds()
+
+
+def claim_for(job_id: int, worker: str, *, lease_seconds: float | None = None) -> Claim:
+    """Claim ``job_id`` for ``worker`` with this process's executor, the configured lease
+    (or ``lease_seconds``) and the tenant bound: the first step of every delivery."""
+    lease = conf.lease_seconds() if lease_seconds is None else lease_seconds
+    return executors.current().claim(job_id, worker, lease=lease, bound=conf.tenant_concurrency())

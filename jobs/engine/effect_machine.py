@@ -34,21 +34,16 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
-import time
-from collections.abc import Mapping
-from contextvars import ContextVar
 
-from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
-from django.utils import timezone
 
-from jobs import clock, conf, flow, queue, registry, rules
-from jobs.cas import compare_and_swap
+from jobs import clock, conf, queue, registry
+from jobs.engine.cas import compare_and_swap
+from jobs.engine.plan import Hold
 from jobs.models import Effect, EffectEvent, Job
-from jobs.registry import EffectSpec
-from jobs.retry import ErrorClass, classify, effect_outcome
+from jobs.retry import Classified, ErrorClass, classify, effect_outcome
 
 log = logging.getLogger("jobs.ledger")
 
@@ -65,56 +60,11 @@ def idempotency_key(effect_id: str) -> str:
     return "fx-" + hashlib.sha256(effect_id.encode()).hexdigest()[:40]
 
 
-ACCOUNT_MISSING = "recipient account no longer exists"
-ACCOUNT_REFUSED = "recipient account is inactive"
-
-
-def prepare(job: Job, specs: list[EffectSpec], *, refused: Mapping[str, str]) -> list[Effect]:
-    """The job's effect rows, unsaved; transactional ones already decided.
-
-    Effects of a transactional provider (the in-app notice) are released in the
-    publish: the kind's own check (``authorize_release``) runs here, right before
-    it, and the row is born ``applied`` (or ``withheld``); the account rule
-    (``jobs.rules.account_admits``) is checked by the executor in the statement or
-    transaction that commits it (``jobs.publish``). ``refused``: recipients that rule
-    refused at an earlier try, withheld with its reason. The other effects are born
-    ``pending``, due now and marked enqueued: the publish enqueues their messages.
-    """
-    now = timezone.now()  # shown to people only; due times below use the server's clock
-    budget = conf.effect_max_attempts()
-    rows = []
-    seen = set()
-    for spec in specs:
-        effect_id = effect_identity(job, spec.name, str(spec.recipient))
-        if effect_id in seen:  # the same outcome asked for twice is still one outcome
-            continue
-        seen.add(effect_id)
-        effect = Effect(
-            effect_id=effect_id,
-            job=job,
-            name=spec.name,
-            provider=spec.provider,
-            recipient=str(spec.recipient),
-            idempotency_key=idempotency_key(effect_id),
-            data=spec.data,
-            max_attempts=budget,
-            next_attempt_at=Now(),
-            enqueued_for=Now(),
-            created_at=now,
-            updated_at=now,
-        )
-        if registry.get_provider(spec.provider).transactional:
-            reason = refused.get(effect.recipient)
-            _decide_in_publish(effect, now, (lambda e, r=reason: r) if reason else None)
-        rows.append(effect)
-    return rows
-
-
 def log_born(rows, worker: str) -> None:
     """The log lines of effects released with the publish (after it committed)."""
     for e in rows:
         if e.state == State.APPLIED:
-            _log(e, "applied", worker, ref=e.provider_ref, with_publish=True)
+            log_outcome(e, "applied", worker, ref=e.provider_ref, with_publish=True)
 
 
 def withhold_event(effect: Effect, worker: str) -> EffectEvent:
@@ -143,40 +93,13 @@ def check_failed_event(effect: Effect, worker: str) -> EffectEvent:
     )
 
 
-def _decide_in_publish(effect: Effect, now, check=None) -> None:
-    """Run the kind's release check (or ``check``) now: the row is born applied or withheld.
-
-    If the check itself fails, the row goes in ``pending`` at version 1 with the
-    failure recorded (one attempt spent), and the ordinary release path retries
-    it by the table: a failing policy check never undoes the job's publish.
-    """
-    effect.attempts = 1
-    try:
-        reason = (check or kind_release_check)(effect)
-    except Exception as exc:  # the retry table decides, in release
-        c = classify(exc)
-        effect.version = 1
-        effect.last_error_class, effect.last_error_code = c.error_class, c.code
-        return
-    if reason:
-        effect.next_attempt_at = effect.enqueued_for = None  # final: nothing is due
-        effect.state = State.WITHHELD
-        effect.reason = reason[:300]
-        effect.last_error_class = ErrorClass.AUTHORIZATION
-        effect.last_error_code = "recipient_not_authorized"
-    else:
-        effect.next_attempt_at = effect.enqueued_for = None
-        effect.state = State.APPLIED
-        effect.applied_at = now
-
-
 def apply_failed(effect: Effect, worker: str, exc: BaseException) -> EffectEvent:
     """A transactional apply (or building its notice) failed: back to pending, by the table."""
     c = classify(exc)
     effect.state, effect.applied_at, effect.version = State.PENDING, None, 1
     effect.last_error_class, effect.last_error_code = c.error_class, c.code
     effect.next_attempt_at = effect.enqueued_for = Now()
-    _log(effect, "apply_failed", worker, error_class=c.error_class, code=c.code)
+    log_outcome(effect, "apply_failed", worker, error_class=c.error_class, code=c.code)
     return _event_row(
         effect, worker, EffectEvent.Action.SEND, error_class=c.error_class, code=c.code
     )
@@ -276,7 +199,7 @@ def claim_send(effect: Effect, worker: str) -> str:
             last_error_code="budget_spent",
         )
         if won:
-            _log(effect, State.NEEDS_REVIEW, worker, code="budget_spent")
+            log_outcome(effect, State.NEEDS_REVIEW, worker, code="budget_spent")
         return State.NEEDS_REVIEW if won else "skipped"
     lease = float(conf.get("JOBS_EFFECT_LEASE_SECONDS"))
     won = _move(
@@ -292,48 +215,7 @@ def claim_send(effect: Effect, worker: str) -> str:
     return "claimed" if won else "skipped"
 
 
-_checked_user: ContextVar = ContextVar("jobs_release_checked_user", default=None)
-
-
-def withhold_reason(effect: Effect) -> str | None:
-    """Current policy for this recipient, asked right before the send: the account rule
-    (``jobs.rules.account_admits``, read by the database in one query), then the kind's
-    own check. The publish checks the same rule in its statement (``jobs.publish``)."""
-    user_model = get_user_model()
-    user = (
-        user_model._default_manager.filter(pk=effect.recipient)
-        .annotate(jobs_admitted=rules.admitted(user_model))
-        .first()
-    )
-    if user is None:
-        return ACCOUNT_MISSING
-    if not user.jobs_admitted:
-        return ACCOUNT_REFUSED
-    token = _checked_user.set(user)  # a kind's own check reads it (``recipient_user``)
-    try:
-        return kind_release_check(effect)
-    finally:
-        _checked_user.reset(token)
-
-
-def kind_release_check(effect: Effect) -> str | None:
-    """The kind's own part of the policy (``authorize_release``), if it has one."""
-    kind = registry.get_kind(effect.job.kind)
-    if kind.authorize_release is not None:
-        return kind.authorize_release(effect)
-    return None
-
-
-def recipient_user(effect: Effect):
-    """The recipient's user row for a kind's ``authorize_release``: the one the release
-    check just read, or read now (the publish checks the account rule in its executor)."""
-    user = _checked_user.get()
-    if user is None or str(user.pk) != str(effect.recipient):
-        user = get_user_model()._default_manager.get(pk=effect.recipient)
-    return user
-
-
-def _log(effect: Effect, outcome: str, worker: str, **extra) -> None:
+def log_outcome(effect: Effect, outcome: str, worker: str, **extra) -> None:
     log.info(
         "effect=%s job=%s provider=%s outcome=%s attempt=%s worker=%s %s",
         effect.effect_id,
@@ -346,88 +228,7 @@ def _log(effect: Effect, outcome: str, worker: str, **extra) -> None:
     )
 
 
-class _LostSend(Exception):
-    """Our sending lease was taken over while the transactional apply ran."""
-
-
-def release(effect: Effect, worker: str) -> str:
-    """Recheck authorization and deliver one effect; returns the state it ended in.
-
-    Besides an effect state it may return ``skipped`` (not ours to send now),
-    ``deferred`` (every in-flight slot of the provider stayed busy) or
-    ``lease_lost`` (another sender took over after our lease ran out).
-    """
-    prior = effect.state
-    claimed = claim_send(effect, worker)
-    if claimed != "claimed":
-        return claimed
-    provider = registry.get_provider(effect.provider)
-    if provider.transactional:
-        return _release_transactional(effect, worker, provider)
-    if prior == State.SENDING and not provider.supports_idempotency:
-        # The last sender's lease ran out mid-call: the message may be out, and a
-        # provider without keys cannot tell a resend from a new one. An operator decides.
-        return _sender_lost(effect, worker)
-
-    # Flow rules (jobs.flow): pause, the in-flight bound in force, the rate, the circuit.
-    gate = flow.provider_gate(
-        provider.name, provider.in_flight_limit(), lambda: effect.job.tenant_key, worker
-    )
-    if gate.review:
-        return _circuit_expired(effect, worker, gate.review)
-    if gate.hold is not None:
-        return _defer(effect, worker, prior, hold=gate.hold)
-    # One budget for the slots and the rate: a send still ends within its lease (E010).
-    deadline = time.monotonic() + float(conf.get("JOBS_PROVIDER_SLOT_WAIT_SECONDS"))
-    slot = reason = ref = held = None
-    called = False
-    try:
-        provider.prepare(effect)  # the slow part of a send, before its start is taken
-        with flow.slots(gate, deadline=deadline) as slot:
-            if slot:
-                # Inside the slot: the current policy, then the rate's start, then the
-                # call; nothing stands between the start and the call.
-                held, reason = flow.take_within(
-                    gate, deadline=deadline, check=lambda: withhold_reason(effect)
-                )
-                if held is None and not reason:
-                    called = True
-                    ref = provider.send(effect)
-    except Exception as exc:  # the retry table decides, not this except
-        return _record_failure(
-            effect, worker, provider, exc, called=called, prior=prior, probe=gate.probe
-        )
-    finally:
-        if gate.probe and not called:  # the provider was not asked: another sender probes
-            flow.probe_abandoned(provider.name, worker)
-    if not slot:
-        return _defer(effect, worker, prior)
-    if held is not None:
-        return _defer(effect, worker, prior, hold=held)
-    if reason:
-        return _withhold(effect, worker, reason)
-    outcome = _applied(effect, worker, ref)
-    # After the ledger committed: the count restarts, an open circuit closes.
-    flow.circuit_success(provider.name, worker)
-    return outcome
-
-
-def _release_transactional(effect: Effect, worker: str, provider) -> str:
-    try:
-        reason = withhold_reason(effect)
-        if not reason:
-            with transaction.atomic():
-                ref = provider.apply(effect)
-                if _applied(effect, worker, ref) != State.APPLIED:
-                    raise _LostSend
-    except _LostSend:
-        return "lease_lost"
-    except Exception as exc:  # the retry table decides; the apply rolled back: nothing landed
-        return _record_failure(effect, worker, provider, exc, called=False, prior=State.PENDING)
-    return _withhold(effect, worker, reason) if reason else State.APPLIED
-
-
-def _applied(effect: Effect, worker: str, ref) -> str:
+def applied(effect: Effect, worker: str, ref) -> str:
     won = _move(
         effect,
         worker,
@@ -445,13 +246,13 @@ def _applied(effect: Effect, worker: str, ref) -> str:
         # Another sender took over after our lease ran out; the provider
         # deduplicates by key, and the ledger keeps the first outcome.
         _event_row(effect, worker, EffectEvent.Action.SEND, "lease_lost", note=f"ref {ref}").save()
-        _log(effect, "lease_lost", worker)
+        log_outcome(effect, "lease_lost", worker)
         return "lease_lost"
-    _log(effect, "applied", worker, ref=effect.provider_ref)
+    log_outcome(effect, "applied", worker, ref=effect.provider_ref)
     return State.APPLIED
 
 
-def _withhold(effect: Effect, worker: str, reason: str) -> str:
+def withhold(effect: Effect, worker: str, reason: str) -> str:
     won = _move(
         effect,
         worker,
@@ -466,11 +267,11 @@ def _withhold(effect: Effect, worker: str, reason: str) -> str:
         last_error_class=ErrorClass.AUTHORIZATION,
         last_error_code="recipient_not_authorized",
     )
-    _log(effect, "withheld" if won else "lease_lost", worker)
+    log_outcome(effect, "withheld" if won else "lease_lost", worker)
     return State.WITHHELD if won else "lease_lost"
 
 
-def _stop_for_review(
+def stop_for_review(
     effect: Effect, worker: str, *, error_class: str, code: str, reason: str, log_code: str
 ) -> str:
     """This claim sent nothing and must not send: the effect waits for a person
@@ -490,12 +291,12 @@ def _stop_for_review(
         last_error_class=error_class,
         last_error_code=code,
     )
-    _log(effect, State.NEEDS_REVIEW if won else "lease_lost", worker, code=log_code)
+    log_outcome(effect, State.NEEDS_REVIEW if won else "lease_lost", worker, code=log_code)
     return State.NEEDS_REVIEW if won else "lease_lost"
 
 
-def _sender_lost(effect: Effect, worker: str) -> str:
-    return _stop_for_review(
+def sender_lost(effect: Effect, worker: str) -> str:
+    return stop_for_review(
         effect,
         worker,
         error_class=ErrorClass.PROVIDER_TIMEOUT,
@@ -505,11 +306,21 @@ def _sender_lost(effect: Effect, worker: str) -> str:
     )
 
 
-def _defer(
-    effect: Effect, worker: str, prior: str, *, hold: flow.Hold | None = None, unsure=False
+def defer(
+    effect: Effect,
+    worker: str,
+    prior: str,
+    *,
+    hold: Hold | None = None,
+    unsure: bool = False,
+    answer: Classified | None = None,
 ) -> str:
     """No in-flight slot freed in time, or a flow rule holds the provider back (``hold``:
-    paused, rate, open circuit): hand the effect back, spending no attempt."""
+    paused, rate, open circuit): hand the effect back, spending no attempt.
+
+    ``answer``: the call reached the provider and failed while its circuit is open. It
+    is recorded as the send it was, with the provider's answer, and the effect waits
+    for the circuit like one held at the gate (the outage, not the effect, failed)."""
     # A re-driven expired send may have landed: it goes back as unknown, not pending.
     state = prior if prior in (State.PENDING, State.UNKNOWN) and not unsure else State.UNKNOWN
     if hold is None:
@@ -517,11 +328,15 @@ def _defer(
         code = "provider_busy"
     else:
         delay, code = hold.delay, hold.code
+    action, error_class = EffectEvent.Action.DEFER, ""
+    if answer is not None:
+        action, error_class, code = EffectEvent.Action.SEND, answer.error_class, answer.code
     won = _move(
         effect,
         worker,
-        EffectEvent.Action.DEFER,
+        action,
         owner=worker,
+        error_class=error_class,
         code=code,
         note=hold.scope if hold is not None else "",
         state=state,
@@ -529,13 +344,13 @@ def _defer(
         lease_expires_at=None,
         next_attempt_at=clock.after(delay),
     )
-    _log(effect, "deferred", worker, reason=code, delay=f"{delay:.2f}")
+    log_outcome(effect, "deferred", worker, reason=code, delay=f"{delay:.2f}")
     return "deferred" if won else "lease_lost"
 
 
-def _circuit_expired(effect: Effect, worker: str, reason: str) -> str:
+def circuit_expired(effect: Effect, worker: str, reason: str) -> str:
     """The provider's circuit stayed open past the outage window: a person decides."""
-    return _stop_for_review(
+    return stop_for_review(
         effect,
         worker,
         error_class=ErrorClass.TEMPORARY,
@@ -545,35 +360,18 @@ def _circuit_expired(effect: Effect, worker: str, reason: str) -> str:
     )
 
 
-def _record_failure(
-    effect: Effect,
-    worker: str,
-    provider,
-    exc: BaseException,
-    *,
-    called: bool,
-    prior: str,
-    probe: bool = False,
+def record_failure(
+    effect: Effect, worker: str, c: Classified, *, called: bool, prior: str, dedupes: bool
 ) -> str:
-    """Write what the retry table says a failed release means.
-
-    A failed call of the classes that open a provider's circuit is counted on its row
-    (``jobs.flow``); one that failed while the circuit was already open (another
-    sender opened it after this one read it closed) belongs to the outage: the effect
-    gets its attempt back and waits, as if it had been held at the gate.
-    """
-    c = classify(exc)
-    outage = called and c.error_class in flow.CIRCUIT_CLASSES
-    if outage and flow.circuit_failure(provider.name, worker, probe=probe):
-        hold = flow.Hold(flow.provider_scope(provider.name), "circuit_open", 1.0)
-        unsure = c.rule.may_have_landed
-        return _defer(effect, worker, prior, hold=_later(hold, c.retry_after), unsure=unsure)
+    """Write what the retry table says a failed release means (``c``: the failure,
+    classified; ``called``: the call reached the provider; ``dedupes``: the provider
+    deduplicates by key)."""
     verdict = effect_outcome(
         c,
         attempts=effect.attempts,
         max_attempts=effect.max_attempts,
         called=called,
-        dedupes=provider.supports_idempotency,
+        dedupes=dedupes,
         unsure=prior == State.UNKNOWN,
     )
     changes = {"state": verdict.state, "reason": verdict.reason[:300], "lease_expires_at": None}
@@ -597,14 +395,8 @@ def _record_failure(
     if not won:
         _event_row(effect, worker, action, "lease_lost", **fields).save()
     outcome = verdict.state if won else "lease_lost"
-    _log(effect, outcome, worker, error_class=c.error_class, code=c.code)
+    log_outcome(effect, outcome, worker, error_class=c.error_class, code=c.code)
     return outcome
-
-
-def _later(hold: flow.Hold, retry_after: float | None) -> flow.Hold:
-    """The hold, no earlier than the provider's Retry-After, jittered."""
-    delay = max(hold.delay, retry_after or 0.0) * (1 + random.random())
-    return flow.Hold(hold.scope, hold.reason, delay)
 
 
 # --- operator actions: change the row and enqueue in one transaction, return at once ---
@@ -616,7 +408,7 @@ def _operator_move(effect: Effect, operator: str, action: str, *, enqueue: bool,
             return False
         if enqueue:
             queue.enqueue_effect(effect)
-    _log(effect, action, f"operator:{operator}")
+    log_outcome(effect, action, f"operator:{operator}")
     return True
 
 

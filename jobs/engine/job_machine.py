@@ -1,0 +1,313 @@
+"""The only writer of ``Job.state``: one compare-and-swap UPDATE per arrow.
+
+Each function names the version it read in the WHERE clause (and the lease
+owner where it matters) and returns whether it won. Zero rows updated means
+another worker or an operator moved the job first; the caller must then do
+nothing more for that job.
+
+    queued ──claim──▶ running ──publish──▶ succeeded
+    retry_wait ─(due)─claim──▶ running ──schedule_retry──▶ retry_wait
+    running ──heartbeat──▶ running          running ──fail──▶ failed
+    running (expired) ──claim──▶ running    running ──bury──▶ dead
+    queued/retry_wait ──cancel──▶ cancelled failed/dead ──requeue──▶ queued
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from datetime import timedelta
+
+from django.db import connection, transaction
+from django.db.models import F
+from django.db.models.functions import Coalesce, Now
+
+from jobs import clock, conf, registry, rules
+from jobs.engine.cas import compare_and_swap, mirror
+from jobs.engine.plan import Hold
+from jobs.exceptions import UnknownKind
+from jobs.models import Attempt, Job, JobEvent
+
+log = logging.getLogger("jobs.transitions")
+
+State = Job.State
+Outcome = Attempt.Outcome
+
+_identity: tuple[int, str] | None = None
+
+
+def worker_identity() -> str:
+    """``host:pid:boot-nonce`` for this process; a forked child gets its own nonce."""
+    global _identity
+    pid = os.getpid()
+    if _identity is None or _identity[0] != pid:
+        _identity = (pid, f"{conf.host_name()}:{pid}:{uuid.uuid4().hex[:8]}")
+    return _identity[1]
+
+
+_cas = compare_and_swap
+
+
+def log_arrow(job: Job, arrow: str, worker: str = "", **extra) -> None:
+    """One line per transition: ids, classes and codes only, never params or payload."""
+    fields = {"job": job.pk, "kind": job.kind, "arrow": arrow, "attempt": job.attempts}
+    fields.update(worker=worker, **extra)
+    log.info(" ".join(f"{k}={v}" for k, v in fields.items()), extra=fields)
+
+
+def start(job: Job, worker: str, *, lease: float, now) -> bool:
+    """queued, due retry_wait or expired running → running: the claim's arrow.
+
+    The lease starts when the row is written, by the server's clock (on SQLite the
+    claim's transaction has held the only write lock since its read, so ``now`` is it).
+    """
+    postgres = connection.vendor == "postgresql"
+    return _cas(
+        job,
+        state=State.RUNNING,
+        attempts=job.attempts + 1,
+        lease_owner=worker,
+        lease_expires_at=clock.after(lease) if postgres else now + timedelta(seconds=lease),
+        next_attempt_at=None,
+        started_at=job.started_at or now,
+    )
+
+
+def bury_spent(job: Job, *, now, reclaiming: bool) -> tuple[bool, str, str]:
+    """queued/retry_wait/expired running → dead: the attempt budget is spent (crashes
+    count), so the claim stops here instead of looping. Returns (won, class, code)."""
+    error_class = "unknown" if reclaiming else (job.last_error_class or "unknown")
+    code = "crashed" if reclaiming else "max_attempts"
+    won = _cas(
+        job,
+        state=State.DEAD,
+        lease_expires_at=None,
+        finished_at=now,
+        last_error_class=error_class,
+        last_error_code=code,
+        last_error_detail="attempt budget spent",
+    )
+    if won:
+        close_open_attempts(job, now)
+        log_arrow(job, "bury", "", error_class=error_class, code=code)
+    return won, error_class, code
+
+
+def defer(job: Job, worker: str, *, now, hold: Hold, reclaiming: bool) -> bool:
+    """A flow rule or the tenant's bound holds the job: push its due time, spend no attempt
+    (an expired running job goes back to retry_wait)."""
+    changes = {"next_attempt_at": now + timedelta(seconds=hold.delay), "enqueued_for": None}
+    if reclaiming:
+        changes.update(state=State.RETRY_WAIT, lease_expires_at=None)
+    if not _cas(job, **changes):
+        return False
+    if reclaiming:
+        close_open_attempts(job, now)
+    log_arrow(job, "defer", worker, scope=hold.scope, reason=hold.reason, delay=f"{hold.delay:.2f}")
+    return True
+
+
+def close_open_attempts(job: Job, now) -> None:
+    """The previous owner's lease expired without an outcome: presume it crashed."""
+    Attempt.objects.filter(job=job, outcome="").update(outcome=Outcome.CRASHED, finished_at=now)
+
+
+def heartbeat(job: Job, worker: str, *, lease_seconds: float | None = None) -> bool:
+    """Extend our lease; False when the job is no longer ours."""
+    lease = conf.lease_seconds() if lease_seconds is None else lease_seconds
+    return _cas(job, owner=worker, state=State.RUNNING, lease_expires_at=clock.after(lease))
+
+
+def still_owner(job: Job, worker: str) -> bool:
+    """Whether ``worker`` still holds the job, at the version it last wrote, on a live lease
+    (the ORM's reading; ``jobs.executors.postgres`` has the same rule in one statement)."""
+    fence = rules.to_q(rules.STILL_OWNER, job=job.pk, version=job.version, worker=worker, margin=0)
+    return Job.objects.filter(fence).exists()
+
+
+def publish_changes() -> dict:
+    """What running → succeeded writes besides the version (one list for both paths)."""
+    return {
+        "state": State.SUCCEEDED,
+        "lease_expires_at": None,
+        "finished_at": Now(),
+        "last_error_class": "",
+        "last_error_code": "",
+        "last_error_detail": "",
+        "last_error_type": "",
+        "last_error_message": "",
+        "last_error_traceback": "",
+        "outage_since": None,
+    }
+
+
+def publish(job: Job, worker: str, *, margin: float | None = None) -> bool:
+    """running → succeeded; call inside the transaction that records the effects.
+
+    The lease must outlast the transaction's idle timeout, so this transaction can
+    only commit while the lease still holds (``clock.worker_transaction``). The
+    one-statement publish (``jobs.executors.postgres.publish``) writes the same arrow from the
+    same ``publish_changes`` and the same fence.
+    """
+    margin = conf.transaction_idle_seconds() if margin is None else margin
+    won = _cas(job, owner=worker, margin=margin, **publish_changes())
+    if won:
+        log_arrow(job, "publish", worker)
+    return won
+
+
+def mirror_publish(job: Job, worker: str) -> None:
+    """After the one-statement publish won: the instance as the CAS would leave it."""
+    mirror(job, publish_changes())
+    log_arrow(job, "publish", worker)
+
+
+def schedule_retry(
+    job: Job,
+    worker: str,
+    *,
+    delay: float,
+    error_class: str,
+    code: str,
+    detail: str = "",
+    outage: bool = False,
+    **error: str,
+) -> bool:
+    """running → retry_wait, due after ``delay`` seconds.
+
+    ``outage``: a dependency is down; the budget grows by the attempt this claim
+    cost (the retry table decides while the outage window lasts), and the
+    outage's start is kept, so the window is measured from it.
+    """
+    changes = {"outage_since": None}
+    if outage:
+        changes = {
+            "max_attempts": F("max_attempts") + 1,
+            "outage_since": Coalesce("outage_since", Now()),
+        }
+    won = _cas(
+        job,
+        owner=worker,
+        state=State.RETRY_WAIT,
+        lease_expires_at=None,
+        next_attempt_at=clock.after(delay),
+        last_error_class=error_class,
+        last_error_code=code,
+        last_error_detail=detail[:300],
+        **error,  # last_error_type/_message/_traceback (jobs.failures), when known
+        **changes,
+    )
+    if won:
+        log_arrow(
+            job,
+            "retry",
+            worker,
+            error_class=error_class,
+            code=code,
+            delay=f"{delay:.2f}",
+            outage=outage,
+        )
+    return won
+
+
+def _finish(
+    job: Job, worker: str, state: str, error_class: str, code: str, detail: str, **error: str
+) -> bool:
+    won = _cas(
+        job,
+        owner=worker,
+        state=state,
+        lease_expires_at=None,
+        finished_at=Now(),
+        last_error_class=error_class,
+        last_error_code=code,
+        last_error_detail=detail[:300],
+        **error,
+    )
+    if won:
+        log_arrow(job, state, worker, error_class=error_class, code=code)
+    return won
+
+
+def fail(
+    job: Job, worker: str, *, error_class: str, code: str, detail: str = "", **error: str
+) -> bool:
+    """running → failed: a permanent error, no retry."""
+    return _finish(job, worker, State.FAILED, error_class, code, detail, **error)
+
+
+def bury(
+    job: Job, worker: str, *, error_class: str, code: str, detail: str = "", **error: str
+) -> bool:
+    """running → dead: retries exhausted, for operator review."""
+    return _finish(job, worker, State.DEAD, error_class, code, detail, **error)
+
+
+def _operator(job: Job, action: str, actor: str, note: str, **changes) -> bool:
+    """An operator's arrow: the CAS and its history row commit together (invariant 10)."""
+    before = job.state
+    with transaction.atomic():
+        if not _cas(job, **changes):
+            return False
+        JobEvent.objects.create(
+            job=job,
+            action=action,
+            actor=actor[:200],
+            from_state=before,
+            to_state=job.state,
+            version=job.version,
+            note=note[:300],
+        )
+    log_arrow(job, action, actor)
+    return True
+
+
+def cancel(job: Job, *, actor: str = "operator", note: str = "") -> bool:
+    """Operator: queued/retry_wait → cancelled."""
+    if job.state not in rules.OPERATOR_SOURCES["cancel"]:
+        return False
+    return _operator(job, "cancel", actor, note, state=State.CANCELLED, finished_at=Now())
+
+
+def requeue(job: Job, *, actor: str = "operator", note: str = "") -> bool:
+    """Operator: failed/dead → queued with a fresh attempt budget.
+
+    The budget grows instead of the count going back to 0: attempt numbers of one
+    job never repeat, and the history reads in order.
+    """
+    if job.state not in rules.OPERATOR_SOURCES["requeue"]:
+        return False
+    try:
+        budget = registry.get_kind(job.kind).max_attempts or conf.max_attempts()
+    except UnknownKind:
+        budget = conf.max_attempts()
+    return _operator(
+        job,
+        "requeue",
+        actor,
+        note,
+        state=State.QUEUED,
+        max_attempts=job.attempts + budget,
+        next_attempt_at=Now(),
+        enqueued_for=None,
+        finished_at=None,
+        lease_expires_at=None,
+    )
+
+
+def retry_now(job: Job, *, actor: str = "operator", note: str = "") -> bool:
+    """Operator: make a waiting job due at once."""
+    if job.state not in rules.OPERATOR_SOURCES["retry_now"]:
+        return False
+    return _operator(job, "retry_now", actor, note, next_attempt_at=Now(), enqueued_for=None)
+
+
+def finish_attempt(attempt: Attempt, outcome: str, **fields) -> None:
+    """Record how a delivery ended (attempts are history, not state: no CAS needed)."""
+    fields.setdefault("finished_at", Now())
+    for name, value in fields.items():
+        if not hasattr(value, "resolve_expression"):
+            setattr(attempt, name, value)
+    attempt.outcome = outcome
+    Attempt.objects.filter(pk=attempt.pk).update(outcome=outcome, **fields)

@@ -1,0 +1,203 @@
+"""The ORM executor: the whole contract in Django's ORM (SQLite, psycopg2, any database).
+
+The claim reads the job with the server's clock, judges it by ``jobs.rules``, and
+either records why there is nothing to do (a duplicate delivery, a spent budget, a
+flow rule's hold) or starts it: admission (``jobs.engine.admission``) and the
+compare-and-swap run in one savepoint, so the starts a refused or lost claim took
+are given back. The publish carries out a ``Plan`` in one worker transaction. The
+PostgreSQL executor gives way to these for its documented refusals.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.contrib.auth import get_user_model
+from django.db import connection, transaction
+from django.db.models.functions import Now
+
+from jobs import clock, queue, rules
+from jobs.engine import effect_machine, job_machine
+from jobs.engine.admission import admit
+from jobs.engine.plan import Claim, Hold, Plan, Result, Status
+from jobs.models import Attempt, Effect, EffectEvent, Job, Notice
+
+log = logging.getLogger("jobs.executors")
+
+name = "orm"
+Outcome = Attempt.Outcome
+State = Effect.State
+
+
+class _NotStarted(Exception):
+    """Rolls back the claim's savepoint: the starts admission took are given back."""
+
+    def __init__(self, hold: Hold | None):
+        self.hold = hold
+
+
+def claim(job_id: int, worker: str, *, lease: float, bound: int) -> Claim:
+    """queued, due retry_wait or expired running → running, or why not (recorded)."""
+    with clock.worker_transaction():
+        # The server's clock, read with the row: every decision and write below uses it.
+        # ``flow_ruled``: an active flow rule on its kind or tenant (read in the same query).
+        job = (
+            Job.objects.annotate(db_now=Now(), flow_ruled=rules.flow_ruled_q())
+            .filter(pk=job_id)
+            .first()
+        )
+        if job is None:
+            log.warning("job=%s delivery for a job that does not exist", job_id)
+            return Claim("missing")
+        now = job.db_now
+        live = rules.holds(rules.LIVE_RUNNING, job, now=now)
+        early = rules.holds(rules.WAITING, job, now=now) and not rules.holds(
+            rules.DUE, job, now=now
+        )
+        if job.is_terminal or live or early:
+            job_machine.log_arrow(job, "duplicate_delivery", worker, state=job.state)
+            return _duplicate(job, worker, now)
+        reclaiming = job.state == Job.State.RUNNING
+        if not rules.holds(rules.HAS_BUDGET, job, now=now):
+            won, error_class, code = job_machine.bury_spent(job, now=now, reclaiming=reclaiming)
+            if not won:
+                return _duplicate(job, worker, now)
+            return Claim("buried", job, _record(job, worker, now, Outcome.DEAD, error_class, code))
+        return _admit_and_start(job, worker, now, lease=lease, bound=bound, reclaiming=reclaiming)
+
+
+def _admit_and_start(
+    job: Job, worker: str, now, *, lease: float, bound: int, reclaiming: bool
+) -> Claim:
+    try:
+        with transaction.atomic():  # admission's starts stand only with the claim's swap
+            hold = admit(job, ruled=job.flow_ruled, default_tenant_bound=bound)
+            if hold is not None:
+                raise _NotStarted(hold)
+            if not job_machine.start(job, worker, lease=lease, now=now):
+                raise _NotStarted(None)
+    except _NotStarted as refused:
+        if refused.hold is None:
+            job_machine.log_arrow(job, "duplicate_delivery", worker, reason="claim_race")
+            return _duplicate(job, worker, now)
+        if not job_machine.defer(job, worker, now=now, hold=refused.hold, reclaiming=reclaiming):
+            return _duplicate(job, worker, now)
+        code = refused.hold.code
+        return Claim("deferred", job, _record(job, worker, now, Outcome.DEFERRED, "", code))
+    if reclaiming:
+        job_machine.close_open_attempts(job, now)
+    started = now
+    if connection.vendor == "postgresql" and (job.flow_ruled or job.tenant_key):
+        # The claim may have waited for a lock: the attempt starts when its lease did
+        # (read back from the row), so its record shows the bound exactly. A later
+        # clock reading put the start, and so the lease it implies, tens of ms late
+        # on a busy host, and a job claimed right after the lease ran out looked like
+        # a breach of a tenant's concurrency 1 (seen in a soak).
+        expires = Job.objects.values_list("lease_expires_at", flat=True).get(pk=job.pk)
+        started = expires - timedelta(seconds=lease)
+    attempt = Attempt.objects.create(
+        job=job, number=job.attempts, worker=worker, started_at=started
+    )
+    job_machine.log_arrow(job, "claim", worker, reclaimed=reclaiming)
+    return Claim("claimed", job, attempt)
+
+
+def _record(job: Job, worker: str, now, outcome: str, error_class="", error_code="") -> Attempt:
+    """A delivery that did no work is still an attempt row: deliveries count apart."""
+    return Attempt.objects.create(
+        job=job,
+        number=0,
+        worker=worker,
+        started_at=now,
+        finished_at=now,
+        outcome=outcome,
+        error_class=error_class,
+        error_code=error_code,
+    )
+
+
+def _duplicate(job: Job, worker: str, now) -> Claim:
+    return Claim("duplicate", job, _record(job, worker, now, Outcome.DUPLICATE_DELIVERY))
+
+
+def still_owner(job: Job, worker: str) -> bool:
+    """Whether ``worker`` holds ``job`` at the version it last wrote, on a live lease."""
+    return job_machine.still_owner(job, worker)
+
+
+# --- publish ----------------------------------------------------------------------------
+
+
+def refused_accounts(accounts: tuple[str, ...]) -> dict[str, str]:
+    """The recipients the account rule refuses now, with the reason."""
+    if not accounts:
+        return {}
+    user = get_user_model()
+    found = {
+        str(pk): ok
+        for pk, ok in user._default_manager.filter(pk__in=accounts)
+        .annotate(admitted=rules.admitted(user))
+        .values_list("pk", "admitted")
+    }
+    refused = {}
+    for recipient in accounts:
+        ok = found.get(recipient)
+        if ok is None:
+            refused[recipient] = rules.ACCOUNT_MISSING
+        elif not ok:
+            refused[recipient] = rules.ACCOUNT_REFUSED
+    return refused
+
+
+def publish(plan: Plan) -> Result:
+    """Carry out ``plan`` in one worker transaction (its lock timeout bounds every wait)."""
+    job, worker = plan.job, plan.worker
+    with clock.worker_transaction():
+        refused = refused_accounts(plan.accounts)
+        if refused:
+            return Result(Status.ACCOUNTS_REFUSED, name, refused)
+        if not job_machine.publish(job, worker, margin=plan.margin):
+            return Result(Status.LOST, name)
+        job_machine.finish_attempt(plan.attempt, Attempt.Outcome.SUCCEEDED)
+        if plan.artifact is not None:
+            plan.artifact.save(force_insert=True)
+        failed_applies = _insert_effects(plan)
+        # External sends leave this task: each gets its own message, committed with
+        # the publish, so a slow provider never holds the job's delivery open.
+        for effect in plan.effects:
+            if effect.effect_id in plan.enqueues:
+                queue.enqueue_effect(effect)
+        for effect in failed_applies:
+            queue.enqueue_effect(effect)
+    effect_machine.log_born(plan.effects, worker)
+    return Result(Status.WON, name, effects=list(plan.effects))
+
+
+def _insert_effects(plan: Plan) -> list[Effect]:
+    """The effect rows, their notices and events, and the other providers' applies.
+
+    Returns the effects whose apply failed (back to pending: they need a message).
+    """
+    if not plan.effects:
+        return []
+    Effect.objects.bulk_create(plan.effects)
+    by_id = {e.effect_id: e for e in plan.effects}
+    notices = []
+    for effect_id, notice in plan.notices:
+        notice.effect = by_id[effect_id]
+        notices.append(notice)
+    Notice.objects.bulk_create(notices)
+    for notice in notices:
+        notice.effect.provider_ref = rules.notice_reference(notice.pk)
+    if notices:
+        Effect.objects.bulk_update([n.effect for n in notices], ["provider_ref"])
+    events = []
+    for effect_id, event in plan.events:
+        event.effect = by_id[effect_id]
+        events.append(event)
+    applied = [by_id[i] for i in plan.applies]
+    events += effect_machine.apply_in_publish(applied, plan.worker)
+    EffectEvent.objects.bulk_create(events)
+    # An apply that failed went back to pending: it leaves with a message too.
+    return [e for e in applied if e.state == State.PENDING]
