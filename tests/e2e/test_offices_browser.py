@@ -159,6 +159,7 @@ def test_request_page__the_decision_is_beside_a_ready_report(
     login(page, live_server.url, "/accounts/login/", "reviewer47", "reviewer-demo")
     page.goto(f"{live_server.url}/requests/{permit.pk}/")
     expect(page.locator("#open-report")).to_be_visible()
+    assert "{#" not in page.inner_text("main") and "{%" not in page.inner_text("main")
     page.screenshot(path=str(_viewport_shot(viewport)))  # what the eye sees first
     if viewport != "phone":
         assert page.evaluate("window.scrollY") == 0
