@@ -6,12 +6,14 @@ cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 PORT="${PORT:-8000}"
 PROVIDER_PORT="${PROVIDER_PORT:-8025}"
+# The demo's data and logs (the settings put the SQLite database there too).
+VAR="${VAR_DIR:-var}"
 unset DATABASE_URL
 # The demo, and only the demo, runs with DEBUG on (its public SECRET_KEY is refused otherwise).
 export DEBUG=1
 # The login page lists the demo accounts (only with DEBUG on: permits.settings.DEMO).
 export DEMO=1
-mkdir -p var/log
+mkdir -p "$VAR/log"
 # Webhook notices go to the loopback stand-in provider, which keeps its own record.
 export NOTICE_PROVIDER_URL="http://127.0.0.1:${PROVIDER_PORT}"
 export NOTICE_PROVIDER_TOKEN="demo-provider-token"
@@ -39,9 +41,9 @@ trap cleanup EXIT INT TERM
 # provider start while the schema is migrated and seeded (one process for both); the
 # worker and the dispatcher once the tables exist.
 $PY manage.py fake_provider --port "$PROVIDER_PORT" --token "$NOTICE_PROVIDER_TOKEN" \
-  --record var/provider-record.sqlite3 --stall 0.2 --stall-seconds 15 >var/log/provider.log 2>&1 &
+  --record "$VAR/provider-record.sqlite3" --stall 0.2 --stall-seconds 15 >"$VAR/log/provider.log" 2>&1 &
 pids+=($!)
-$PY manage.py runserver "127.0.0.1:${PORT}" --noreload >var/log/web.log 2>&1 &
+$PY manage.py runserver "127.0.0.1:${PORT}" --noreload >"$VAR/log/web.log" 2>&1 &
 web=$!
 pids+=("$web")
 $PY -c 'import os, django
@@ -50,9 +52,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "permits.settings")
 django.setup()
 call_command("migrate", interactive=False, verbosity=0)
 call_command("seed_demo")'
-$PY manage.py jobs_worker >var/log/worker.log 2>&1 &
+$PY manage.py jobs_worker >"$VAR/log/worker.log" 2>&1 &
 pids+=($!)
-$PY manage.py jobs_dispatcher --interval 1 >var/log/dispatcher.log 2>&1 &
+$PY manage.py jobs_dispatcher --interval 1 >"$VAR/log/dispatcher.log" 2>&1 &
 pids+=($!)
 # The URL is printed as soon as the login page answers (not before the server listens).
 for _ in $(seq 1 600); do
@@ -60,7 +62,7 @@ for _ in $(seq 1 600); do
 urllib.request.urlopen(sys.argv[1], timeout=1)' "http://127.0.0.1:${PORT}/accounts/login/" 2>/dev/null; then
     break
   fi
-  kill -0 "$web" 2>/dev/null || { cat var/log/web.log >&2; exit 1; }
+  kill -0 "$web" 2>/dev/null || { cat "$VAR/log/web.log" >&2; exit 1; }
   sleep 0.1
 done
 
@@ -74,7 +76,7 @@ cat <<MSG
   Console:  http://127.0.0.1:${PORT}/admin/jobs/job/dashboard/   (operator)
   Assign:   officeadmin / officeadmin-demo (Assign reviewers, on a request's admin page)
   Provider: http://127.0.0.1:${PROVIDER_PORT} (stand-in; 20% of sends accepted then stalled)
-  Logs:     var/log/web.log  var/log/worker.log  var/log/dispatcher.log  var/log/provider.log
+  Logs:     $VAR/log/web.log  $VAR/log/worker.log  $VAR/log/dispatcher.log  $VAR/log/provider.log
   Figures:  DEBUG=1 DATABASE_URL= .venv/bin/python manage.py jobs_stats
   Ports:    make demo PORT=8001 PROVIDER_PORT=8026
   Stop:     Ctrl-C (stops the web server, worker, dispatcher and provider)
