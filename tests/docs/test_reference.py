@@ -145,3 +145,16 @@ def test_docs_site__builds_strict_and_the_generated_pages_hold_every_setting_and
         assert (out / f"{page}.html").is_file(), page
     api = (out / "app" / "api.html").read_text()
     assert 'id="jobs.request"' in api and 'id="jobs.JobContext"' in api  # from docstrings
+
+
+def test_docs_requirements__the_same_tools_as_the_dev_extras():
+    """Read the Docs installs docs/requirements.txt; make docs the root pyproject's dev extras."""
+    import tomllib
+
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    wanted = {
+        line.strip()
+        for line in (DOCS / "requirements.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert wanted and wanted <= set(dev["dev"]), wanted - set(dev["dev"])

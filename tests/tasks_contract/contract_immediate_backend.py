@@ -89,7 +89,7 @@ class ImmediateBackendTestCase(WorkerTestCase):
                 result = wait(task.enqueue())  # adapted: a worker runs it
 
                 # adapted: the worker logs one ERROR line for the failure, by class and
-                # frames: logs never carry exception messages (docs/app/api.md).
+                # frames: logs never carry exception messages (docs/app/tasks.md).
                 failed = [line for line in worker_log(result.id, 3) if "state=FAILED" in line]
                 self.assertEqual(len(failed), 1)
                 self.assertTrue(failed[0].startswith("ERROR:django.tasks:"))

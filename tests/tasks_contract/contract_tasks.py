@@ -5,7 +5,7 @@ The original (BSD-3-Clause, the Django Software Foundation; its licence text is 
 ``LICENSE.django`` beside this file) runs against DummyBackend
 and ImmediateBackend. Here every alias is a JobsBackend, results come from a real
 qcluster on PostgreSQL, and each change is marked ``# adapted:`` with its reason.
-Capability refusals are skipped with ``refused(...)``; docs/app/api.md lists each.
+Capability refusals are skipped with ``refused(...)``; docs/app/tasks.md lists each.
 """
 
 import dataclasses
@@ -40,7 +40,7 @@ from .support import WorkerTestCase, wait
 
 
 def refused(reason: str):
-    """A capability JobsBackend declares it does not have (docs/app/api.md)."""
+    """A capability JobsBackend declares it does not have (docs/app/tasks.md)."""
     return unittest.skip(f"refused: {reason}")
 
 

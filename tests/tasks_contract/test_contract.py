@@ -6,7 +6,7 @@ installs the app from ``packaging/django-jobs-ledger`` (a copy of today's tree, 
 editable), then runs
 ``contract_tasks.py`` and ``contract_immediate_backend.py`` with Django's test runner and
 a real qcluster and dispatcher on a scratch PostgreSQL database. Every test passes except
-the refusals, each skipped with its reason and listed in docs/app/api.md.
+the refusals, each skipped with its reason and listed in docs/app/tasks.md.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ ROOT = HERE.parents[1]
 CACHE = ROOT / "var" / "tasks-contract"
 # pip's own download cache: a fresh clone (CI) reuses what earlier runs downloaded.
 PIP_CACHE = Path(os.environ.get("PIP_CACHE_DIR") or Path.home() / ".cache" / "pip")
-API_DOC = ROOT / "docs" / "app" / "api.md"
+API_DOC = ROOT / "docs" / "app" / "tasks.md"
 APP_BUILD = "packaging/django-jobs-ledger/pyproject.toml"
 RESULT = re.compile(r"^(test\w+) \(([\w.]+)\)[^\n]*? \.\.\. (ok|skipped '.*'|FAIL|ERROR)$", re.M)
 SUMMARY = re.compile(r"^Ran (\d+) tests? in [\d.]+s\n\n(OK|FAILED)(?: \((.*)\))?$", re.M)
