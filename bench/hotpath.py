@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+import jobs
 from bench import workloads
 from jobs.delivery.runner import run_delivery
-from jobs.services import request_job
 
 # A data-modifying WITH (the one-statement claim and publish, jobs/sql.py) is a write too.
 WRITE = re.compile(r"^\s*(INSERT|UPDATE|DELETE)\b|^\s*WITH\b.*\b(INSERT|UPDATE)\b", re.I | re.S)
@@ -107,13 +107,12 @@ def capture(user_id: int) -> dict[str, Trace]:
     """The three hot-path traces of the minimal kind (the same paths the test pins)."""
     traces = {}
     with CaptureQueriesContext(connection) as c:
-        job, _ = request_job(
+        job = jobs.request(
             workloads.SUMMARY,
-            subject_type="bench.item",
-            subject_id=f"trace-{os.getpid()}-{time.monotonic_ns()}",
-            tenant_key="bench",
+            ("bench.item", f"trace-{os.getpid()}-{time.monotonic_ns()}"),
+            tenant="bench",
             params={"notify_user_id": user_id},
-        )
+        ).job
     traces["request_job"] = Trace("request_job (create + enqueue)", [q["sql"] for q in c])
     with CaptureQueriesContext(connection) as c:
         result = run_delivery(job.pk)

@@ -23,10 +23,10 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+import jobs
 from bench import infra, workloads
 from jobs.contrib.drills import burst
 from jobs.models import Effect, Job, Notice
-from jobs.services import request_job
 
 BURST = 83
 
@@ -95,13 +95,9 @@ def _enqueue(kind: str, n: int, user_id: int, tag: str, **params) -> tuple[list[
     """Enqueue ``n`` jobs in one transaction; return their ids and the commit instant."""
     with transaction.atomic():
         ids = [
-            request_job(
-                kind,
-                subject_type="bench.latency",
-                subject_id=f"{tag}-{i}",
-                tenant_key="bench",
-                params=params,
-            )[0].pk
+            jobs.request(
+                kind, ("bench.latency", f"{tag}-{i}"), tenant="bench", params=params
+            ).job.pk
             for i in range(n)
         ]
     return ids, timezone.now()

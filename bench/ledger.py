@@ -26,6 +26,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from bench import infra
+from jobs import rules
 from jobs.engine.effect_machine import effect_identity, idempotency_key
 from jobs.models import Effect, Job
 
@@ -394,7 +395,7 @@ def lookups(size: int) -> list[Lookup]:
         # jobs.transitions.claim: running jobs of the tenant whose lease still holds.
         return (
             Job.objects.using(ALIAS)
-            .live_running(now)
+            .filter(rules.to_q(rules.LIVE_RUNNING))
             .filter(tenant_key=f"t{rng.randrange(TENANTS)}")
             .exclude(pk=job_id(rng))
         )
@@ -406,7 +407,7 @@ def lookups(size: int) -> list[Lookup]:
         # jobs.dispatch.dispatch_once: due jobs without a message for this due time.
         return (
             Job.objects.using(ALIAS)
-            .due(now)
+            .filter(rules.to_q(rules.JOB_DUE))
             .filter(not_enqueued("next_attempt_at"))
             .order_by("next_attempt_at")
             .values_list("pk", "next_attempt_at", "state")[:500]
@@ -415,7 +416,7 @@ def lookups(size: int) -> list[Lookup]:
     def expired_leases(rng, now):
         return (
             Job.objects.using(ALIAS)
-            .lease_expired(now)
+            .filter(rules.to_q(rules.JOB_LEASE_EXPIRED))
             .filter(not_enqueued("lease_expires_at"))
             .order_by("lease_expires_at")
             .values_list("pk", "lease_expires_at", "state")[:500]

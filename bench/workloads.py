@@ -17,10 +17,10 @@ from django.db import transaction
 from django_q.models import Task
 from django_q.tasks import async_task
 
+import jobs
 from bench import plain
 from bench.models import PlainNotice, ensure_table
 from jobs.models import Artifact, Effect, Job, Notice
-from jobs.services import request_job
 from permits.models import PermitRequest
 from permits.reports import reviewers_of
 from permits.services import report_request
@@ -73,18 +73,17 @@ def enqueue_plain_reports(n: int) -> int:
 
 
 def enqueue_summaries(n: int, user_id: int, *, tag: str | None = None) -> list[int]:
-    """N jobs of the minimal kind, through the public ``request_job`` (row + message)."""
+    """N jobs of the minimal kind, through the public ``jobs.request`` (row + message)."""
     tag = tag or uuid.uuid4().hex[:8]
     ids = []
     with transaction.atomic():
         for i in range(n):
-            job, _ = request_job(
+            job = jobs.request(
                 SUMMARY,
-                subject_type="bench.item",
-                subject_id=f"{tag}-{i}",
-                tenant_key="bench",
+                ("bench.item", f"{tag}-{i}"),
+                tenant="bench",
                 params={"notify_user_id": user_id},
-            )
+            ).job
             ids.append(job.pk)
     return ids
 

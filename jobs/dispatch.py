@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
-from django.db.models.functions import Now
 
+from jobs import rules
 from jobs.models import Effect, Job
 from jobs.services import enqueue_effect, enqueue_job, mark_enqueued, needs_message
 
@@ -24,30 +24,16 @@ log = logging.getLogger("jobs.dispatch")
 
 def dispatch_once(*, limit: int = 500) -> dict[str, int]:
     """Enqueue what is due now by the server's clock; returns how many messages were sent."""
-    now = Now()
     sent = {"due_jobs": 0, "expired_leases": 0, "effects": 0}
     plans = [
-        ("due_jobs", Job, Job.objects.due(now), "next_attempt_at", enqueue_job),
-        ("expired_leases", Job, Job.objects.lease_expired(now), "lease_expires_at", enqueue_job),
-        (
-            "effects",
-            Effect,
-            Effect.objects.filter(
-                state__in=[Effect.State.PENDING, Effect.State.UNKNOWN], next_attempt_at__lte=now
-            ),
-            "next_attempt_at",
-            enqueue_effect,
-        ),
-        (
-            "effects",
-            Effect,
-            Effect.objects.filter(state=Effect.State.SENDING, lease_expires_at__lte=now),
-            "lease_expires_at",
-            enqueue_effect,
-        ),
+        ("due_jobs", Job, rules.JOB_DUE, "next_attempt_at", enqueue_job),
+        ("expired_leases", Job, rules.JOB_LEASE_EXPIRED, "lease_expires_at", enqueue_job),
+        ("effects", Effect, rules.EFFECT_DUE, "next_attempt_at", enqueue_effect),
+        ("effects", Effect, rules.EFFECT_LEASE_EXPIRED, "lease_expires_at", enqueue_effect),
     ]
-    for label, model, qs, field, enqueue in plans:
-        rows = qs.filter(needs_message(field)).order_by(field).values_list("pk", field, "state")
+    for label, model, rule, field, enqueue in plans:
+        qs = model.objects.filter(rules.to_q(rule), needs_message(field))
+        rows = qs.order_by(field).values_list("pk", field, "state")
         for pk, due_at, state in rows[:limit]:
             with transaction.atomic():
                 if mark_enqueued(model, pk, field, due_at, [state]):

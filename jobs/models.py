@@ -1,10 +1,11 @@
 """Jobs, the deliveries that reached a worker, artifacts and the effect ledger.
 
-The arrows of ``Job.state`` are defined in ``jobs.transitions``; the hot path's two
-statements (``jobs.sql``: claim and publish) write the same arrows with the same
-fences (``jobs.rules``). Only ``jobs.ledger`` writes ``Effect.state``, apart from the
-effects born with the publish (``jobs.publish``). Every such write is a
-compare-and-swap on ``version``.
+The arrows of ``Job.state`` are defined in ``jobs.engine.job_machine``; the
+PostgreSQL executor's two statements (``jobs.executors.postgres``: claim and publish)
+write the same arrows with the same fences (``jobs.rules``, which also holds every
+filter on these rows: due, expired, releasable). Only ``jobs.engine.effect_machine``
+writes ``Effect.state``, apart from the effects born with the publish (the
+executors). Every such write is a compare-and-swap on ``version``.
 """
 
 from __future__ import annotations
@@ -12,38 +13,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
-from django.db.models.functions import Now
 from django.utils import timezone
-
-
-class JobQuerySet(models.QuerySet):
-    def due(self, now=None):
-        """Queued or waiting jobs whose next attempt time has come (server clock by default)."""
-        now = now or Now()
-        return self.filter(
-            state__in=[Job.State.QUEUED, Job.State.RETRY_WAIT], next_attempt_at__lte=now
-        )
-
-    def lease_expired(self, now=None):
-        """Running jobs whose worker stopped extending its lease."""
-        now = now or Now()
-        return self.filter(state=Job.State.RUNNING, lease_expires_at__lte=now)
-
-    def live_running(self, now=None):
-        """Running jobs whose lease still holds: they count against the tenant bound."""
-        now = now or Now()
-        return self.filter(state=Job.State.RUNNING, lease_expires_at__gt=now)
-
-
-class EffectQuerySet(models.QuerySet):
-    def due_for_release(self, now=None):
-        """Effects a sender may take now: due pending/unknown ones and expired sending leases."""
-        now = now or Now()
-        return self.filter(
-            Q(state__in=[Effect.State.PENDING, Effect.State.UNKNOWN], next_attempt_at__lte=now)
-            | Q(state=Effect.State.SENDING, lease_expires_at__lte=now)
-        )
-
 
 JOB_STATES = ["queued", "running", "retry_wait", "succeeded", "failed", "dead", "cancelled"]
 EFFECT_STATES = ["pending", "sending", "applied", "unknown", "withheld", "failed", "needs_review"]
@@ -107,8 +77,6 @@ class Job(models.Model):
     updated_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-
-    objects = JobQuerySet.as_manager()
 
     class Meta:
         constraints = [
@@ -289,8 +257,6 @@ class Effect(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     applied_at = models.DateTimeField(null=True, blank=True)
-
-    objects = EffectQuerySet.as_manager()
 
     class Meta:
         constraints = [

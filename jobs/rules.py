@@ -109,8 +109,20 @@ HAS_BUDGET = Cond("attempts", "<", Col("max_attempts"))
 # A job a delivery may claim as it is: waiting and due, with attempts left.
 CLAIMABLE = all_of(WAITING, DUE, HAS_BUDGET)
 
-# Where each operator arrow starts: the engine's CAS and the admin's buttons read this.
+# What the dispatcher sweeps, the console counts and a sender may take, by the server's
+# clock: jobs with a due time that has come, running jobs whose lease ran out, effects
+# due to be sent (a due time of NULL is "now", as for a claim) and sends whose lease ran out.
 E = Effect.State
+JOB_DUE = all_of(WAITING, Cond("next_attempt_at", "<=", NOW))
+JOB_LEASE_EXPIRED = all_of(Cond("state", "=", S.RUNNING), Cond("lease_expires_at", "<=", NOW))
+EFFECT_DUE = all_of(
+    Cond("state", "in", (E.PENDING, E.UNKNOWN)),
+    any_of(Cond("next_attempt_at", "null", True), Cond("next_attempt_at", "<=", NOW)),
+)
+EFFECT_LEASE_EXPIRED = all_of(Cond("state", "=", E.SENDING), Cond("lease_expires_at", "<=", NOW))
+EFFECT_RELEASABLE = any_of(EFFECT_DUE, EFFECT_LEASE_EXPIRED)
+
+# Where each operator arrow starts: the engine's CAS and the admin's buttons read this.
 OPERATOR_SOURCES: dict[str, tuple[str, ...]] = {
     "retry_now": (S.QUEUED, S.RETRY_WAIT),
     "cancel": (S.QUEUED, S.RETRY_WAIT),

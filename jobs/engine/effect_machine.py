@@ -39,7 +39,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from jobs import clock, conf, queue, registry
+from jobs import clock, conf, queue, registry, rules
 from jobs.engine.cas import compare_and_swap
 from jobs.engine.plan import Hold
 from jobs.models import Effect, EffectEvent, Job
@@ -179,12 +179,9 @@ def claim_send(effect: Effect, worker: str) -> str:
     ``claimed``, ``skipped`` (not due, or another sender moved first) or
     ``needs_review`` (the send budget is spent: no further send, an operator decides).
     """
-    if effect.state in (State.PENDING, State.UNKNOWN):
-        due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=Now())
-    elif effect.state == State.SENDING:
-        due = Q(lease_expires_at__lte=Now())
-    else:
+    if effect.state not in (State.PENDING, State.UNKNOWN, State.SENDING):
         return "skipped"
+    due = rules.to_q(rules.EFFECT_RELEASABLE)
     if effect.attempts >= effect.max_attempts:
         won = _move(
             effect,

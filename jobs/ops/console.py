@@ -18,7 +18,7 @@ from django.db.models import Count, Max, Q
 from django.db.models.functions import Now, TruncMinute
 from django.utils import timezone
 
-from jobs import clock, failures, stats
+from jobs import clock, failures, rules, stats
 from jobs.models import EFFECT_STATES, JOB_STATES, Attempt, Effect, EffectEvent, Job
 from jobs.ops.words import duration
 
@@ -352,7 +352,7 @@ def snapshot(now: datetime | None = None) -> Snapshot:
         effects=counts(Effect, EFFECT_STATES),
         queue_depth=depth,
         queue_taken=taken,
-        oldest_due_at=Job.objects.due()
+        oldest_due_at=Job.objects.filter(rules.to_q(rules.JOB_DUE))
         .order_by("next_attempt_at")
         .values_list("next_attempt_at", flat=True)
         .first(),

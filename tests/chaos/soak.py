@@ -715,7 +715,7 @@ def perform(action: Action, world: World, rng: random.Random) -> None:
     """Carry out one planned request, revocation or second ask."""
     from django.contrib.auth import get_user_model
 
-    from jobs.services import request_job
+    from tests.jobs.helpers import request_job
     from permits import reports
     from permits.drill import DEADLOCK_KIND
     from permits.models import PermitRequest

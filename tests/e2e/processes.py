@@ -23,7 +23,7 @@ from django.conf import settings
 from django_q.models import OrmQ
 
 from jobs.models import Attempt, Job
-from jobs.services import request_job
+from tests.jobs.helpers import request_job
 from jobs.testing.processes import Processes
 from jobs.testing.scratchdb import url_from_settings
 

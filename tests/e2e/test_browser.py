@@ -24,7 +24,7 @@ from django.core.management import call_command
 from django.db import connections
 
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
-from jobs.services import request_job
+from tests.jobs.helpers import request_job
 from permits import selectors
 from permits.models import PermitRequest
 from permits.services import revoke_reviewer

@@ -27,6 +27,7 @@ from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
 from django_q.models import OrmQ
 
+from jobs import rules
 from jobs.artifacts import artifact_key, get_storage, is_intact
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
 from tests.e2e.processes import (
@@ -278,7 +279,7 @@ def test_qcluster__message_acked_only_after_state_committed(procs, django_user_m
     wait_until(
         procs,
         f"job {job2.pk}'s lease to expire",
-        lambda: Job.objects.lease_expired().filter(pk=job2.pk).exists(),
+        lambda: Job.objects.filter(rules.to_q(rules.JOB_LEASE_EXPIRED), pk=job2.pk).exists(),
         timeout=15,
     )
     expired = _snapshot(job2, message2.pk)

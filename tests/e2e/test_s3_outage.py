@@ -27,7 +27,7 @@ from collections import Counter
 import pytest
 
 from jobs.models import Artifact, Attempt, Job
-from jobs.services import request_job
+from tests.jobs.helpers import request_job
 from jobs.testing.s3server import S3Server, moto_server_process
 from tests.chaos.dbproxy import DatabaseProxy
 from tests.e2e.processes import wait_until

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from jobs.models import Attempt, Job
-from jobs.services import request_job
+from tests.jobs.helpers import request_job
 from tests.chaos.soak import FullDisk
 from tests.e2e.processes import wait_until
 

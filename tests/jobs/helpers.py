@@ -10,11 +10,32 @@ from datetime import timedelta
 from django.db import connections
 from django.utils import timezone
 
+import jobs
 from jobs.models import Job
-from jobs.services import request_job
 from jobs.testing.queue import run_queued_effects
 
-__all__ = ["deliver", "run_queued_effects"]
+__all__ = ["deliver", "request_job", "run_queued_effects"]
+
+
+def request_job(
+    kind: str,
+    *,
+    subject_type: str,
+    subject_id: str | int,
+    output_revision: int = 1,
+    tenant_key: str = "",
+    params: dict | None = None,
+) -> tuple[Job, bool]:
+    """The one job for (kind, subject, revision), asked through ``jobs.request`` (the one
+    entry point), as the row and whether this call created it."""
+    handle = jobs.request(
+        kind,
+        (subject_type, subject_id),
+        revision=output_revision,
+        tenant=tenant_key,
+        params=params,
+    )
+    return handle.job, handle.created
 
 
 def new_job(

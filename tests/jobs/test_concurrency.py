@@ -10,11 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import connection
 
-from jobs import artifacts
+from jobs import artifacts, rules
 from jobs.delivery import runner
 from jobs.delivery.runner import run_delivery
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
-from jobs.services import request_job
+from tests.jobs.helpers import request_job
 from tests.jobs.helpers import expire_lease, new_job
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -112,7 +112,7 @@ def test_tenant_bound__holds_under_concurrent_claimers(make_user, settings):
     statuses = in_threads(8, lambda i: runner.claim_for(jobs[i].pk, f"w{i}").status)
     assert statuses.count("claimed") == 2, statuses
     assert statuses.count("deferred") == 6
-    assert Job.objects.live_running().filter(tenant_key="busy-office").count() == 2
+    assert Job.objects.filter(rules.to_q(rules.LIVE_RUNNING), tenant_key="busy-office").count() == 2
     assert Job.objects.filter(tenant_key="busy-office", attempts=0).count() == 6
     assert runner.claim_for(other.pk, "w-other").status == "claimed", "bounds are per tenant"
 

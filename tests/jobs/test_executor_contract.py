@@ -27,7 +27,7 @@ from jobs.engine import effect_machine, refusals
 from jobs.executors import postgres
 from jobs.models import Artifact, Attempt, Effect, EffectEvent, FlowRule, Job, Notice
 from jobs.registry import EffectSpec, kinds, register_kind
-from jobs.services import request_job
+from tests.jobs.helpers import request_job
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -19,7 +19,7 @@ from jobs.delivery.runner import run_delivery
 from jobs.dispatch import dispatch_once
 from jobs.models import Attempt, Effect, Job, Notice
 from jobs.providers.inapp import InAppProvider
-from jobs.services import request_job
+from tests.jobs.helpers import request_job
 from tests.jobs.helpers import expire_lease
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

@@ -10,7 +10,7 @@ from django.core.management import call_command
 
 from jobs.delivery.runner import run_delivery
 from jobs.models import Job
-from jobs.services import request_job
+from tests.jobs.helpers import request_job
 from permits.models import PermitRequest
 
 pytestmark = pytest.mark.django_db

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from jobs.registry import EffectSpec, register_kind
-from jobs.services import request_job
+from tests.jobs.helpers import request_job
 from jobs.testing.fakeprovider import Faults, start_in_thread
 
 TOKEN = "test-token-0123"

@@ -16,7 +16,7 @@ from django.db import connection
 from jobs.contrib.drills import burst
 from jobs.models import Effect, Job
 from jobs.providers import bounds
-from jobs.services import request_job
+from tests.jobs.helpers import request_job
 from jobs.testing.fakeprovider import Faults, start_in_thread
 from tests.e2e.processes import site_processes
 from tests.providers.conftest import TOKEN, subprocess_env, wait_for

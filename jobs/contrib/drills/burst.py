@@ -41,7 +41,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Mod
 from django.utils import timezone
 
-from jobs import registry
+from jobs import registry, rules
 from jobs.delivery.release import release
 from jobs.models import Effect, EffectEvent, FlowRule, Job
 from jobs.registry import EffectSpec
@@ -90,10 +90,9 @@ def work_once(run: str, index: int, count: int, worker: str, stop=lambda: False)
     """Take this worker's share of due jobs and due effects of ``run``; returns items done."""
     from jobs.delivery.runner import run_delivery
 
-    now = timezone.now()
     jobs = (
         Job.objects.filter(run_scope(run))
-        .filter(Q(pk__in=Job.objects.due(now)) | Q(pk__in=Job.objects.lease_expired(now)))
+        .filter(rules.to_q(rules.any_of(rules.JOB_DUE, rules.JOB_LEASE_EXPIRED)))
         .annotate(part=Mod(F("id"), count))
         .filter(part=index)
         .order_by("id")
@@ -106,7 +105,7 @@ def work_once(run: str, index: int, count: int, worker: str, stop=lambda: False)
         run_delivery(pk, worker=worker)
         done += 1
     effects = (
-        Effect.objects.due_for_release(now)
+        Effect.objects.filter(rules.to_q(rules.EFFECT_RELEASABLE))
         .filter(job__in=Job.objects.filter(run_scope(run)))
         .annotate(part=Mod(F("id"), count))
         .filter(part=index)
@@ -334,127 +333,34 @@ def _purge_queue_messages(job_ids: set[int]) -> None:
 
 def run(config: BurstConfig, *, out=None) -> BurstReport:
     """Run the drill end to end and return its report (``problems`` empty when it passed)."""
-    from django.contrib.auth import get_user_model
-
-    from jobs.services import request_job
-
     say = out or (lambda line: None)
     run_id = f"b{timezone.now():%Y%m%d%H%M%S}{secrets.token_hex(3)}"
     work_dir = Path(tempfile.mkdtemp(prefix=f"burst-{run_id}-"))
     record_path = Path(config.record) if config.record else work_dir / "provider.sqlite3"
-    token = secrets.token_urlsafe(16)
     report = BurstReport(run=run_id, config=asdict(config))
     procs = Processes(_child_env(), work_dir)
     deadline = time.monotonic() + config.timeout
     restore: tuple[int | None, float] = (None, 1.0)
     try:
-        procs.env["FAKE_PROVIDER_TOKEN"] = token  # not on the command line
-        provider = procs.start(
-            "provider",
-            "fake_provider",
-            "--port",
-            "0",
-            "--record",
-            str(record_path),
-            "--delay",
-            str(config.provider_delay),
-            "--start-down",
-            stdout=subprocess.PIPE,
-        )
-        line = provider.popen.stdout.readline().decode()
-        if "listening on " not in line:
-            raise RuntimeError(f"the stand-in provider did not start: {line!r}")
-        url = line.split("listening on ", 1)[1].split()[0]
-        report.config["provider_url"] = url
-        procs.env[CONFIG_ENV] = json.dumps(config.settings(url, token))
+        provider = _start_provider(config, procs, record_path, report)
         say(
             f"burst {run_id}: {config.jobs} jobs, {config.workers} worker processes, provider "
-            f"{url} down; record {record_path}"
+            f"{report.config['provider_url']} down; record {record_path}"
         )
-
-        rule = config.rate_rule()
-        if rule is not None:
-            from jobs import flow
-
-            previous = FlowRule.objects.filter(scope="provider:webhook").first()
-            restore = (previous.rate, previous.period_seconds) if previous else (None, 1.0)
-            flow.set_rule(
-                "provider:webhook",
-                actor=f"burst:{run_id}",
-                rate=rule[0],
-                period_seconds=rule[1],
-                note="burst drill",
-            )
-            say(f"rate rule provider:webhook {config.rate} for the run")
+        restore = _set_rate_rule(config, run_id, say)
         # The workers start (about a second each) while the jobs are being created.
         down_at = time.monotonic()
         for i in range(config.workers):
             procs.start(
                 f"worker-{i}", "burst", "--worker", str(i), "--of", str(config.workers), run_id
             )
-        user, _ = get_user_model().objects.get_or_create(
-            username="burst-recipient", defaults={"is_active": True}
-        )
-        if not user.is_active:
-            get_user_model().objects.filter(pk=user.pk).update(is_active=True)
-        job_ids = set()
-        for i in range(config.jobs):
-            job, _ = request_job(
-                KIND,
-                subject_type=SUBJECT_TYPE,
-                subject_id=f"{run_id}-{i}",
-                params={"recipient": user.pk, "provider": "webhook"},
-            )
-            job_ids.add(job.pk)
-        _purge_queue_messages(job_ids)
-        scope = Job.objects.filter(pk__in=job_ids)
-        effects = Effect.objects.filter(job__in=scope)
-
-        # Each notice met the outage: a refused send, or held at the provider's open
-        # circuit (no call, no attempt spent).
-        held_at_circuit = Q(
-            events__action=EffectEvent.Action.DEFER, events__error_code="circuit_open"
-        )
-        met_outage = Q(attempts__gte=1) | held_at_circuit
-
-        def queued_up() -> bool:
-            return (
-                scope.filter(state=Job.State.SUCCEEDED).count() == config.jobs
-                and effects.filter(met_outage)
-                .exclude(state=Effect.State.SENDING)
-                .distinct()
-                .count()
-                == config.jobs
-            )
-
-        _wait(queued_up, deadline, procs, "every job to finish with its notice queued")
-        jobs_done_at = time.monotonic()
-        applied_early = effects.filter(state=Effect.State.APPLIED).count()
-        if applied_early:
-            raise RuntimeError(f"{applied_early} notices applied while the provider was down")
-        time.sleep(max(0.0, config.down_seconds - (time.monotonic() - jobs_done_at)))
-        report.outage_seconds = round(time.monotonic() - down_at, 2)
-        report.refused_while_down = EffectEvent.objects.filter(
-            effect__in=effects, action=EffectEvent.Action.SEND, error_class="transport"
-        ).count()
-        report.held_by_circuit = (
-            effects.filter(
-                events__action=EffectEvent.Action.DEFER, events__error_code="circuit_open"
-            )
-            .distinct()
-            .count()
-        )
-        say(
-            f"outage: {config.jobs} jobs succeeded, {config.jobs} notices queued, "
-            f"{report.refused_while_down} sends refused, {report.held_by_circuit} notices held "
-            f"at the open circuit in {report.outage_seconds:.1f} s; provider comes back"
-        )
+        scope = Job.objects.filter(pk__in=_ask_for_jobs(config, run_id))
+        _wait_out_the_outage(config, scope, procs, deadline, down_at, report, say)
         provider.popen.send_signal(signal.SIGUSR2)
         up_clock = time.monotonic()
-
-        final = list(Effect.FINAL)
+        effects = Effect.objects.filter(job__in=scope)
         _wait(
-            lambda: effects.filter(state__in=final).count() == config.jobs,
+            lambda: effects.filter(state__in=list(Effect.FINAL)).count() == config.jobs,
             deadline,
             procs,
             "every notice to reach a final state",
@@ -465,22 +371,132 @@ def run(config: BurstConfig, *, out=None) -> BurstReport:
     except (RuntimeError, TimeoutError) as exc:
         report.problems.append(str(exc))
     finally:
-        for proc in reversed(procs.procs):
-            procs.terminate(proc)
-        if config.rate_rule() is not None:
-            from jobs import flow
+        _stop(config, procs, run_id, restore, work_dir, report)
+    return _judge(config, run_id, record_path, report)
 
-            flow.set_rule(
-                "provider:webhook",
-                actor=f"burst:{run_id}",
-                rate=restore[0],
-                period_seconds=restore[1],
-                note="burst drill ended",
-            )
-        dead = [p.name for p in procs.procs if p.popen.returncode not in (0, -signal.SIGTERM)]
-        if dead:
-            names = ", ".join(dead)
-            report.problems.append(f"process(es) exited badly: {names} (logs in {work_dir})")
+
+def _start_provider(config: BurstConfig, procs: Processes, record_path: Path, report) -> object:
+    """The stand-in provider, down at first; its URL goes to the workers' settings."""
+    token = secrets.token_urlsafe(16)
+    procs.env["FAKE_PROVIDER_TOKEN"] = token  # not on the command line
+    provider = procs.start(
+        "provider",
+        "fake_provider",
+        "--port",
+        "0",
+        "--record",
+        str(record_path),
+        "--delay",
+        str(config.provider_delay),
+        "--start-down",
+        stdout=subprocess.PIPE,
+    )
+    line = provider.popen.stdout.readline().decode()
+    if "listening on " not in line:
+        raise RuntimeError(f"the stand-in provider did not start: {line!r}")
+    url = line.split("listening on ", 1)[1].split()[0]
+    report.config["provider_url"] = url
+    procs.env[CONFIG_ENV] = json.dumps(config.settings(url, token))
+    return provider
+
+
+def _set_rate_rule(config: BurstConfig, run_id: str, say) -> tuple[int | None, float]:
+    """The run's rate rule on ``provider:webhook``; returns the rule to put back after."""
+    rule = config.rate_rule()
+    if rule is None:
+        return (None, 1.0)
+    from jobs import flow
+
+    previous = FlowRule.objects.filter(scope="provider:webhook").first()
+    restore = (previous.rate, previous.period_seconds) if previous else (None, 1.0)
+    flow.set_rule(
+        "provider:webhook",
+        actor=f"burst:{run_id}",
+        rate=rule[0],
+        period_seconds=rule[1],
+        note="burst drill",
+    )
+    say(f"rate rule provider:webhook {config.rate} for the run")
+    return restore
+
+
+def _ask_for_jobs(config: BurstConfig, run_id: str) -> set[int]:
+    """The run's jobs through ``jobs.request``, one notice each; the workers find them."""
+    from django.contrib.auth import get_user_model
+
+    import jobs
+
+    user, _ = get_user_model().objects.get_or_create(
+        username="burst-recipient", defaults={"is_active": True}
+    )
+    if not user.is_active:
+        get_user_model().objects.filter(pk=user.pk).update(is_active=True)
+    job_ids = set()
+    for i in range(config.jobs):
+        job = jobs.request(
+            KIND,
+            (SUBJECT_TYPE, f"{run_id}-{i}"),
+            params={"recipient": user.pk, "provider": "webhook"},
+        ).job
+        job_ids.add(job.pk)
+    _purge_queue_messages(job_ids)
+    return job_ids
+
+
+def _wait_out_the_outage(config, scope, procs, deadline, down_at, report, say) -> None:
+    """Every job succeeds and every notice meets the outage (a send refused, or held at
+    the provider's open circuit without a call); none is applied while it is down."""
+    effects = Effect.objects.filter(job__in=scope)
+    held_at_circuit = Q(events__action=EffectEvent.Action.DEFER, events__error_code="circuit_open")
+    met_outage = Q(attempts__gte=1) | held_at_circuit | Q(events__action=EffectEvent.Action.SEND)
+
+    def queued_up() -> bool:
+        return (
+            scope.filter(state=Job.State.SUCCEEDED).count() == config.jobs
+            and effects.filter(met_outage).exclude(state=Effect.State.SENDING).distinct().count()
+            == config.jobs
+        )
+
+    _wait(queued_up, deadline, procs, "every job to finish with its notice queued")
+    jobs_done_at = time.monotonic()
+    applied_early = effects.filter(state=Effect.State.APPLIED).count()
+    if applied_early:
+        raise RuntimeError(f"{applied_early} notices applied while the provider was down")
+    time.sleep(max(0.0, config.down_seconds - (time.monotonic() - jobs_done_at)))
+    report.outage_seconds = round(time.monotonic() - down_at, 2)
+    report.refused_while_down = EffectEvent.objects.filter(
+        effect__in=effects, action=EffectEvent.Action.SEND, error_class="transport"
+    ).count()
+    report.held_by_circuit = effects.filter(held_at_circuit).distinct().count()
+    say(
+        f"outage: {config.jobs} jobs succeeded, {config.jobs} notices queued, "
+        f"{report.refused_while_down} sends refused, {report.held_by_circuit} notices held "
+        f"at the open circuit in {report.outage_seconds:.1f} s; provider comes back"
+    )
+
+
+def _stop(config, procs, run_id, restore, work_dir, report) -> None:
+    """Stop every process, put the rate rule back, and name any process that died badly."""
+    for proc in reversed(procs.procs):
+        procs.terminate(proc)
+    if config.rate_rule() is not None:
+        from jobs import flow
+
+        flow.set_rule(
+            "provider:webhook",
+            actor=f"burst:{run_id}",
+            rate=restore[0],
+            period_seconds=restore[1],
+            note="burst drill ended",
+        )
+    dead = [p.name for p in procs.procs if p.popen.returncode not in (0, -signal.SIGTERM)]
+    if dead:
+        names = ", ".join(dead)
+        report.problems.append(f"process(es) exited badly: {names} (logs in {work_dir})")
+
+
+def _judge(config: BurstConfig, run_id: str, record_path: Path, report) -> BurstReport:
+    """Hold the provider's record against the ledger (``analyse``)."""
     if not record_path.exists():
         report.problems.append("the provider left no record")
         return report
