@@ -143,7 +143,7 @@ def test_sqlite_defaults_warn_and_the_documented_snippet_takes_a_burst_without_l
         (path / "shop" / "__init__.py").write_text("")
         (path / "shop" / "jobkinds.py").write_text(textwrap.dedent(KINDS))
         settings = path / "shopsite" / "settings.py"
-        assert '"ENGINE": "django.db.backends.sqlite3"' in settings.read_text()
+        assert "'ENGINE': 'django.db.backends.sqlite3'" in settings.read_text()
         settings.write_text(settings.read_text() + APP_SETTINGS + extra)
         return path
 
