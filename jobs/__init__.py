@@ -31,6 +31,7 @@ _EXPORTS = {
     "EffectSpec": "jobs.registry",
     "register_kind": "jobs.registry",
     "register_provider": "jobs.registry",
+    "register_subject": "jobs.hooks",
     "JobContext": "jobs.delivery.runner",
     "Provider": "jobs.providers",
     "JobError": "jobs.exceptions",
@@ -54,6 +55,7 @@ __all__ = [
     "kind",
     "register_kind",
     "register_provider",
+    "register_subject",
     "request",
 ]
 assert sorted(__all__) == sorted(_EXPORTS)
@@ -68,6 +70,7 @@ if TYPE_CHECKING:
         PayloadInvalid,
         TemporaryFailure,
     )
+    from jobs.hooks import register_subject
     from jobs.providers import Provider
     from jobs.registry import EffectSpec, register_kind, register_provider
 
