@@ -27,10 +27,10 @@ from collections import Counter
 import pytest
 
 from jobs.models import Artifact, Attempt, Job
-from tests.jobs.helpers import request_job
 from jobs.testing.s3server import S3Server, moto_server_process
 from tests.chaos.dbproxy import DatabaseProxy
 from tests.e2e.processes import wait_until
+from tests.jobs.helpers import request_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

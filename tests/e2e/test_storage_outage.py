@@ -13,9 +13,9 @@ import time
 import pytest
 
 from jobs.models import Attempt, Job
-from tests.jobs.helpers import request_job
 from tests.chaos.soak import FullDisk
 from tests.e2e.processes import wait_until
+from tests.jobs.helpers import request_job
 
 OUTAGE_SECONDS = float(os.environ.get("STORAGE_OUTAGE_SECONDS", "20"))  # 60 s: see the #10 note
 JOBS = 10

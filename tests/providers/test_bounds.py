@@ -16,9 +16,9 @@ from django.db import connection
 from jobs.contrib.drills import burst
 from jobs.models import Effect, Job
 from jobs.providers import bounds
-from tests.jobs.helpers import request_job
 from jobs.testing.fakeprovider import Faults, start_in_thread
 from tests.e2e.processes import site_processes
+from tests.jobs.helpers import request_job
 from tests.providers.conftest import TOKEN, subprocess_env, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
