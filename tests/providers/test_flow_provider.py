@@ -270,3 +270,41 @@ def test_circuit__a_probe_that_fails_before_its_call_opens_the_way_for_the_next(
     run_delivery(second.pk, worker="w2")
     assert effect_of(second).state == State.APPLIED
     assert FlowRule.objects.get(scope="provider:webhook").circuit_state == Circuit.CLOSED
+
+
+def test_circuit__a_call_answered_while_the_circuit_is_open_is_recorded_as_the_send_it_was(
+    make_user, webhook, settings, monkeypatch
+):
+    """Another sender opened the circuit after this one's gate read it closed: the call
+    reached the provider and failed. The history shows that send with its answer (not a
+    deferral), and the effect gets its attempt back and waits for the circuit."""
+    settings.JOBS_FLOW_CACHE_SECONDS = 0.0
+    webhook.faults.unavailable = 1.0
+    webhook.faults.retry_after = 0
+    provider = registry.get_provider("webhook")
+    real_send = provider.send
+
+    def opened_elsewhere_then_send(effect):
+        now = timezone.now()
+        FlowRule.objects.update_or_create(
+            scope="provider:webhook",
+            defaults={
+                "circuit_state": Circuit.OPEN,
+                "circuit_failures": 5,
+                "circuit_opened_at": now,
+                "circuit_probe_at": now + timedelta(seconds=60),
+            },
+        )
+        return real_send(effect)
+
+    monkeypatch.setattr(provider, "send", opened_elsewhere_then_send)
+    job = notify_job(make_user())
+    run_delivery(job.pk, worker="w1")
+    effect = effect_of(job)
+    assert len(webhook.record.requests()) == 1, "the call reached the provider"
+    (send,) = effect.events.filter(action=EffectEvent.Action.SEND)
+    assert (send.error_class, send.error_code) == ("temporary", "http_503"), send.__dict__
+    assert send.note == "provider:webhook"
+    assert not effect.events.filter(action=EffectEvent.Action.DEFER).exists()
+    assert effect.state == State.PENDING and effect.attempts == 0, "the outage's, not the effect's"
+    assert effect.next_attempt_at is not None
