@@ -11,8 +11,9 @@ at release like every notice (``authorize_release``):
 - ``permits.report-stopped-notice``: "Report could not be built". Subject: the report
   job; revision: the attempt that stopped it. The engine sends no signal when a job
   stops (its arrows are compare-and-swap UPDATEs, so no ``post_save`` either), so two
-  places that do run at a stop ask for it: the report handler, when it raises (the
-  engine then decides retry or stop), and ``post_save`` of the ``Attempt`` row the
+  places that do run at a stop ask for it: the report handler, when it raises on what may
+  be its last try (a permanent class, or the budget's last attempt: the engine then
+  decides), and ``post_save`` of the ``Attempt`` row the
   engine inserts when it buries a job whose budget the crashes spent. The notice job
   itself reads the report job: it notifies only when that attempt really stopped it
   (``failed``/``dead``), waits (a retry later) while the engine has not settled the
@@ -124,6 +125,22 @@ def stopped_notice(ctx: jobs.JobContext) -> list[jobs.EffectSpec]:
         jobs.EffectSpec("stopped-notice", "inapp", str(user.pk), {"title": title, "link": link})
         for user in reports.reviewers_of(permit)
     ]
+
+
+def may_stop(exc: BaseException, job: Job) -> bool:
+    """Whether the engine may stop the job after ``exc`` (a permanent class, or the last
+    attempt of its budget), by the engine's own retry table. Asking for a notice job on
+    every failure would leave one per retry; the notice job checks what really happened
+    either way, so erring towards asking is safe."""
+    try:
+        from jobs.retry import classify
+    except ImportError:  # the table moved: ask every time
+        return True
+    try:
+        rule = classify(exc).rule
+    except Exception:  # never mask the failure the engine must see
+        return True
+    return not rule.retry or job.attempts >= job.max_attempts
 
 
 def ask_stopped_notice(report_id: int) -> None:

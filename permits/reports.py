@@ -198,18 +198,20 @@ def reviewers_of(permit: PermitRequest):
 
 
 def build_report(ctx: JobContext) -> list[EffectSpec]:
-    """The handler; when it raises, the stop notice is asked for (``permits.notices``:
-    it tells the reviewers only if the engine then stops the report)."""
+    """The handler; when it raises on what may be the report's last try, the stop notice
+    is asked for (``permits.notices``: it tells the reviewers only if the engine then
+    stopped the report)."""
     try:
         return _build_report(ctx)
     except LeaseLost:
         raise  # another worker owns the job: this attempt decides nothing
     except KeyboardInterrupt:
         raise
-    except BaseException:
-        from permits.notices import ask_stopped_notice
+    except BaseException as exc:
+        from permits.notices import ask_stopped_notice, may_stop
 
-        ask_stopped_notice(ctx.job.pk)
+        if may_stop(exc, ctx.job):
+            ask_stopped_notice(ctx.job.pk)
         raise
 
 

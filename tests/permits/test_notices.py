@@ -234,3 +234,24 @@ def test_rebuild__offered_after_a_stop_whose_cause_may_have_passed(reviewer, off
     client.force_login(reviewer)
     page = client.get(f"/requests/{permit.pk}/").content.decode()
     assert 'id="rebuild-report"' in page
+
+
+def test_stopped__a_retried_failure_asks_nothing_until_the_last_try(reviewer, office, monkeypatch):
+    from jobs.exceptions import TemporaryFailure
+    from permits import reports
+
+    def unavailable(permit, job):
+        raise TemporaryFailure("a service is briefly away")
+
+    monkeypatch.setattr(reports, "render_report", unavailable)
+    permit = factories.permit(office, reviewer=reviewer)
+    report, _ = report_request(permit)
+    Job.objects.filter(pk=report.pk).update(max_attempts=2)
+    assert run(report) == Attempt.Outcome.RETRY  # attempt 1 of 2: retried, nobody told
+    assert not kind_jobs(notices.STOPPED).exists()
+    Job.objects.filter(pk=report.pk).update(next_attempt_at=timezone.now() - timedelta(seconds=1))
+    assert run(report) == Attempt.Outcome.DEAD  # the last try: the notice is asked for
+    [job] = kind_jobs(notices.STOPPED)
+    assert job.output_revision == 2
+    assert run(job) == "succeeded"
+    assert len(titles(reviewer)) == 1
