@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 
 from jobs.testing.processes import Processes
-from tests.e2e.test_wheel import PIP_CACHE, _python, _run, clone, wheel  # noqa: F401 (fixtures)
+from tests.e2e.test_wheel import (  # noqa: F401 (fixtures)
+    PIP_CACHE,
+    _python,
+    _run,
+    clone,
+    dists,
+    wheel,
+)
 
 pytestmark = [pytest.mark.wheel, pytest.mark.slow]
 
@@ -31,7 +38,8 @@ INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "django_
                   "shop"]
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3",
                          "NAME": BASE_DIR / "db.sqlite3",
-                         "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20}}}
+                         "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20,
+                                     "init_command": "PRAGMA journal_mode=WAL;"}}}
 USE_TZ = True
 Q_CLUSTER = {"name": "shop", "orm": "default", "workers": 1, "timeout": 30, "retry": 45,
              "poll": 0.2}
@@ -119,6 +127,7 @@ def test_wheel_without_psycopg__sqlite_project_runs_a_job_in_a_real_qcluster(
     assert checked.returncode == 0, checked.stderr
     assert "jobs.I001" in checked.stdout + checked.stderr
     assert "sqlite, not PostgreSQL: the ORM path" in checked.stdout + checked.stderr
+    assert "jobs.W015" not in checked.stdout + checked.stderr  # IMMEDIATE and WAL: no warning
     assert "JOB " in manage("shell", "-c", REQUEST)
 
     procs = Processes(env, tmp_path, command=(str(venv / "bin" / "python"),), cwd=project)
