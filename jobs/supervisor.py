@@ -91,18 +91,14 @@ class Outage:
         """Note a failed try; close the broken connections; return the wait before the next."""
         if self.since is None:
             self.since, self.tries = time.monotonic(), 0
-            host = _host()
+            host, code = _host(), retry.classify(exc).code
             log.warning(
                 "%s: database unavailable (%s) on host %s; retrying with backoff up to %gs",
                 self.what,
                 describe(exc),
                 host,
                 self.cap,
-                extra={
-                    "component": self.what,
-                    "error_code": retry.classify(exc).code,
-                    "host": host,
-                },
+                extra={"component": self.what, "error_code": code, "host": host},
             )
         self.tries += 1
         close_connections()
@@ -141,13 +137,11 @@ PING_TIMEOUT = 3.0
 
 
 class _Looker:
-    """One daemon thread with its own database connection that runs the supervisor's looks.
+    """A daemon thread with its own (kept) connection that runs the supervisor's looks.
 
-    The connection is kept between looks (as the supervisor's own was). A look that
-    misses its deadline leaves its thread blocked; the thread is given up (it closes
-    its connection once the look ends, whenever that is) and the next look after it
-    ended gets a new thread. While it is still blocked the database counts as away
-    without a new try: at most one blocked thread at a time.
+    A look past its deadline leaves the thread blocked: it is given up (it closes its
+    connection when the look ends) and, until then, the database counts as away
+    without a new try; then a new thread serves. At most one blocked thread at a time.
     """
 
     def __init__(self) -> None:
@@ -197,12 +191,8 @@ _looker = _Looker()
 
 
 def within(seconds: float | None, call: Callable[[], T]) -> T:
-    """Run ``call`` against the database, raising ``OperationalError`` if it takes longer.
-
-    The call runs on the looker thread, with that thread's own connection, so a
-    blocked socket holds up that thread only (``_Looker``). ``seconds`` None: run it
-    here, no deadline.
-    """
+    """Run ``call`` on the looker thread (``_Looker``); ``OperationalError`` if it takes
+    longer than ``seconds`` (None: run it here, no deadline)."""
     if seconds is None:
         return call()
     return _looker.run(seconds, call)
