@@ -114,6 +114,12 @@ def test_office_admin__cannot_reach_another_offices_request_by_any_route(
         for method, url, data in _routes(theirs, reviewer, admin_a):
             response = desk.get(url) if method == "GET" else desk.post(url, data)
             assert response.status_code in (403, 404), (method, url, data, response.status_code)
+    # A bulk action on the changelist naming it: nothing happens to it.
+    desk.post(
+        CHANGELIST,
+        {"action": "delete_selected", "_selected_action": [theirs.pk], "post": "yes"},
+    )
+    assert PermitRequest.objects.filter(pk=theirs.pk).exists()
     # Nothing was written: no grant, no revocation, no change.
     assert set(ReviewerAssignment.objects.values_list("pk", flat=True)) == before
     assert selectors.is_assigned(reviewer_b, theirs)
