@@ -33,12 +33,17 @@ class SettingError(ImproperlyConfigured):
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
-        sys.excepthook = _report_setting_error
+        if sys.excepthook is not _report_setting_error:
+            _previous_excepthook[0] = sys.excepthook
+            sys.excepthook = _report_setting_error
+
+
+_previous_excepthook = [sys.excepthook]
 
 
 def _report_setting_error(kind, exc, tb) -> None:
     if not isinstance(exc, SettingError):
-        sys.__excepthook__(kind, exc, tb)
+        _previous_excepthook[0](kind, exc, tb)
         return
     sys.stderr.write(
         f"ImproperlyConfigured: {exc}\n"
