@@ -221,7 +221,8 @@ class RevokeForm(forms.Form):
 @admin.register(PermitRequest)
 class PermitRequestAdmin(PrivateFieldsGuard, GuardedModelAdmin):
     list_display = ("reference", "tenant", "work_type", "status", "output_revision", "report_state")
-    list_filter = ("tenant", "status", "work_type")
+    # Offices present in what the user may see (an office admin: their own offices only).
+    list_filter = (("tenant", admin.RelatedOnlyFieldListFilter), "status", "work_type")
     search_fields = ("reference", "parcel", "site_address")
     readonly_fields = ("current_report", "output_revision")
     inlines = [DecisionInline, AssignmentInline]
