@@ -183,6 +183,13 @@ def test_make_demo__as_printed_banner_login_page_figures_and_ctrl_c(tmp_path):
         assert f"Web:      http://127.0.0.1:{port}/" in banner
         page = httpx.get(f"http://127.0.0.1:{port}/accounts/login/", timeout=10).text
         assert "Demo accounts" in page and "<code>reviewer47</code>" in page
+        printed = dict(re.findall(r"^  (\w+):\s+(\S+)", banner, re.M))
+        for label in ("Admin", "Console"):  # answer, and ask for a login first
+            answer = httpx.get(printed[label], timeout=10)
+            assert answer.status_code == 302 and "login" in answer.headers["location"], label
+        assert printed["Provider"] == f"http://127.0.0.1:{provider}"
+        with socket.create_connection(("127.0.0.1", provider), timeout=5):
+            pass  # the stand-in provider listens where the banner says
         figures = re.search(r"^  Figures:\s+(.+)$", banner, re.M).group(1)
         done = subprocess.run(
             ["bash", "-c", figures], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
