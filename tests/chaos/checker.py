@@ -282,6 +282,8 @@ class History:
     sends: list[dict]
     requests: list[dict]
     sends_by_effect: dict[str, list[dict]]
+    # The site's follow-up notice jobs (``permits.notices``), apart from the soak's requests.
+    follow_ups: list = field(default_factory=list)
     # What a promise found that the figures report too (dead_by_kills, retried, ...).
     found: dict[str, Any] = field(default_factory=dict)
 
@@ -299,8 +301,13 @@ def read_history(inp: Inputs) -> History:
     from jobs import stats
     from jobs.models import Attempt, Effect, Job, Notice
     from jobs.testing.fakeprovider import Record
+    from permits import notices
 
-    jobs = {j.pk: j for j in Job.objects.all()}
+    # The site's follow-up notices (a new assignment, a report that could not be built)
+    # are jobs of their own kinds, asked for by the site, not by the soak: they are held to
+    # their own promise (``follow_up_notices_once``), the rest to the soak's requests.
+    follow_ups = (notices.ASSIGNED, notices.STOPPED)
+    jobs = {j.pk: j for j in Job.objects.exclude(kind__in=follow_ups)}
     by_job: dict[int, list] = defaultdict(list)
     for a in Attempt.objects.order_by("id"):
         by_job[a.job_id].append(a)
@@ -318,6 +325,7 @@ def read_history(inp: Inputs) -> History:
         sends=record.sends(),
         requests=record.requests(),
         sends_by_effect=record.sends_by_effect(),
+        follow_ups=list(Job.objects.filter(kind__in=follow_ups)),
     )
 
 
@@ -364,6 +372,26 @@ def no_job_is_lost_or_made_twice(h: History, r: Report) -> None:
         "1 asking again for a report returns the same job",
         not world.again_mismatch and world.asked_again > 0,
         _few(world.again_mismatch) or f"{world.asked_again} asked again",
+    )
+
+
+def follow_up_notices_once(h: History, r: Report) -> None:
+    """The site's follow-up notices (issue 33): each one job per event, ended, and at most
+    one applied notice per recipient, whatever the kills did."""
+    from collections import Counter
+
+    open_ones = [j for j in h.follow_ups if not j.is_terminal]
+    ids = {j.pk for j in h.follow_ups}
+    applied = Counter(
+        (fx.job_id, fx.recipient) for fx in h.effects if fx.job_id in ids and fx.state == "applied"
+    )
+    twice = [k for k, n in applied.items() if n > 1]
+    r.check(
+        "1 each follow-up notice (assignment, report not built) is one job, ended, "
+        "with one notice per recipient",
+        not open_ones and not twice,
+        _few([f"job {j.pk} {j.state}" for j in open_ones] + [f"{k} twice" for k in twice])
+        or f"{len(h.follow_ups)} follow-up jobs, {sum(applied.values())} notices",
     )
 
 
@@ -971,6 +999,7 @@ PROMISES = (
     one_compare_and_swap_publishes,
     an_expired_lease_publishes_nothing,
     one_artifact_per_job,
+    follow_up_notices_once,
     one_ledger_row_per_effect_identity,
     each_job_asks_for_its_notices,
     every_effect_settles,
