@@ -24,12 +24,12 @@ from django.core.management import call_command
 from django.db import connections
 
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
-from tests.jobs.helpers import request_job
 from permits import selectors
 from permits.models import PermitRequest
 from permits.services import revoke_reviewer
 from tests.e2e import a11y
 from tests.e2e.processes import wait_until
+from tests.jobs.helpers import request_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

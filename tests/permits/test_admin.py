@@ -10,8 +10,8 @@ from django.core.management import call_command
 
 from jobs.delivery.runner import run_delivery
 from jobs.models import Job
-from tests.jobs.helpers import request_job
 from permits.models import PermitRequest
+from tests.jobs.helpers import request_job
 
 pytestmark = pytest.mark.django_db
 

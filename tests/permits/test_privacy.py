@@ -10,10 +10,10 @@ from django_q.models import OrmQ, Task
 
 from jobs.delivery.runner import run_delivery
 from jobs.models import Attempt, Effect, Job, Notice
-from tests.jobs.helpers import request_job
 from permits import reports
 from permits.models import PermitRequest
 from permits.services import report_request, revoke_reviewer
+from tests.jobs.helpers import request_job
 from tests.permits import factories
 
 pytestmark = pytest.mark.django_db
