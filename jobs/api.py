@@ -109,7 +109,7 @@ def _as_stored(params: dict | None) -> dict:
         raise PayloadInvalid(f"params must be JSON-serialisable: {type(exc).__name__}") from None
 
 
-def obtain(
+def _obtain(
     kind: str,
     *,
     subject_type: str,
@@ -249,15 +249,18 @@ def request(
     params: dict[str, Any] | None = None,
     run_after: datetime | None = None,
     tenant: str = "",
+    max_attempts: int | None = None,
 ) -> JobHandle:
     """Ask for the one job of ``kind`` for ``subject`` at ``revision``; returns its handle.
 
     ``params`` hold references (ids, flags), never private data: the handler
     reads that when it runs. ``run_after`` delays the first attempt. ``tenant``
-    groups jobs under ``JOBS_TENANT_CONCURRENCY``.
+    groups jobs under ``JOBS_TENANT_CONCURRENCY``. ``max_attempts`` overrides the
+    kind's budget (the ``django.tasks`` backend's ``MAX_ATTEMPTS``). The one way to ask
+    for a job: the site, the ``django.tasks`` backend and the drills all come here.
     """
     subject_type, subject_id = subject_reference(subject)
-    job, created = obtain(
+    job, created = _obtain(
         kind,
         subject_type=subject_type,
         subject_id=subject_id,
@@ -265,5 +268,6 @@ def request(
         tenant_key=tenant,
         params=params,
         run_after=run_after,
+        max_attempts=max_attempts,
     )
     return JobHandle(job, created=created)

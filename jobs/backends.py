@@ -228,10 +228,9 @@ class JobsBackend(BaseTaskBackend or object):
             args, kwargs = normalize_json(list(args)), normalize_json(kwargs)
         except TypeError as exc:
             raise TaskPayloadInvalid(str(exc)) from None
-        job, created = api.obtain(
+        handle = api.request(
             KIND,
-            subject_type=task.module_path,
-            subject_id=str(identity),
+            (task.module_path, str(identity)),
             params={
                 "task": task.module_path,
                 "args": args,
@@ -242,9 +241,10 @@ class JobsBackend(BaseTaskBackend or object):
                 "run_after": task.run_after.isoformat() if task.run_after else None,
             },
             run_after=task.run_after,
-            tenant_key=str(self.options.get("TENANT", "")),
+            tenant=str(self.options.get("TENANT", "")),
             max_attempts=self.options.get("MAX_ATTEMPTS"),
         )
+        job, created = handle.job, handle.created
         result = self.result_for(job, task)
         if created:
             task_enqueued.send(type(self), task_result=result)

@@ -1,4 +1,6 @@
-"""Asking for jobs and the operator actions on them.
+"""The operator actions on jobs and effects, and the bookkeeping of their queue messages.
+
+Jobs are asked for with ``jobs.request`` (``jobs.api``).
 
 Enqueueing happens in the same transaction as the row it is for: with
 django-q2's ORM broker on the same database, the job and its queue message
@@ -14,32 +16,11 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from jobs import clock, conf
-from jobs.api import obtain
 from jobs.engine import effect_machine, job_machine
 from jobs.models import Effect, Job
 from jobs.queue import enqueue_effect, enqueue_job
 
-__all__ = ["enqueue_effect", "enqueue_job", "request_job"]
-
-
-def request_job(
-    kind: str,
-    *,
-    subject_type: str,
-    subject_id: str | int,
-    output_revision: int = 1,
-    tenant_key: str = "",
-    params: dict | None = None,
-) -> tuple[Job, bool]:
-    """Return the one job for (kind, subject, revision), creating and enqueueing it once."""
-    return obtain(
-        kind,
-        subject_type=subject_type,
-        subject_id=subject_id,
-        output_revision=output_revision,
-        tenant_key=tenant_key,
-        params=params,
-    )
+__all__ = ["enqueue_effect", "enqueue_job"]
 
 
 def needs_message(due_field: str) -> Q:

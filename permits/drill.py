@@ -23,13 +23,13 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection, connections, transaction
 
+import jobs
 from jobs import artifacts
 from jobs.delivery.runner import JobContext, run_delivery
 from jobs.exceptions import TemporaryFailure
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
 from jobs.registry import EffectSpec, register_kind
 from jobs.retry import POLICY, ErrorClass
-from jobs.services import request_job
 from jobs.tasks import release_effect
 from jobs.testing.fakeprovider import Faults, Record, start_in_thread
 from jobs.testing.queue import run_queued_effects
@@ -264,13 +264,12 @@ def step_stale_bytes(d: Drill) -> None:
     """Worker 1 renders, pauses before it stores; the office is renamed; worker 2 publishes
     other bytes; worker 1 stores late: the published bytes stay worker 2's."""
     permit = PermitRequest.objects.select_related("tenant").get(pk=1)
-    job, _ = request_job(
+    job = jobs.request(
         RENDERED_KIND,
-        subject_type="permits.permitrequest",
-        subject_id=permit.pk,
-        output_revision=permit.output_revision,
-        tenant_key=permit.tenant.key,
-    )
+        ("permits.permitrequest", permit.pk),
+        revision=permit.output_revision,
+        tenant=permit.tenant.key,
+    ).job
     first, second = _identity("worker-1"), _identity("worker-2")
     rendered, resume = threading.Event(), threading.Event()
     seen: dict = {}
@@ -374,7 +373,7 @@ def step_provider_timeout(d: Drill, server) -> None:
 
 
 def step_deadlock(d: Drill) -> None:
-    job, _ = request_job(DEADLOCK_KIND, subject_type="drill", subject_id="deadlock")
+    job = jobs.request(DEADLOCK_KIND, ("drill", "deadlock")).job
     first = run_delivery(job.pk, worker=_identity("worker-1"))
     attempt = Attempt.objects.filter(job=job).order_by("id").first()
     real = connection.vendor == "postgresql"
@@ -401,7 +400,7 @@ def _wait_until_due_job(job: Job) -> None:
 
 
 def step_malformed(d: Drill) -> None:
-    job, _ = request_job(reports.KIND, subject_type=reports.SUBJECT_TYPE, subject_id="not-a-permit")
+    job = jobs.request(reports.KIND, (reports.SUBJECT_TYPE, "not-a-permit")).job
     result = run_delivery(job.pk, worker=_identity("worker-1"))
     job.refresh_from_db()
     d.check("a malformed payload fails at once", job.state == Job.State.FAILED, job.state)

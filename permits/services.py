@@ -15,8 +15,8 @@ from django.db.models import Count, F, Min
 from django.utils import timezone
 from guardian.shortcuts import assign_perm, get_user_perms, remove_perm
 
+import jobs
 from jobs.models import Job, Notice
-from jobs.services import request_job
 from permits import offices, reports, selectors
 from permits.models import PermitRequest, ReportRebuild, ReviewDecision
 
@@ -24,13 +24,10 @@ from permits.models import PermitRequest, ReportRebuild, ReviewDecision
 def report_request(permit: PermitRequest, *, revision: int | None = None) -> tuple[Job, bool]:
     """The one report job for ``permit`` at ``revision`` (default: current); idempotent."""
     revision = permit.output_revision if revision is None else revision
-    return request_job(
-        reports.KIND,
-        subject_type=reports.SUBJECT_TYPE,
-        subject_id=permit.pk,
-        output_revision=revision,
-        tenant_key=permit.tenant.key,
+    handle = jobs.request(
+        reports.KIND, (reports.SUBJECT_TYPE, permit.pk), revision=revision, tenant=permit.tenant.key
     )
+    return handle.job, handle.created
 
 
 #: A request in review needs its current revision's report (a submitted one is not

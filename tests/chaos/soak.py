@@ -715,11 +715,11 @@ def perform(action: Action, world: World, rng: random.Random) -> None:
     """Carry out one planned request, revocation or second ask."""
     from django.contrib.auth import get_user_model
 
-    from tests.jobs.helpers import request_job
     from permits import reports
     from permits.drill import DEADLOCK_KIND
     from permits.models import PermitRequest
     from permits.services import report_request, request_new_revision, revoke_reviewer
+    from tests.jobs.helpers import request_job
 
     now = time.time()
     if action.kind == "report":

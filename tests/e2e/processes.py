@@ -23,9 +23,9 @@ from django.conf import settings
 from django_q.models import OrmQ
 
 from jobs.models import Attempt, Job
-from tests.jobs.helpers import request_job
 from jobs.testing.processes import Processes
 from jobs.testing.scratchdb import url_from_settings
+from tests.jobs.helpers import request_job
 
 ROOT = Path(__file__).resolve().parents[2]
 PROVIDER_TOKEN = "e2e-token-0123"  # the stand-in provider's (conftest.provider)

@@ -23,8 +23,8 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from jobs.models import Attempt, Effect, EffectEvent, Job
-from tests.jobs.helpers import request_job
 from tests.e2e.processes import PROVIDER_TOKEN, wait_until
+from tests.jobs.helpers import request_job
 
 SKEW_DIR = Path(__file__).parent / "skewed_clock"
 

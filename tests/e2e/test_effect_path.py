@@ -11,8 +11,8 @@ from django_q.models import OrmQ
 from jobs.delivery import publish
 from jobs.engine import effect_machine
 from jobs.models import Effect, EffectEvent, Job
-from tests.jobs.helpers import request_job
 from tests.e2e.processes import PROVIDER_TOKEN, wait_until
+from tests.jobs.helpers import request_job
 
 State = Effect.State
 

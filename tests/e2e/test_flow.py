@@ -22,8 +22,8 @@ from jobs.contrib.drills.burst import max_in_window
 from jobs.delivery import publish
 from jobs.models import Attempt, Effect, EffectEvent, FlowRule, FlowRuleChange, Job
 from jobs.registry import EffectSpec
-from tests.jobs.helpers import request_job
 from tests.e2e.processes import PROVIDER_TOKEN, wait_until
+from tests.jobs.helpers import request_job
 
 State = Effect.State
 

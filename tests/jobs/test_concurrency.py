@@ -14,8 +14,7 @@ from jobs import artifacts, rules
 from jobs.delivery import runner
 from jobs.delivery.runner import run_delivery
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
-from tests.jobs.helpers import request_job
-from tests.jobs.helpers import expire_lease, new_job
+from tests.jobs.helpers import expire_lease, new_job, request_job
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

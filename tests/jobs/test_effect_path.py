@@ -13,9 +13,8 @@ from jobs.delivery import release
 from jobs.dispatch import dispatch_once
 from jobs.engine import effect_machine
 from jobs.models import Effect, EffectEvent, Job
-from tests.jobs.helpers import request_job
 from jobs.tasks import release_effect
-from tests.jobs.helpers import deliver, run_queued_effects
+from tests.jobs.helpers import deliver, request_job, run_queued_effects
 
 State = Effect.State
 Action = EffectEvent.Action

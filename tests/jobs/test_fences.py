@@ -19,8 +19,7 @@ from jobs.delivery.runner import run_delivery
 from jobs.dispatch import dispatch_once
 from jobs.models import Attempt, Effect, Job, Notice
 from jobs.providers.inapp import InAppProvider
-from tests.jobs.helpers import request_job
-from tests.jobs.helpers import expire_lease
+from tests.jobs.helpers import expire_lease, request_job
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -21,8 +21,7 @@ from django.test.utils import CaptureQueriesContext
 
 from jobs.delivery.runner import run_delivery
 from jobs.models import Attempt, Effect, Job, Notice
-from tests.jobs.helpers import request_job
-from tests.jobs.helpers import new_job
+from tests.jobs.helpers import new_job, request_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from jobs.registry import EffectSpec, register_kind
-from tests.jobs.helpers import request_job
 from jobs.testing.fakeprovider import Faults, start_in_thread
+from tests.jobs.helpers import request_job
 
 TOKEN = "test-token-0123"
 

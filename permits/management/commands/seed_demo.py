@@ -13,7 +13,7 @@ from django.core.management.color import no_style
 from django.db import connection, transaction
 
 from jobs.models import Job
-from jobs.services import enqueue_job
+from jobs.queue import enqueue_job
 from permits import reports
 from permits.models import PermitRequest, Tenant
 from permits.services import assign_reviewer
