@@ -32,6 +32,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import IO
 
+from django.conf import settings
+from django.core.checks import Error, Warning
 from django.core.files.base import ContentFile
 from django.core.files.storage import FileSystemStorage, Storage, storages
 from django.utils import timezone
@@ -379,3 +381,69 @@ def put_back(artifact: Artifact, data: bytes, *, storage: Storage | None = None)
 def open_artifact(artifact: Artifact) -> IO[bytes]:
     """The verified bytes as a file object (callers check permission first)."""
     return open_verified(artifact)
+
+
+# --- system checks (registered by jobs.checks) -------------------------------------------
+
+
+def check_storage(app_configs=None, **kwargs):
+    alias = conf.get("JOBS_ARTIFACT_STORAGE")
+    if alias not in getattr(settings, "STORAGES", {}):
+        return [
+            Error(
+                f"STORAGES has no {alias!r} entry (JOBS_ARTIFACT_STORAGE)",
+                hint="e.g. STORAGES['artifacts'] = {'BACKEND': "
+                "'jobs.artifacts.AtomicFileSystemStorage', 'OPTIONS': {'location': ...}}",
+                id="jobs.E003",
+            )
+        ]
+    return []
+
+
+UNREACHABLE = "the bucket did not answer"
+_probed: dict[str, str | None] = {}
+
+
+def check_exclusive_create(app_configs=None, **kwargs):
+    """Refuse an object store that overwrites a conditional create; warn when it is away.
+
+    Only storages that offer ``probe_exclusive_create`` (``jobs.storage_s3.S3Storage``)
+    are probed, once per process: a probe object is created, created again with
+    ``If-None-Match: *`` (which must be refused, the first bytes kept), then deleted.
+    """
+    alias = conf.get("JOBS_ARTIFACT_STORAGE")
+    if alias not in getattr(settings, "STORAGES", {}):
+        return []  # jobs.E003 says so
+    storage = storages[alias]
+    if not hasattr(storage, "probe_exclusive_create"):
+        return []
+    if alias not in _probed:
+        try:
+            _probed[alias] = storage.probe_exclusive_create()
+        except Exception as exc:  # unreachable, no such bucket, refused credentials
+            _probed[alias] = f"{UNREACHABLE} ({type(exc).__name__})"
+    problem = _probed[alias]
+    if problem is None:
+        return []
+    if problem.startswith(UNREACHABLE):
+        # A store away at start-up is an outage like any other: the workers wait it out
+        # (jobs.retry), so a host that starts during one must start.
+        return [
+            Warning(
+                f"artifact storage {alias!r}: {problem}",
+                hint="Jobs that store or read artifacts wait while it is away, without "
+                "spending attempts (within JOBS_OUTAGE_WINDOW_SECONDS). If it stays away, "
+                f"check the endpoint, bucket and credentials in STORAGES[{alias!r}].",
+                id="jobs.W017",
+            )
+        ]
+    return [
+        Error(
+            f"artifact storage {alias!r}: {problem}",
+            hint="Artifacts are written once by conditional create (If-None-Match: *). Check "
+            f"the bucket, endpoint, region and credentials in STORAGES[{alias!r}]['OPTIONS'] "
+            "(and the AWS_* environment boto3 reads), and use a store that honours "
+            "conditional writes (S3, MinIO, Ceph RGW, R2, B2).",
+            id="jobs.E031",
+        )
+    ]

@@ -7,7 +7,8 @@ runserver) stops on an Error, so a project learns what to fix before a job runs.
 |---|---|
 | jobs.E001, E002 | ``Q_CLUSTER['timeout']`` set; lease < timeout < retry |
 | jobs.E003 | the artifact storage alias exists in ``STORAGES`` |
-| jobs.E031 | an object-store artifact storage answers and refuses a second conditional create |
+| jobs.E031 | an object-store artifact storage refuses a second conditional create |
+| jobs.W017 | an object-store artifact storage did not answer at start-up (an outage: jobs wait) |
 | jobs.E004 | a jobs setting has a value of the wrong type or sign |
 | jobs.E020 | ``django_q`` is in ``INSTALLED_APPS`` |
 | jobs.E021, E022 | django-q2 uses its ORM broker, on the database the jobs are written to |
@@ -22,7 +23,11 @@ runserver) stops on an Error, so a project learns what to fix before a job runs.
 | jobs.W015 | the jobs' SQLite database runs without ``transaction_mode="IMMEDIATE"`` and WAL |
 | jobs.W016 | the metrics URL is routed but ``prometheus_client`` (``[metrics]``) is missing |
 
-The documentation site renders every check from this source (``docs/app/checks.md``).
+Checks of one part live in that part's module (the storage's in ``jobs.artifacts``, the
+broker's in ``jobs.queue``, the e-mail provider's in ``jobs.providers.email``, the
+webhook's timing in ``jobs.providers.webhook``, the executor's in ``jobs.executors``) and
+are registered at the end of this module; the rest read several parts at once. The
+documentation site renders every check from the source (``docs/app/checks.md``).
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError, connections, router
 
-from jobs import conf
+from jobs import artifacts, conf, executors, queue
+from jobs.providers import email
 
 
 @register()
@@ -67,60 +73,6 @@ def check_timing(app_configs=None, **kwargs):
 
 
 @register()
-def check_storage(app_configs=None, **kwargs):
-    alias = conf.get("JOBS_ARTIFACT_STORAGE")
-    if alias not in getattr(settings, "STORAGES", {}):
-        return [
-            Error(
-                f"STORAGES has no {alias!r} entry (JOBS_ARTIFACT_STORAGE)",
-                hint="e.g. STORAGES['artifacts'] = {'BACKEND': "
-                "'jobs.artifacts.AtomicFileSystemStorage', 'OPTIONS': {'location': ...}}",
-                id="jobs.E003",
-            )
-        ]
-    return []
-
-
-_probed: dict[str, str | None] = {}
-
-
-@register()
-def check_exclusive_create(app_configs=None, **kwargs):
-    """Refuse an object store that is unreachable or overwrites a conditional create.
-
-    Only storages that offer ``probe_exclusive_create`` (``jobs.storage_s3.S3Storage``)
-    are probed, once per process: a probe object is created, created again with
-    ``If-None-Match: *`` (which must be refused, the first bytes kept), then deleted.
-    """
-    alias = conf.get("JOBS_ARTIFACT_STORAGE")
-    if alias not in getattr(settings, "STORAGES", {}):
-        return []  # jobs.E003 says so
-    from django.core.files.storage import storages
-
-    storage = storages[alias]
-    if not hasattr(storage, "probe_exclusive_create"):
-        return []
-    if alias not in _probed:
-        try:
-            _probed[alias] = storage.probe_exclusive_create()
-        except Exception as exc:  # unreachable, no such bucket, refused credentials
-            _probed[alias] = f"the bucket did not answer ({type(exc).__name__})"
-    problem = _probed[alias]
-    if problem is None:
-        return []
-    return [
-        Error(
-            f"artifact storage {alias!r}: {problem}",
-            hint="Artifacts are written once by conditional create (If-None-Match: *). Check "
-            f"the bucket, endpoint, region and credentials in STORAGES[{alias!r}]['OPTIONS'] "
-            "(and the AWS_* environment boto3 reads), and use a store that honours "
-            "conditional writes (S3, MinIO, Ceph RGW, R2, B2).",
-            id="jobs.E031",
-        )
-    ]
-
-
-@register()
 def check_setting_values(app_configs=None, **kwargs):
     """Numbers are numbers and positive: a typo fails here, not in a worker at 3 a.m."""
     errors = []
@@ -143,49 +95,6 @@ def check_setting_values(app_configs=None, **kwargs):
                 Error(f"{s.name} must be a positive number, got {value!r}", id="jobs.E004")
             )
     return errors
-
-
-@register()
-def check_django_q(app_configs=None, **kwargs):
-    """Jobs are enqueued through django-q2: its app (and tables) must be there."""
-    if not apps.is_installed("django_q"):
-        return [
-            Error(
-                "'django_q' must be in INSTALLED_APPS",
-                hint="jobs enqueue through django-q2; its tables come from its migrations "
-                "(without them migrate fails on django_q_schedule).",
-                id="jobs.E020",
-            )
-        ]
-    return []
-
-
-@register()
-def check_broker(app_configs=None, **kwargs):
-    """The ORM broker on the jobs' database: the job row and its message commit together."""
-    if not conf.q_cluster():
-        return []  # jobs.E001 names the missing Q_CLUSTER
-    alias = conf.q_cluster().get("orm")
-    jobs_db = router.db_for_write(apps.get_model("jobs", "Job"))
-    if not alias:
-        return [
-            Error(
-                "Q_CLUSTER['orm'] must name a database: jobs use django-q2's ORM broker",
-                hint=f"Q_CLUSTER['orm'] = {jobs_db!r}. Another broker would need its own "
-                "client library and could lose a message between the job's commit and the "
-                "enqueue.",
-                id="jobs.E021",
-            )
-        ]
-    if alias != jobs_db:
-        return [
-            Error(
-                f"Q_CLUSTER['orm'] is {alias!r} but jobs are written to {jobs_db!r}",
-                hint="The message must commit in the same transaction as the job row.",
-                id="jobs.E022",
-            )
-        ]
-    return []
 
 
 @register()
@@ -224,9 +133,7 @@ def check_webhook(app_configs=None, **kwargs):
 def _send_budgets() -> dict[str, float]:
     """Seconds one send may take, per provider in use: its timeouts plus the slot wait."""
     wait = float(conf.get("JOBS_PROVIDER_SLOT_WAIT_SECONDS"))
-    from jobs.providers.email import send_timeout
-
-    budgets = {"email": send_timeout() + wait}
+    budgets = {"email": email.send_timeout() + wait}
     if conf.get("NOTICE_PROVIDER_URL"):
         budgets["webhook"] = (
             float(conf.get("NOTICE_PROVIDER_CONNECT_TIMEOUT"))
@@ -234,24 +141,6 @@ def _send_budgets() -> dict[str, float]:
             + wait
         )
     return budgets
-
-
-@register()
-def check_email_timing(app_configs=None, **kwargs):
-    """An SMTP send outliving its lease ends in needs_review (never a blind resend)."""
-    lease = float(conf.get("JOBS_EFFECT_LEASE_SECONDS"))
-    budget = _send_budgets()["email"]
-    if budget >= lease:
-        return [
-            Warning(
-                f"EMAIL_TIMEOUT (or NOTICE_EMAIL_TIMEOUT) + JOBS_PROVIDER_SLOT_WAIT_SECONDS "
-                f"({budget:g}) is not below JOBS_EFFECT_LEASE_SECONDS ({lease:g})",
-                hint="A slow mail server then outlives the sending lease and the e-mail "
-                "goes to needs_review for an operator.",
-                id="jobs.W012",
-            )
-        ]
-    return []
 
 
 @register()
@@ -305,19 +194,6 @@ def check_fences(app_configs=None, **kwargs):
             )
         )
     return errors
-
-
-@register(Tags.database)
-def check_hot_path(app_configs=None, databases=None, **kwargs):
-    """Say which path the claim and the publish take here, and why."""
-    from django.core.checks import Info
-
-    from jobs import executors
-
-    if not databases or "default" not in databases:
-        return []
-    _, why = executors.path()
-    return [Info(f"jobs hot path: {why}", id="jobs.I001")]
 
 
 # Per qcluster, besides its workers: the sentinel (it runs the scheduler), the pusher
@@ -525,3 +401,12 @@ def check_metrics(app_configs=None, **kwargs):
             id="jobs.W016",
         )
     ]
+
+
+# Checks of one part live in that part's module; they are registered here, with the rest.
+register()(artifacts.check_storage)
+register()(artifacts.check_exclusive_create)
+register()(queue.check_django_q)
+register()(queue.check_broker)
+register()(email.check_email_timing)
+register(Tags.database)(executors.check_hot_path)

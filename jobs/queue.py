@@ -6,7 +6,9 @@ broker on the same database, the row and its message commit together or not at a
 
 from __future__ import annotations
 
-from django.db import transaction
+from django.apps import apps
+from django.core.checks import Error
+from django.db import router, transaction
 from django.db.models import Q
 from django_q.tasks import async_task
 
@@ -48,3 +50,47 @@ def enqueue_restore(artifact: Artifact) -> bool:
                 task_name=f"restore-artifact-{artifact.pk}",
             )
     return bool(taken)
+
+
+# --- system checks (registered by jobs.checks) -------------------------------------------
+
+
+def check_django_q(app_configs=None, **kwargs):
+    """Jobs are enqueued through django-q2: its app (and tables) must be there."""
+    if not apps.is_installed("django_q"):
+        return [
+            Error(
+                "'django_q' must be in INSTALLED_APPS",
+                hint="jobs enqueue through django-q2; its tables come from its migrations "
+                "(without them migrate fails on django_q_schedule).",
+                id="jobs.E020",
+            )
+        ]
+    return []
+
+
+def check_broker(app_configs=None, **kwargs):
+    """The ORM broker on the jobs' database: the job row and its message commit together."""
+    if not conf.q_cluster():
+        return []  # jobs.E001 names the missing Q_CLUSTER
+    alias = conf.q_cluster().get("orm")
+    jobs_db = router.db_for_write(apps.get_model("jobs", "Job"))
+    if not alias:
+        return [
+            Error(
+                "Q_CLUSTER['orm'] must name a database: jobs use django-q2's ORM broker",
+                hint=f"Q_CLUSTER['orm'] = {jobs_db!r}. Another broker would need its own "
+                "client library and could lose a message between the job's commit and the "
+                "enqueue.",
+                id="jobs.E021",
+            )
+        ]
+    if alias != jobs_db:
+        return [
+            Error(
+                f"Q_CLUSTER['orm'] is {alias!r} but jobs are written to {jobs_db!r}",
+                hint="The message must commit in the same transaction as the job row.",
+                id="jobs.E022",
+            )
+        ]
+    return []

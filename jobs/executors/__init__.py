@@ -32,3 +32,13 @@ def by_name(name: str) -> Executor:
     from jobs.executors import orm, postgres
 
     return cast(Executor, {"postgres": postgres, "orm": orm}[name])
+
+
+def check_hot_path(app_configs=None, databases=None, **kwargs):
+    """Say which path the claim and the publish take here, and why."""
+    from django.core.checks import Info
+
+    if not databases or "default" not in databases:
+        return []
+    _, why = path()
+    return [Info(f"jobs hot path: {why}", id="jobs.I001")]

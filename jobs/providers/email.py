@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.checks import Warning
 from django.core.mail import EmailMessage, get_connection
 from django.core.mail.message import DNS_NAME
 from django.template.loader import render_to_string
@@ -120,3 +121,20 @@ class EmailProvider(Provider):
         if not sent:
             raise ProviderRejected("the mail backend sent nothing", code="not_sent")
         return msg.extra_headers["Message-ID"]
+
+
+def check_email_timing(app_configs=None, **kwargs):
+    """An SMTP send outliving its lease ends in needs_review (never a blind resend)."""
+    lease = float(conf.get("JOBS_EFFECT_LEASE_SECONDS"))
+    budget = send_timeout() + float(conf.get("JOBS_PROVIDER_SLOT_WAIT_SECONDS"))
+    if budget >= lease:
+        return [
+            Warning(
+                f"EMAIL_TIMEOUT (or NOTICE_EMAIL_TIMEOUT) + JOBS_PROVIDER_SLOT_WAIT_SECONDS "
+                f"({budget:g}) is not below JOBS_EFFECT_LEASE_SECONDS ({lease:g})",
+                hint="A slow mail server then outlives the sending lease and the e-mail "
+                "goes to needs_review for an operator.",
+                id="jobs.W012",
+            )
+        ]
+    return []

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from jobs import checks
+from jobs import checks, executors, queue
+from jobs.providers import email
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD_Q = {"orm": "default", "timeout": 5, "retry": 7}
@@ -20,18 +21,18 @@ def _ids(messages) -> list[str]:
 
 def test_check_django_q__missing_app_is_named(settings):
     settings.INSTALLED_APPS = [a for a in settings.INSTALLED_APPS if a != "django_q"]
-    [error] = checks.check_django_q()
+    [error] = queue.check_django_q()
     assert error.id == "jobs.E020" and "'django_q' must be in INSTALLED_APPS" in error.msg
 
 
 def test_check_broker__orm_broker_on_the_jobs_database(settings):
     settings.Q_CLUSTER = {**GOOD_Q}
-    assert checks.check_broker() == []
+    assert queue.check_broker() == []
     settings.Q_CLUSTER = {"timeout": 5, "retry": 7, "redis": {"host": "127.0.0.1"}}
-    [error] = checks.check_broker()
+    [error] = queue.check_broker()
     assert error.id == "jobs.E021" and "Q_CLUSTER['orm']" in error.msg
     settings.Q_CLUSTER = {**GOOD_Q, "orm": "other"}
-    [error] = checks.check_broker()
+    [error] = queue.check_broker()
     assert error.id == "jobs.E022" and "'other'" in error.msg and "'default'" in error.msg
 
 
@@ -66,9 +67,9 @@ def test_check_email_and_inline_release__sends_fit_their_leases(settings):
     settings.JOBS_EFFECT_LEASE_SECONDS = 30
     settings.JOBS_LEASE_SECONDS, settings.Q_CLUSTER = 10, {**GOOD_Q, "timeout": 20, "retry": 30}
     settings.NOTICE_PROVIDER_URL = ""
-    assert checks.check_email_timing() == [] and checks.check_inline_release() == []
+    assert email.check_email_timing() == [] and checks.check_inline_release() == []
     settings.JOBS_EFFECT_LEASE_SECONDS = 6
-    assert _ids(checks.check_email_timing()) == ["jobs.W012"]
+    assert _ids(email.check_email_timing()) == ["jobs.W012"]
     settings.EMAIL_TIMEOUT = 19
     [warning] = checks.check_inline_release()
     assert warning.id == "jobs.W013" and "email send (20)" in warning.msg
@@ -86,7 +87,7 @@ def test_check_fences__margin_within_two_thirds_and_lock_wait_below_the_lease(se
 
 
 def test_check_hot_path__names_the_path_and_why():
-    [info] = checks.check_hot_path(databases=["default"])
+    [info] = executors.check_hot_path(databases=["default"])
     assert info.id == "jobs.I001"
     if connection.vendor == "postgresql":
         assert "psycopg 3" in info.msg
