@@ -1,0 +1,367 @@
+"""A django-q2 broker for PostgreSQL: woken by LISTEN/NOTIFY, taking messages with SKIP LOCKED.
+
+Selected by ``Q_CLUSTER["broker_class"] = "jobs.broker.PostgresBroker"`` (keep
+``Q_CLUSTER["orm"]``: it names the database, and django-q2's admin lists the
+queued tasks from the same ``django_q_ormq`` table). The rows and their meaning
+are the ORM broker's, so the two can share a queue during a rolling deploy:
+
+- ``enqueue`` inserts the row and ``pg_notify``s the queue's channel in one
+  statement, on the caller's connection: inside the caller's transaction the
+  message, the job row and the wake-up commit together, and a rolled-back
+  enqueue wakes nobody. NOTIFY folds identical notifications of one transaction,
+  so a burst of 83 jobs in one commit is one wake-up.
+- ``dequeue`` takes up to ``bulk`` due messages (``lock`` passed) in one
+  statement, ``FOR UPDATE SKIP LOCKED``, moving their ``lock`` to now +
+  ``retry`` as the ORM broker does: a message dequeued and never acknowledged is
+  handed out again after ``retry``. Every time is the database server's clock.
+- An idle pusher waits on ``LISTEN`` (its own psycopg connection, autocommit)
+  instead of sleeping ``poll``: it sends nothing between wake-ups but one query
+  at the nearest lock expiry (a redelivery due) or every ``broker_heartbeat``
+  seconds (default 5), which also picks up messages enqueued without a NOTIFY
+  (the ORM broker of a host not yet upgraded).
+- A listener that fails, or does not hear its own probe notification when it
+  starts listening (a pooler in transaction mode, which keeps no session), is
+  dropped: the pusher polls every ``poll`` as the ORM broker does and tries to
+  listen again every ``broker_listen_retry`` seconds (default 2).
+  ``Q_CLUSTER["broker_listen"] = False`` polls from the start.
+
+On SQLite this broker refuses to start: the ORM broker stays there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import time
+import uuid
+from typing import Any
+
+import psycopg
+from django.db import DatabaseError, InterfaceError, connections
+from django_q.brokers import Broker
+from django_q.conf import Conf
+from psycopg import sql
+
+log = logging.getLogger("jobs.broker")
+
+TABLE = "django_q_ormq"
+CHANNEL_PREFIX = "django_q_"
+PROBE_PREFIX = "probe:"
+# The longest an idle dequeue() waits before handing back to the pusher, which checks
+# its stop event between calls: a stopping cluster waits at most this for its pusher.
+WAIT_SLICE = 0.5
+# How long a new listener waits to hear its own probe before it is not trusted.
+PROBE_TIMEOUT = 2.0
+
+ENQUEUE = f"""
+WITH message AS (
+    INSERT INTO {TABLE} (key, payload, lock) VALUES (%s, %s, now()) RETURNING id
+)
+SELECT id, pg_notify(%s, '') FROM message
+"""
+
+# The due messages, oldest first, locked by this statement or skipped; their lock moves
+# to now + retry (redelivery after ``retry``, as django-q2's ORM broker does it).
+_TAKE = f"""
+WITH picked AS MATERIALIZED (
+    SELECT id FROM {TABLE}
+    WHERE key = %(key)s AND lock < now()
+    ORDER BY id
+    LIMIT %(bulk)s
+    FOR UPDATE SKIP LOCKED
+), taken AS (
+    UPDATE {TABLE} AS q SET lock = now() + make_interval(secs => %(retry)s)
+    FROM picked WHERE q.id = picked.id
+    RETURNING q.id, q.payload
+)
+"""
+TAKE = _TAKE + "SELECT id, payload, NULL::float8 FROM taken"
+# The same, and when the next lock of the queue runs out (seconds from now, NULL when
+# none does): an idle pusher wakes then for the redelivery. The second part reads the
+# statement's snapshot, without the rows the first part takes.
+TAKE_AND_NEXT_DUE = (
+    TAKE
+    + f"""
+UNION ALL
+SELECT NULL, NULL, EXTRACT(EPOCH FROM min(lock) - now())::float8
+FROM {TABLE} WHERE key = %(key)s AND lock >= now()
+"""
+)
+NEXT_DUE = (
+    f"SELECT EXTRACT(EPOCH FROM min(lock) - now())::float8 FROM {TABLE} "
+    "WHERE key = %s AND lock >= now()"
+)
+
+
+def channel_for(list_key: str) -> str:
+    """The NOTIFY channel of a queue (an identifier: at most 63 bytes)."""
+    name = CHANNEL_PREFIX + list_key
+    if len(name.encode()) <= 63:
+        return name
+    return CHANNEL_PREFIX + hashlib.sha256(list_key.encode()).hexdigest()[:40]
+
+
+def _option(name: str, default: Any) -> Any:
+    from django.conf import settings
+
+    return (getattr(settings, "Q_CLUSTER", None) or {}).get(name, default)
+
+
+class PostgresBroker(Broker):
+    """django-q2's ORM broker's table and semantics, woken by NOTIFY instead of polling."""
+
+    def __init__(self, list_key: str | None = None) -> None:
+        super().__init__(list_key=list_key)
+        self._reset_listener()
+
+    def __setstate__(self, state: tuple) -> None:
+        super().__setstate__(state)
+        self._reset_listener()
+
+    def _reset_listener(self) -> None:
+        self._listener: psycopg.Connection | None = None
+        self._listener_pid = 0
+        self._listen_after = 0.0  # monotonic: the earliest next attempt to listen
+        self._busy = False  # the last take found messages: look again at once
+        self._woken = True  # a notification (or a fresh start) asks for a look
+        self._next_look = 0.0  # monotonic: heartbeat or the nearest lock expiry
+
+    # --- the Broker interface ---------------------------------------------------------
+
+    @staticmethod
+    def get_connection(list_key: str | None = None) -> str:
+        """The database alias (``Q_CLUSTER['orm']``); connections are looked up per call."""
+        alias = Conf.ORM or "default"
+        vendor = connections[alias].vendor
+        if vendor != "postgresql":
+            raise RuntimeError(
+                f"jobs.broker.PostgresBroker needs PostgreSQL; database {alias!r} is "
+                f"{vendor}: use django-q2's ORM broker (leave Q_CLUSTER['broker_class'] unset)"
+            )
+        return alias
+
+    @property
+    def key(self) -> str:
+        return self.list_key or Conf.CLUSTER_NAME
+
+    @property
+    def channel(self) -> str:
+        return channel_for(self.key)
+
+    def info(self) -> str:
+        if not self._info:
+            self._info = f"PostgreSQL LISTEN/NOTIFY {self.connection}"
+        return self._info
+
+    def ping(self) -> bool:
+        return True
+
+    def enqueue(self, task: str) -> int:
+        """Insert the message and notify its channel, in the caller's transaction."""
+        row = self._execute(ENQUEUE, [self.key, task, self.channel], fetch="one")
+        return row[0]
+
+    def dequeue(self) -> list[tuple[int, str]] | None:
+        """Up to ``bulk`` due messages; when there are none, wait for a NOTIFY (or ``poll``)."""
+        try:
+            return self._dequeue()
+        except (DatabaseError, InterfaceError) as exc:
+            # The database is away (a restart, a cut): drop the connection, wait a little
+            # and let the pusher ask again, instead of the pusher dying on it.
+            log.warning("queue %s: dequeue failed (%s); retrying", self.key, type(exc).__name__)
+            self._close_django_connection()
+            self._busy = False
+            self._woken = True
+            time.sleep(max(Conf.POLL, 1.0))
+            return None
+
+    def queue_size(self) -> int:
+        sql_text = f"SELECT count(*) FROM {TABLE} WHERE key = %s AND lock <= now()"
+        return self._execute(sql_text, [self.key], fetch="one")[0]
+
+    def lock_size(self) -> int:
+        sql_text = f"SELECT count(*) FROM {TABLE} WHERE key = %s AND lock > now()"
+        return self._execute(sql_text, [self.key], fetch="one")[0]
+
+    def purge_queue(self) -> int:
+        return self._execute(f"DELETE FROM {TABLE} WHERE key = %s", [self.key])
+
+    def delete_queue(self) -> int:
+        return self.purge_queue()
+
+    def delete(self, task_id: int) -> None:
+        self._execute(f"DELETE FROM {TABLE} WHERE id = %s", [task_id])
+
+    def acknowledge(self, task_id: int) -> None:
+        self.delete(task_id)
+
+    def fail(self, task_id: int) -> None:
+        self.delete(task_id)
+
+    # --- dequeue --------------------------------------------------------------------
+
+    def _dequeue(self) -> list[tuple[int, str]] | None:
+        listening = self._ensure_listener()
+        if not listening:
+            tasks = self._take()
+            if tasks:
+                return tasks
+            time.sleep(Conf.POLL)  # polling, as the ORM broker does
+            return None
+        if self._busy or self._woken or time.monotonic() >= self._next_look:
+            tasks = self._take()
+            if tasks:
+                return tasks
+        if self._wait():
+            return self._take() or None
+        return None
+
+    def _take(self) -> list[tuple[int, str]]:
+        """One statement: take due messages; when idle, also learn the next lock expiry."""
+        idle = not self._busy
+        params = {"key": self.key, "bulk": max(1, int(Conf.BULK)), "retry": float(Conf.RETRY)}
+        rows = self._execute(TAKE_AND_NEXT_DUE if idle else TAKE, params, fetch="all")
+        tasks = sorted((r[0], r[1]) for r in rows if r[0] is not None)
+        self._woken = False
+        self._busy = bool(tasks)
+        if tasks:
+            return tasks
+        due = [r[2] for r in rows if r[0] is None]
+        if not idle:
+            due = [self._execute(NEXT_DUE, [self.key], fetch="one")[0]]
+        self._plan_next_look(due[0] if due else None)
+        return tasks
+
+    def _plan_next_look(self, due_in: float | None) -> None:
+        wait = float(_option("broker_heartbeat", 5.0))
+        if due_in is not None:
+            wait = min(wait, max(0.0, due_in) + 0.005)
+        self._next_look = time.monotonic() + wait
+
+    def _wait(self) -> bool:
+        """Wait for a notification until the next look or a slice; True when one came."""
+        timeout = max(0.0, min(WAIT_SLICE, self._next_look - time.monotonic()))
+        listener = self._listener
+        try:
+            for note in listener.notifies(timeout=timeout):
+                if not note.payload.startswith(PROBE_PREFIX):
+                    self._woken = True
+                    break
+        except psycopg.Error as exc:
+            self._drop_listener(f"listener failed ({type(exc).__name__})")
+            self._woken = True  # notifications may have been missed: look now
+            return True
+        if not self._woken:
+            return False
+        # Drain what else arrived: one look serves them all.
+        try:
+            for _note in listener.notifies(timeout=0):
+                pass
+        except psycopg.Error as exc:
+            self._drop_listener(f"listener failed ({type(exc).__name__})")
+        return True
+
+    # --- the listener ---------------------------------------------------------------
+
+    def _ensure_listener(self) -> bool:
+        """Whether a trusted LISTEN connection of this process is up; try to open one when due."""
+        if self._listener is not None and self._listener_pid != os.getpid():
+            # Inherited through a fork: the socket is the parent's; never close it here.
+            self._listener = None
+        if self._listener is not None:
+            if not self._listener.closed:
+                return True
+            self._drop_listener("listener connection closed")
+        if not _option("broker_listen", True) or time.monotonic() < self._listen_after:
+            return False
+        try:
+            self._listener = self._open_listener()
+        except (psycopg.Error, OSError) as exc:
+            self._listener = None
+            self._listen_after = time.monotonic() + float(_option("broker_listen_retry", 2.0))
+            log.warning(
+                "queue %s: cannot listen (%s); polling every %ss",
+                self.key,
+                type(exc).__name__,
+                Conf.POLL,
+            )
+            return False
+        self._listener_pid = os.getpid()
+        self._woken = True  # what was enqueued while nobody listened: look now
+        log.info("queue %s: listening on %s", self.key, self.channel)
+        return True
+
+    def _open_listener(self) -> psycopg.Connection:
+        params = dict(connections[self.connection].get_connection_params())
+        for name in ("cursor_factory", "context", "prepare_threshold"):
+            params.pop(name, None)
+        params.setdefault("application_name", f"django-q2 listener {self.key}"[:63])
+        # A dead peer is noticed by TCP keepalives (a silent cut never wakes a reader).
+        params.setdefault("keepalives", 1)
+        params.setdefault("keepalives_idle", 10)
+        params.setdefault("keepalives_interval", 3)
+        params.setdefault("keepalives_count", 3)
+        params.setdefault("connect_timeout", 5)
+        conn = psycopg.connect(autocommit=True, **params)
+        try:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+            # Hear our own probe before trusting the listener: behind a pooler in
+            # transaction mode the LISTEN's session is gone by the next statement.
+            probe = PROBE_PREFIX + uuid.uuid4().hex
+            conn.execute("SELECT pg_notify(%s, %s)", [self.channel, probe])
+            deadline = time.monotonic() + PROBE_TIMEOUT
+            heard = False
+            while not heard and time.monotonic() < deadline:
+                for note in conn.notifies(timeout=max(0.0, deadline - time.monotonic())):
+                    if note.payload == probe:
+                        heard = True
+                        break
+            if not heard:
+                raise psycopg.OperationalError("the listener did not hear its own probe")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _drop_listener(self, why: str) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None and self._listener_pid == os.getpid():
+            with contextlib.suppress(Exception):  # closing a broken connection may fail too
+                listener.close()
+        self._listen_after = 0.0  # try again at the next call, then every listen_retry
+        log.warning("queue %s: %s; polling until listening again", self.key, why)
+
+    def close(self) -> None:
+        """Close this process's listener (tests and benchmarks)."""
+        if self._listener is not None and self._listener_pid == os.getpid():
+            self._listener.close()
+        self._listener = None
+
+    # --- statements on Django's connection ------------------------------------------
+
+    def _execute(self, sql_text: str, params: Any, *, fetch: str = "") -> Any:
+        conn = connections[self.connection]
+        if conn.errors_occurred and conn.get_autocommit():
+            # Django's own recovery (it pings only after an error, so none on the hot path).
+            conn.close_if_unusable_or_obsolete()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql_text, params)
+                if fetch == "one":
+                    return cur.fetchone()
+                if fetch == "all":
+                    return cur.fetchall()
+                return cur.rowcount
+        except (DatabaseError, InterfaceError):
+            if conn.get_autocommit():
+                self._close_django_connection()
+            raise
+
+    def _close_django_connection(self) -> None:
+        conn = connections[self.connection]
+        if conn.in_atomic_block:
+            return
+        with contextlib.suppress(Exception):  # the connection is broken already
+            conn.close()
