@@ -11,6 +11,7 @@ PostgreSQL executor gives way to these for its documented refusals.
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
@@ -70,8 +71,10 @@ def claim(job_id: int, worker: str, *, lease: float, bound: int) -> Claim:
 def _admit_and_start(
     job: Job, worker: str, now, *, lease: float, bound: int, reclaiming: bool
 ) -> Claim:
+    # A savepoint when a flow rule may take rate starts: they stand only with the claim's
+    # swap. Without one, admission writes nothing (the tenant's count under its lock).
     try:
-        with transaction.atomic():  # admission's starts stand only with the claim's swap
+        with transaction.atomic() if job.flow_ruled else nullcontext():
             hold = admit(job, ruled=job.flow_ruled, default_tenant_bound=bound)
             if hold is not None:
                 raise _NotStarted(hold)

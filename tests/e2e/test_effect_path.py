@@ -9,8 +9,8 @@ from django.urls import reverse
 from django_q.models import OrmQ
 
 from jobs.delivery import publish
-from jobs.engine import effect_machine
 from jobs.models import Effect, EffectEvent, Job
+from jobs.registry import EffectSpec
 from tests.e2e.processes import PROVIDER_TOKEN, wait_until
 from tests.jobs.helpers import request_job
 
@@ -82,7 +82,7 @@ def test_admin_send_again_on_20_effects__returns_at_once_and_a_worker_sends(
             params={"recipient": reviewer.pk, "providers": ["webhook"]},
         )
         Job.objects.filter(pk=job.pk).update(state=Job.State.SUCCEEDED)
-        (spec,) = [effect_machine.EffectSpec("notice-webhook", "webhook", str(reviewer.pk), {})]
+        (spec,) = [EffectSpec("notice-webhook", "webhook", str(reviewer.pk), {})]
         (effect,) = Effect.objects.bulk_create(publish.prepare(job, [spec], refused={}))
         effects.append(effect)
     Effect.objects.update(state=State.NEEDS_REVIEW, reason="stopped for the test")
