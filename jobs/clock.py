@@ -22,7 +22,8 @@ __all__ = ["Now", "ServerNow", "after", "before", "worker_transaction"]
 class ServerNow(Now):
     """The server's clock when the statement reads it (``clock_timestamp()`` on
     PostgreSQL, not the statement's start): a statement that waited for a lock judges
-    a lease by the time it writes. The one-statement paths (``jobs.sql``) read it too."""
+    a lease by the time it writes. The PostgreSQL executor's statements
+    (``jobs.executors.postgres``) read it too."""
 
     def as_postgresql(self, compiler, connection, **extra_context):
         return self.as_sql(compiler, connection, template="CLOCK_TIMESTAMP()", **extra_context)

@@ -19,8 +19,8 @@ bucket the same. Providers that sell "14 per second" measure it per second:
 spacing is the safe reading.
 
 Work held back is deferred, never failed, and spends no attempt: a job goes back
-to ``retry_wait`` due later (``jobs.transitions._defer``), an effect to its prior
-state (``jobs.ledger._defer``). Due times are spread with jitter over the period,
+to ``retry_wait`` due later (``jobs.engine.job_machine.defer``), an effect to its prior
+state (``jobs.engine.effect_machine.defer``). Due times are spread with jitter over the period,
 so waiters do not come back together; the dispatcher re-drives them in order of
 due time.
 

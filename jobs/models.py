@@ -345,7 +345,7 @@ class FlowRule(models.Model):
 
     The rate is a GCRA (a token bucket of burst 1): ``next_free_at`` is the theoretical
     arrival time of the next start, advanced by ``period_seconds / rate`` in one UPDATE
-    by the server's clock (``jobs.flow.take``). A provider's row also carries its
+    by the server's clock (``jobs.engine.admission.take``). A provider's row also carries its
     circuit breaker.
     """
 

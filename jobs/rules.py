@@ -1,10 +1,10 @@
 """The engine's fences and conditions, each written once and rendered two ways.
 
 A rule is a small tree of conditions on one model's columns. ``to_q`` renders it
-as a ``Q`` for the ORM paths (``jobs.transitions``, ``jobs.cas``, the ledger);
+as a ``Q`` for the ORM paths (``jobs.engine``, ``jobs.executors.orm``, the dispatcher);
 ``to_sql`` renders the same tree as SQL text for the PostgreSQL statements
-(``jobs.sql``) and the tenant function. Nothing else spells these conditions, so
-the two paths cannot drift apart; ``tests/jobs/test_rules.py`` runs both
+(``jobs.executors.postgres``) and the tenant and flow functions. Nothing else spells
+these conditions, so the two paths cannot drift apart; ``tests/jobs/test_rules.py`` runs both
 renderings against the same rows.
 
 Values in a rule are constants, ``NOW`` (the database server's clock, read when
@@ -185,7 +185,7 @@ def scope_provider(scope: str) -> tuple[str, str] | None:
 
 # The rate rule (GCRA, ``jobs.flow``) in SQL, for a rule row ``{r}`` and the server's time
 # ``{now}``: a start is due when the row's next free time has come, and moves it on by
-# one interval from then. ``jobs.flow.take`` and the claim's function use the same text.
+# one interval from then. ``jobs.engine.admission.take`` and the claim's function use the same text.
 GCRA_DUE_SQL = "({r}next_free_at IS NULL OR {r}next_free_at <= {now})"
 GCRA_NEXT_SQL = (
     "GREATEST(COALESCE({r}next_free_at, {now}), {now})"
@@ -222,8 +222,8 @@ def flow_ruled_q():
 def account_admits(user_model: type[models.Model]) -> AllOf:
     """The default release rule: the account is active (where the model has the flag).
 
-    Used by the release check in Python (``jobs.ledger``) and inside the publish
-    statement (``jobs.sql``), so a notice commits only to an account the rule admits.
+    Used by the release check in Python (``jobs.delivery.policy``) and inside the publish
+    statement (``jobs.executors.postgres``), so a notice commits only to an account the rule admits.
     """
     try:
         field = user_model._meta.get_field("is_active")
@@ -235,7 +235,8 @@ def account_admits(user_model: type[models.Model]) -> AllOf:
 def admitted(user_model: type[models.Model]) -> ExpressionWrapper | Value:
     """``account_admits`` as a column the database computes per account (annotate with it).
 
-    The release check (``jobs.ledger``) and the ORM publish (``jobs.publish``) read it.
+    The release check (``jobs.delivery.policy``) and the ORM publish
+    (``jobs.executors.orm``) read it.
     """
     rule = to_q(account_admits(user_model))
     return ExpressionWrapper(rule, output_field=BooleanField()) if rule else Value(True)

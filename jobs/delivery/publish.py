@@ -104,7 +104,7 @@ def prepare(job: Job, specs: list[EffectSpec], *, refused: Mapping[str, str]) ->
     publish: the kind's own check (``authorize_release``) runs here, right before
     it, and the row is born ``applied`` (or ``withheld``); the account rule
     (``jobs.rules.account_admits``) is checked by the executor in the statement or
-    transaction that commits it (``jobs.publish``). ``refused``: recipients that rule
+    transaction that commits it (``jobs.executors``). ``refused``: recipients that rule
     refused at an earlier try, withheld with its reason. The other effects are born
     ``pending``, due now and marked enqueued: the publish enqueues their messages.
     """

@@ -127,7 +127,7 @@ def run_delivery(
 def _publish(ctx: JobContext, specs: list) -> list | None:
     """running → succeeded with the artifact row, the effects and the attempt's outcome.
 
-    One plan (``jobs.publish``), carried out by one statement where it can and by
+    One plan (``jobs.delivery.publish``), carried out by one statement where it can and by
     one ORM transaction elsewhere. If the account rule refuses a recipient at that
     moment, the plan is built again with that recipient withheld (each round
     withholds at least one more, so this ends). Returns the effects, or None when

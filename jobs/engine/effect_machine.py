@@ -3,7 +3,7 @@
 An effect's identity (``job:revision:name:recipient``) and its idempotency key
 are derived, never generated, so every retry, redelivery and re-drive names
 the same effect and sends the same key. Rows are inserted with the publish
-(``jobs.publish``); a worker that lost its lease publishes nothing, so it
+(``jobs.delivery.publish``); a worker that lost its lease publishes nothing, so it
 records nothing either.
 
 Delivery is its own small state machine, every arrow a CAS on ``version``
