@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from django.db.models import Q
 
-from jobs import clock, conf, flow, registry, rules
+from jobs import clock, conf, registry, rules
 from jobs.models import Attempt, Effect, EffectEvent, FlowRule, Job
 
 WINDOW_SECONDS = 60.0
@@ -57,7 +57,7 @@ def scope_views() -> list[ScopeView]:
     scopes = set(found)
     for name, provider in registry.providers().items():
         if not provider.transactional:
-            scopes.add(flow.provider_scope(name))
+            scopes.add(rules.provider_scope(name))
     return [_view(scope, found.get(scope)) for scope in sorted(scopes)]
 
 
