@@ -17,7 +17,10 @@ Sections, all sequential (the machine has 2 cores):
 8. hosts: the same queue drained by 1, 2 and 3 worker "hosts" (qclusters with their
    own ``JOBS_HOST_NAME`` and ``TMPDIR``): throughput, CPU and commits per job;
 9. s3: the artifact store's cost per artifact on moto's S3 server (loopback HTTP)
-   against the filesystem store (``bench.hosts``).
+   against the filesystem store (``bench.hosts``);
+10. broker: django-q2's ORM broker against ``jobs.broker.PostgresBroker`` (LISTEN/
+    NOTIFY): idle single jobs, a burst of 83, a quiet cluster's transactions/s
+    (``bench.broker``).
 
 Figures move 10-40% between runs on a shared machine; ratios measured in one
 run (each round pairs the kinds back to back) hold much better. The summary
@@ -49,7 +52,7 @@ def _args(argv):
     p.add_argument("--n-plain-report", type=int, default=None, help="default: N of reports")
     p.add_argument(
         "--sections",
-        default="hotpath,throughput,flow,scaling,latency,pdf,ledger,hosts,s3",
+        default="hotpath,throughput,flow,scaling,latency,broker,pdf,ledger,hosts,s3",
         help="comma-separated subset; add knobs for the fsync and CONN_HEALTH_CHECKS figures",
     )
     p.add_argument("--ledger-sizes", default="10000,100000,1000000")
@@ -290,6 +293,13 @@ def main(argv=None) -> int:
         results["latency"] = {
             k: {"label": s.label, "values_ms": s.values_ms, "note": s.note} for k, s in lat.items()
         }
+
+    if "broker" in sections:
+        from bench import broker
+
+        singles, quiet = (5, 10.0) if args.quick else (20, 30.0)
+        brokers = broker.run(user_id, workers, singles=singles, quiet=quiet, progress=say)
+        results["brokers"] = broker.as_json(brokers)
 
     if "hosts" in sections:
         from bench import hosts
@@ -710,6 +720,13 @@ def report(res: dict, workers: int) -> str:
     flow_lines = _flow_lines(res.get("flow", []), workers)
     lines += flow_lines
     summary_lines += [ln.strip() for ln in flow_lines[2:]]
+    from bench import broker as broker_bench
+
+    broker_lines, broker_summary = broker_bench.report_lines(
+        res.get("brokers", {}), res["q_cluster"].get("poll")
+    )
+    lines += broker_lines
+    summary_lines += broker_summary
     host_runs = res.get("hosts")
     if host_runs:
         lines += ["", "worker hosts on this machine (demo.summary, one qcluster per host)"]

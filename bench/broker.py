@@ -1,0 +1,205 @@
+"""The two brokers side by side: django-q2's ORM broker (polls every ``poll``) and
+``jobs.broker.PostgresBroker`` (woken by NOTIFY, SKIP LOCKED takes).
+
+For each broker one cluster (the production ``Q_CLUSTER``, only ``broker_class``
+differs) serves: idle single jobs (``demo.summary``, enqueued at random points of
+the poll cycle), a burst of 83 in-app jobs in one transaction (enqueue commit →
+``succeeded``, p50/p95/p99), then a quiet window in which the cluster has nothing
+to do: its transactions per second, counted at the server (``pg_stat_database``
+of the bench database, read from the maintenance database so the reading adds
+nothing). The benchmark's schedule table is empty (``infra.reset_run_tables``):
+the quiet figure is the cluster alone, without the site's once-a-minute
+dispatcher schedule.
+
+The PostgreSQL broker's clusters run ``tests.broker_settings`` over
+``bench.settings`` (``BROKER_BASE_SETTINGS``), and this process enqueues through
+the same broker (django-q2's ``Conf.BROKER_CLASS``, patched for the run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from dataclasses import dataclass, field
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+import jobs
+from bench import infra, workloads
+from bench.latency import BURST, Series, pct
+from jobs.models import Job, Notice
+from jobs.testing import scratchdb
+
+ORM, PG = "orm", "postgres"
+LABELS = {ORM: "ORM broker (poll)", PG: "PostgreSQL broker (LISTEN/NOTIFY)"}
+BROKER_CLASS = "jobs.broker.PostgresBroker"
+
+
+@dataclass
+class BrokerRun:
+    broker: str
+    idle: Series
+    burst: Series
+    quiet_xacts_s: float = float("nan")
+    quiet_window_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def _enqueue_through(broker: str):
+    """This process's enqueues go through ``broker`` (django-q2 reads Conf per call)."""
+    from django_q.conf import Conf
+
+    before = Conf.BROKER_CLASS
+    Conf.BROKER_CLASS = BROKER_CLASS if broker == PG else before
+    try:
+        yield
+    finally:
+        Conf.BROKER_CLASS = before
+
+
+def _env(broker: str) -> dict[str, str]:
+    if broker == ORM:
+        return {}
+    return {
+        "DJANGO_SETTINGS_MODULE": "tests.broker_settings",
+        "BROKER_BASE_SETTINGS": "bench.settings",
+    }
+
+
+def _enqueue(n: int, user_id: int, tag: str) -> tuple[list[int], object]:
+    with transaction.atomic():
+        ids = [
+            jobs.request(
+                workloads.SUMMARY,
+                ("bench.broker", f"{tag}-{i}"),
+                tenant="bench",
+                params={"notify_user_id": user_id},
+            ).job.pk
+            for i in range(n)
+        ]
+    return ids, timezone.now()
+
+
+def _wait(what: str, check, c: infra.Cluster, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if not c.alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"broker bench: timed out waiting for {what}\n{c.log_tail()}")
+        time.sleep(0.002)
+
+
+def _succeeded(ids: list[int]) -> bool:
+    return Job.objects.filter(pk__in=ids, state=Job.State.SUCCEEDED).count() == len(ids)
+
+
+def _ms(later, earlier) -> float:
+    return (later - earlier).total_seconds() * 1000
+
+
+def _server_xacts() -> int:
+    with scratchdb.admin_connection(infra.server_url()) as conn:
+        row = conn.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s",
+            [infra.E2E_DB],
+        ).fetchone()
+    return row[0]
+
+
+def run_one(
+    broker: str, user_id: int, workers: int, *, singles: int, quiet: float, progress=print
+) -> BrokerRun:
+    """One broker: idle singles, a burst of 83, a quiet window; a fresh cluster."""
+    infra.reset_run_tables()
+    idle = Series(f"{LABELS[broker]}: idle single job, enqueue → succeeded")
+    burst = Series(f"{LABELS[broker]}: in-app burst of {BURST}, enqueue → succeeded")
+    out = BrokerRun(broker, idle, burst)
+    with _enqueue_through(broker), infra.cluster(workers, f"broker-{broker}", **_env(broker)) as c:
+        ids, _ = _enqueue(workers * 2, user_id, "warm")
+        _wait("warm-up jobs", lambda: _succeeded(ids), c)
+        time.sleep(1.0)  # the listener is up and has heard its probe
+        rng = random.Random(29)
+        for k in range(singles):
+            time.sleep(0.25 + rng.random() * 0.5)  # anywhere in the poll cycle
+            [pk], at = _enqueue(1, user_id, f"single{k}")
+            _wait("a single job", lambda pk=pk: _succeeded([pk]), c)
+            idle.values_ms.append(_ms(Job.objects.get(pk=pk).finished_at, at))
+        progress(f"broker {broker}: idle single job p50 {idle.p(50):.0f} ms")
+
+        time.sleep(0.5)
+        ids, at = _enqueue(BURST, user_id, "burst")
+        _wait(
+            "the burst",
+            lambda: Notice.objects.filter(effect__job_id__in=ids).count() == BURST,
+            c,
+        )
+        finished = dict(Job.objects.filter(pk__in=ids).values_list("pk", "finished_at"))
+        burst.values_ms += [_ms(finished[pk], at) for pk in ids]
+        progress(f"broker {broker}: burst of {BURST} p99 {burst.p(99):.0f} ms")
+
+        if quiet > 0:
+            connection.close()  # this process stays out of the count
+            # A backend that flushed its statistics less than 1 s before going idle holds
+            # the rest for up to 10 s (PostgreSQL 15's PGSTAT_IDLE_INTERVAL): wait them out.
+            time.sleep(12.0)
+            before = _server_xacts()
+            time.sleep(quiet)
+            out.quiet_xacts_s = (_server_xacts() - before) / quiet
+            out.quiet_window_s = quiet
+            progress(f"broker {broker}: quiet cluster {out.quiet_xacts_s:.2f} transactions/s")
+        if not c.alive():
+            out.notes.append("the cluster died during the run")
+    return out
+
+
+def run(user_id: int, workers: int, *, singles: int = 20, quiet: float = 30.0, progress=print):
+    """Both brokers, the ORM broker first; returns ``{broker: BrokerRun}``."""
+    return {
+        b: run_one(b, user_id, workers, singles=singles, quiet=quiet, progress=progress)
+        for b in (ORM, PG)
+    }
+
+
+def as_json(runs: dict[str, BrokerRun]) -> dict:
+    return {
+        b: {
+            "idle_ms": r.idle.values_ms,
+            "burst_ms": r.burst.values_ms,
+            "quiet_xacts_s": r.quiet_xacts_s,
+            "quiet_window_s": r.quiet_window_s,
+            "notes": r.notes,
+        }
+        for b, r in runs.items()
+    }
+
+
+def report_lines(res: dict, poll: float) -> tuple[list[str], list[str]]:
+    """The section's table and its summary line, from ``as_json``'s figures."""
+    if not res:
+        return [], []
+    lines = ["", "brokers (ms, enqueue commit → the worker's succeeded; quiet: transactions/s)"]
+
+    def trio(v):
+        return "/".join(f"{pct(v, p):.0f}" for p in (50, 95, 99)) if v else "n/a"
+
+    for b, r in res.items():
+        for name, key in (("idle single", "idle_ms"), (f"burst of {BURST}", "burst_ms")):
+            v = r[key]
+            lines.append(
+                f"  {LABELS[b]:36} {name:14} p50 {pct(v, 50):6.0f}  p95 {pct(v, 95):6.0f}  "
+                f"p99 {pct(v, 99):6.0f}  (n={len(v)})"
+            )
+        lines.append(
+            f"  {LABELS[b]:36} quiet cluster  {r['quiet_xacts_s']:.2f} transactions/s at the "
+            f"server over {r['quiet_window_s']:.0f} s" + "".join(f"; {n}" for n in r["notes"])
+        )
+    summary = (
+        "brokers p50/p95/p99 ms idle single | burst of 83; quiet transactions/s: "
+        + "; ".join(
+            f"{b} {trio(r['idle_ms'])} | {trio(r['burst_ms'])}; {r['quiet_xacts_s']:.2f}/s"
+            for b, r in res.items()
+        )
+    )
+    return lines, [summary + f" (ORM poll {poll} s)"]
