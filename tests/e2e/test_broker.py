@@ -130,6 +130,36 @@ def test_broker__idle_cluster_picks_a_job_up_within_tens_of_ms(procs, pg_broker,
     assert max(values) < 1000, f"a pickup took a poll, not a NOTIFY: {values}"
 
 
+def test_broker__two_clusters_share_a_burst_each_message_taken_once(
+    procs, pg_broker, django_user_model
+):
+    """One NOTIFY wakes both pushers; SKIP LOCKED hands each message to one of them."""
+    user = django_user_model.objects.create_user(username="broker-two")
+    with _admin() as admin:
+        clusters = [_start_cluster(procs, "qcluster-a", _env(), admin, user, 1)]
+        clusters.append(_start_cluster(procs, "qcluster-b", _env(), admin, user, 2))
+        wait_until(procs, "two listeners", lambda: len(_listeners(admin)) == 2, timeout=30)
+    with transaction.atomic():
+        jobs = [request_steps_job(user, 10 + k, tenant_key="e2e") for k in range(40)]
+    wait_until(
+        procs,
+        "the burst to succeed",
+        lambda: (
+            Job.objects.filter(pk__in=[j.pk for j in jobs], state=State.SUCCEEDED).count()
+            == len(jobs)
+        ),
+        timeout=60,
+    )
+    wait_until(procs, "the queue to empty", lambda: not OrmQ.objects.exists(), timeout=20)
+    attempts = list(Attempt.objects.filter(job__in=jobs))
+    assert Counter(a.outcome for a in attempts) == {Outcome.SUCCEEDED: len(jobs)}
+    by_cluster = Counter(procs.owner_of(int(a.worker.rsplit(":", 2)[1])).name for a in attempts)
+    print(f"\n40 jobs in one commit, one delivery each: {dict(by_cluster)}")
+    assert set(by_cluster) == {"qcluster-a", "qcluster-b"}, by_cluster
+    for j in jobs:
+        _one_outcome(j, user)
+
+
 def test_broker__worker_killed_before_the_ack_is_redelivered_after_retry(
     procs, pg_broker, django_user_model
 ):
