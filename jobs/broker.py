@@ -19,10 +19,12 @@ are the ORM broker's, so the two can share a queue during a rolling deploy:
   at the nearest lock expiry (a redelivery due) or every ``broker_heartbeat``
   seconds (default 5), which also picks up messages enqueued without a NOTIFY
   (the ORM broker of a host not yet upgraded).
-- A listener that fails, or does not hear its own probe notification when it
-  starts listening (a pooler in transaction mode, which keeps no session), is
-  dropped: the pusher polls every ``poll`` as the ORM broker does and tries to
-  listen again every ``broker_listen_retry`` seconds (default 2).
+- A listener that fails is dropped: the pusher polls every ``poll`` as the ORM
+  broker does and tries to listen again every ``broker_listen_retry`` seconds
+  (default 2). A new listener is trusted once it hears a probe notification sent
+  from the pusher's other connection; one that does not (behind a pooler in
+  transaction mode the LISTEN's server session goes back to the pool) is dropped
+  and the pusher polls, trying again after a minute.
   ``Q_CLUSTER["broker_listen"] = False`` polls from the start.
 
 On SQLite this broker refuses to start: the ORM broker stays there.
@@ -52,8 +54,10 @@ PROBE_PREFIX = "probe:"
 # The longest an idle dequeue() waits before handing back to the pusher, which checks
 # its stop event between calls: a stopping cluster waits at most this for its pusher.
 WAIT_SLICE = 0.5
-# How long a new listener waits to hear its own probe before it is not trusted.
-PROBE_TIMEOUT = 2.0
+# How long a new listener waits to hear the probe before it is not trusted, and how long
+# the pusher then polls before trying again (each try costs the pusher PROBE_TIMEOUT).
+PROBE_TIMEOUT = 1.0
+DEAF_RETRY = 60.0
 
 ENQUEUE = f"""
 WITH message AS (
@@ -93,6 +97,10 @@ NEXT_DUE = (
     f"SELECT EXTRACT(EPOCH FROM min(lock) - now())::float8 FROM {TABLE} "
     "WHERE key = %s AND lock >= now()"
 )
+
+
+class DeafListener(Exception):
+    """Raised when a new LISTEN connection does not hear a notification another session sent."""
 
 
 def channel_for(list_key: str) -> str:
@@ -278,7 +286,19 @@ class PostgresBroker(Broker):
             return False
         try:
             self._listener = self._open_listener()
-        except (psycopg.Error, OSError) as exc:
+        except DeafListener:
+            self._listener = None
+            self._listen_after = time.monotonic() + DEAF_RETRY
+            log.warning(
+                "queue %s: the listener hears no other session (a pooler in transaction "
+                "mode?); polling every %ss, trying again in %ss (Q_CLUSTER['broker_listen'] "
+                "= False polls without trying)",
+                self.key,
+                Conf.POLL,
+                DEAF_RETRY,
+            )
+            return False
+        except (psycopg.Error, DatabaseError, InterfaceError, OSError) as exc:
             self._listener = None
             self._listen_after = time.monotonic() + float(_option("broker_listen_retry", 2.0))
             log.warning(
@@ -307,23 +327,20 @@ class PostgresBroker(Broker):
         conn = psycopg.connect(autocommit=True, **params)
         try:
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
-            # Hear our own probe before trusting the listener: behind a pooler in
-            # transaction mode the LISTEN's session is gone by the next statement.
+            # Hear a probe sent by another session before trusting the listener: behind a
+            # pooler in transaction mode the LISTEN's server connection goes back to the
+            # pool, and only its own notifications would still come back to it.
             probe = PROBE_PREFIX + uuid.uuid4().hex
-            conn.execute("SELECT pg_notify(%s, %s)", [self.channel, probe])
+            self._execute("SELECT pg_notify(%s, %s)", [self.channel, probe], fetch="one")
             deadline = time.monotonic() + PROBE_TIMEOUT
-            heard = False
-            while not heard and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
                 for note in conn.notifies(timeout=max(0.0, deadline - time.monotonic())):
                     if note.payload == probe:
-                        heard = True
-                        break
-            if not heard:
-                raise psycopg.OperationalError("the listener did not hear its own probe")
+                        return conn
+            raise DeafListener("the listener did not hear a probe from another session")
         except BaseException:
             conn.close()
             raise
-        return conn
 
     def _drop_listener(self, why: str) -> None:
         listener, self._listener = self._listener, None
