@@ -27,6 +27,10 @@ are the ORM broker's, so the two can share a queue during a rolling deploy:
   and the pusher polls, trying again after a minute.
   ``Q_CLUSTER["broker_listen"] = False`` polls from the start.
 
+- ``delayed(seconds)`` gives a broker whose messages no pusher takes before their due
+  time (``lock`` = now + seconds): ``async_task(..., broker=get_broker().delayed(s))``;
+  pushers wake at that time as for a redelivery.
+
 On SQLite this broker refuses to start: the ORM broker stays there.
 """
 
@@ -61,7 +65,8 @@ DEAF_RETRY = 60.0
 
 ENQUEUE = f"""
 WITH message AS (
-    INSERT INTO {TABLE} (key, payload, lock) VALUES (%s, %s, now()) RETURNING id
+    INSERT INTO {TABLE} (key, payload, lock)
+    VALUES (%s, %s, now() + make_interval(secs => %s)) RETURNING id
 )
 SELECT id, pg_notify(%s, '') FROM message
 """
@@ -122,11 +127,25 @@ class PostgresBroker(Broker):
 
     def __init__(self, list_key: str | None = None) -> None:
         super().__init__(list_key=list_key)
+        self._delay = 0.0
         self._reset_listener()
 
     def __setstate__(self, state: tuple) -> None:
         super().__setstate__(state)
+        self._delay = 0.0
         self._reset_listener()
+
+    def delayed(self, seconds: float) -> PostgresBroker:
+        """This broker, enqueueing messages no pusher takes for ``seconds`` (server clock).
+
+        For work due later (a retry's backoff, ``run_after``):
+        ``async_task(..., broker=get_broker().delayed(s))``. The message's ``lock`` is its
+        due time, as a taken message's is its redelivery time; its NOTIFY makes idle
+        pushers look, find it not yet due, and wake again when it is.
+        """
+        other = PostgresBroker(list_key=self.list_key)
+        other._delay = max(0.0, float(seconds))
+        return other
 
     def _reset_listener(self) -> None:
         self._listener: psycopg.Connection | None = None
@@ -168,7 +187,7 @@ class PostgresBroker(Broker):
 
     def enqueue(self, task: str) -> int:
         """Insert the message and notify its channel, in the caller's transaction."""
-        row = self._execute(ENQUEUE, [self.key, task, self.channel], fetch="one")
+        row = self._execute(ENQUEUE, [self.key, task, self._delay, self.channel], fetch="one")
         return row[0]
 
     def dequeue(self) -> list[tuple[int, str]] | None:

@@ -124,6 +124,37 @@ def test_broker__redelivers_after_retry_waking_at_the_lock_expiry(broker, conf):
     assert 0.95 <= waited < 1.5, waited
 
 
+def test_broker__a_delayed_message_is_taken_at_its_due_time(broker, settings):
+    """Work due later: the NOTIFY makes the idle pusher look, and it wakes again at the
+    due time (heartbeat 30 s here), not a poll or a heartbeat later."""
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "broker_heartbeat": 30.0}
+    assert broker.dequeue() is None  # idle, next look in 30 s
+    pk = broker.delayed(1.0).enqueue("later")
+    enqueued = time.monotonic()
+    assert broker.queue_size() == 0 and broker.lock_size() == 1
+    got = None
+    while got is None and time.monotonic() - enqueued < 3.0:
+        got = broker.dequeue()
+    waited = time.monotonic() - enqueued
+    print(f"a message due in 1.0 s was taken after {waited * 1000:.0f} ms")
+    assert got == [(pk, "later")]
+    assert 0.95 <= waited < 1.3, waited
+
+
+def test_broker__async_task_takes_the_delayed_broker(broker):
+    from django_q.tasks import async_task
+
+    async_task("jobs.tasks.run_job", 7, task_name="job-7", broker=broker.delayed(60))
+    [message] = OrmQ.objects.filter(key=broker.key)
+    assert (message.func(), tuple(message.args())) == ("jobs.tasks.run_job", (7,))
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT EXTRACT(EPOCH FROM lock - now()) FROM django_q_ormq WHERE id = %s", [message.pk]
+        )
+        assert 55 < cur.fetchone()[0] <= 60
+    assert broker.dequeue() is None
+
+
 def test_broker__an_idle_dequeue_sends_no_query_until_notified(broker, other):
     assert broker.dequeue() is None  # listens, looks once, waits a slice
     with CaptureQueriesContext(connection) as idle:
