@@ -28,6 +28,9 @@ from jobs.models import Effect, FlowRule, Job
 TENANT_LOCK_CLASS = 1785684595
 # The advisory lock class a claim takes for a ``kind:`` scope with a concurrency rule.
 FLOW_LOCK_CLASS = 1785684596
+# The advisory lock class (with the job id's hashtext) the one-statement claim of a job
+# under a flow rule tries before admission may take rate starts for it.
+CLAIM_LOCK_CLASS = 1785684597
 # An in-app notice's provider reference: the ledger row names the notice it wrote.
 NOTICE_REF_PREFIX = "notice:"
 # Why the account rule (``account_admits``) refused a recipient, as the ledger records it.

@@ -319,6 +319,21 @@ def test_sql_claim__a_rule_that_binds__leaves_the_job_to_the_orm_which_defers_it
 
 
 @pytest.mark.postgres
+def test_sql_claim__a_racing_delivery_of_a_rated_job__takes_no_start_and_gives_way(make_user):
+    """Another delivery of the same job is mid-claim (it holds the job's claim lock): the
+    statement takes no rate start for it and leaves the job to the ORM claim at once."""
+    user = make_user()
+    job = new_job(user, tenant="acme")
+    flow.set_rule("kind:test.steps", actor="test", rate=1, period_seconds=3600)
+    with advisory_lock_held(rules.CLAIM_LOCK_CLASS, str(job.pk)):
+        started = time.monotonic()
+        assert postgres.claim_in_one(job.pk, "w1", lease=5, bound=4) is None
+        assert time.monotonic() - started < 5, "the statement waited for the claim lock"
+    rule = FlowRule.objects.get(scope="kind:test.steps")
+    assert rule.next_free_at is None, "no start was taken for the delivery that gave way"
+    assert postgres.claim_in_one(job.pk, "w1", lease=5, bound=4) is not None
+
+
 def test_sql_claim__kind_scope_lock_busy__claims_nothing_and_never_waits(make_user):
     """Another claim holds the kind's scope lock: the statement gives way at once."""
     user = make_user()
