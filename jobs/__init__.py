@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 # name -> module that defines it
 _EXPORTS = {
     "kind": "jobs.api",
+    "cancel": "jobs.api",
     "request": "jobs.api",
     "JobHandle": "jobs.api",
     "JobFailure": "jobs.api",
@@ -39,9 +40,11 @@ _EXPORTS = {
     "NotAuthorized": "jobs.exceptions",
     "TemporaryFailure": "jobs.exceptions",
     "LeaseLost": "jobs.exceptions",
+    "JobCancelled": "jobs.exceptions",
 }
 __all__ = [
     "EffectSpec",
+    "JobCancelled",
     "JobConflict",
     "JobContext",
     "JobError",
@@ -52,6 +55,7 @@ __all__ = [
     "PayloadInvalid",
     "Provider",
     "TemporaryFailure",
+    "cancel",
     "kind",
     "register_kind",
     "register_provider",
@@ -61,9 +65,10 @@ __all__ = [
 assert sorted(__all__) == sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from jobs.api import JobConflict, JobFailure, JobHandle, kind, request
+    from jobs.api import JobConflict, JobFailure, JobHandle, cancel, kind, request
     from jobs.delivery.runner import JobContext
     from jobs.exceptions import (
+        JobCancelled,
         JobError,
         LeaseLost,
         NotAuthorized,

@@ -26,6 +26,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from jobs import conf, failures, registry
+from jobs.engine import job_machine
 from jobs.exceptions import JobError, PayloadInvalid
 from jobs.models import Artifact, Effect, Job
 from jobs.queue import enqueue_job
@@ -200,6 +201,12 @@ class JobHandle:
         """Succeeded, failed, dead or cancelled: nothing more will happen on its own."""
         return self.job.is_terminal
 
+    def cancel(self, *, actor: str = "") -> str:
+        """Cancel this job (``jobs.cancel``); the handle is refreshed."""
+        outcome = cancel(self.id, actor=actor)
+        self.refresh()
+        return outcome
+
     def refresh(self) -> JobHandle:
         """Read the job's current state from the database."""
         self.job.refresh_from_db()
@@ -271,3 +278,23 @@ def request(
         max_attempts=max_attempts,
     )
     return JobHandle(job, created=created)
+
+
+def cancel(job_id: int, *, actor: str = "") -> str:
+    """Cancel a job; returns what happened, in words an operator reads.
+
+    ``cancelled``: it had not started. ``requested``: it is running; its handler stops at
+    its next ``check_owner()``/``heartbeat()`` (or reads ``ctx.cancelled``) and the job
+    ends ``cancelled``. A handler that never looks still cannot publish: the request
+    moved the version its publish is fenced on. ``already_finished``: it had ended
+    (effects already applied are never undone); ``missing``: no such job.
+    """
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None:
+        return "missing"
+    if not job.is_terminal and job_machine.cancel(job, actor=actor or "api"):
+        return "cancelled" if job.state == Job.State.CANCELLED else "requested"
+    job.refresh_from_db()
+    if job.is_terminal:
+        return "already_finished"
+    return "requested"  # asked for already (by this call's race or an earlier one)

@@ -31,6 +31,12 @@ class LeaseLost(JobError):
     code = "lease_lost"
 
 
+class JobCancelled(LeaseLost):
+    """Raised in a running handler when a cancel was asked for: it stops, publishes nothing."""
+
+    code = "cancelled"
+
+
 class PayloadInvalid(JobError):
     """Raised when a job's parameters are malformed; retrying cannot help."""
 

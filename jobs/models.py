@@ -72,6 +72,10 @@ class Job(models.Model):
     outage_since = models.DateTimeField(
         null=True, blank=True, help_text="a dependency outage has held this job up since"
     )
+    cancel_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="a cancel was asked for while the job ran"
+    )
+    cancel_requested_by = models.CharField(max_length=200, blank=True, default="", db_default="")
 
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
@@ -124,6 +128,7 @@ class Attempt(models.Model):
         DUPLICATE_DELIVERY = "duplicate_delivery"
         CRASHED = "crashed"
         DEFERRED = "deferred"  # tenant bound reached; the job waits, no attempt counted
+        CANCELLED = "cancelled"  # a cancel was asked for: the worker stopped, published nothing
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempt_set")
     number = models.PositiveIntegerField(

@@ -118,6 +118,9 @@ CLAIMABLE = all_of(WAITING, DUE, HAS_BUDGET)
 E = Effect.State
 JOB_DUE = all_of(WAITING, Cond("next_attempt_at", "<=", NOW))
 JOB_LEASE_EXPIRED = all_of(Cond("state", "=", S.RUNNING), Cond("lease_expires_at", "<=", NOW))
+# A running job a cancel was asked for: its worker stops at its next check (or, gone, the
+# next claim ends it); it can publish nothing, the request moved the version it fences on.
+CANCEL_REQUESTED = all_of(Cond("state", "=", S.RUNNING), Cond("cancel_requested_at", "null", False))
 EFFECT_DUE = all_of(
     Cond("state", "in", (E.PENDING, E.UNKNOWN)),
     any_of(Cond("next_attempt_at", "null", True), Cond("next_attempt_at", "<=", NOW)),
@@ -128,7 +131,7 @@ EFFECT_RELEASABLE = any_of(EFFECT_DUE, EFFECT_LEASE_EXPIRED)
 # Where each operator arrow starts: the engine's CAS and the admin's buttons read this.
 OPERATOR_SOURCES: dict[str, tuple[str, ...]] = {
     "retry_now": (S.QUEUED, S.RETRY_WAIT),
-    "cancel": (S.QUEUED, S.RETRY_WAIT),
+    "cancel": (S.QUEUED, S.RETRY_WAIT, S.RUNNING),  # a running one: at its next check
     "requeue": (S.FAILED, S.DEAD),
     "recheck_and_release": (E.WITHHELD,),
     "mark_sent": (E.NEEDS_REVIEW,),

@@ -76,7 +76,8 @@ def _after_operator_change(job: Job) -> None:
 
 
 def cancel_job(job: Job, *, operator: str = "") -> bool:
-    """Operator: stop a job that has not started or is waiting to retry.
+    """Operator: stop a job that has not started or is waiting to retry, or ask a running
+    one to stop (it ends ``cancelled`` at its worker's next check and publishes nothing).
 
     Each of these arrows writes its history row (``JobEvent``, naming ``operator``)
     in the transaction of its compare-and-swap.

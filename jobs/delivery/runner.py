@@ -16,7 +16,7 @@ from jobs import artifacts, clock, conf, executors, failures, registry
 from jobs.delivery import publish
 from jobs.engine import job_machine
 from jobs.engine.plan import Claim
-from jobs.exceptions import JobError, LeaseLost
+from jobs.exceptions import JobCancelled, JobError, LeaseLost
 from jobs.models import Artifact, Attempt, Job
 from jobs.retry import classify, job_outcome
 
@@ -48,10 +48,23 @@ class JobContext:
             self._on_stage(name, self)
 
     def check_owner(self) -> None:
-        """Raise LeaseLost unless this worker still holds the job; call before private reads."""
+        """Raise LeaseLost unless this worker still holds the job; call before private reads.
+
+        ``JobCancelled`` (a LeaseLost) when a cancel was asked for: stop, publish nothing.
+        """
         if not executors.current().still_owner(self.job, self.worker):
-            raise LeaseLost(f"job {self.job.pk} is no longer held by this worker")
+            self._lost("is no longer held by this worker")
         self._owner_checked = True
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether a cancel was asked for: a long handler may look between its own steps."""
+        return Job.objects.filter(pk=self.job.pk, cancel_requested_at__isnull=False).exists()
+
+    def _lost(self, how: str):
+        if self.cancelled:
+            raise JobCancelled(f"job {self.job.pk}: a cancel was asked for")
+        raise LeaseLost(f"job {self.job.pk} {how}")
 
     def heartbeat(self) -> None:
         """Extend the lease between stages of healthy work; raise LeaseLost if it is gone.
@@ -62,7 +75,7 @@ class JobContext:
         if time.monotonic() - self._lease_extended_at < conf.lease_seconds() / 3:
             return
         if not job_machine.heartbeat(self.job, self.worker):
-            raise LeaseLost(f"job {self.job.pk} was reclaimed before the heartbeat")
+            self._lost("was reclaimed before the heartbeat")
         self._lease_extended_at = time.monotonic()
 
     def store_artifact(self, data: bytes, *, content_type: str, extension: str) -> Artifact:
@@ -105,9 +118,7 @@ def run_delivery(
         ctx.stage("before_publish")
         ctx.heartbeat()  # a lease more than a third spent is extended before the fenced publish
     except LeaseLost:
-        job_machine.finish_attempt(attempt, Outcome.LEASE_LOST)
-        log.info("job=%s worker=%s lease lost during work", job.pk, worker)
-        return DeliveryResult(job_id, Outcome.LEASE_LOST, worker)
+        return _lost(ctx, "lease lost during work")
     except KeyboardInterrupt:
         raise  # a signal to this process: it stops; the lease's expiry tells the rest
     except BaseException as exc:  # SystemExit too: the retry table decides; the worker lives
@@ -115,13 +126,23 @@ def run_delivery(
 
     effects = _publish(ctx, specs)
     if effects is None:
-        job_machine.finish_attempt(attempt, Outcome.LEASE_LOST)
-        log.info("job=%s worker=%s publish lost: another worker owns the job", job.pk, worker)
-        return DeliveryResult(job_id, Outcome.LEASE_LOST, worker)
+        return _lost(ctx, "publish lost: another worker owns the job")
     ctx.stage("published")
     return DeliveryResult(
         job_id, Outcome.SUCCEEDED, worker, {e.effect_id: e.state for e in effects}
     )
+
+
+def _lost(ctx: JobContext, why: str) -> DeliveryResult:
+    """This worker's fence failed: a cancel was asked for (the job ends cancelled, this
+    attempt with it) or another worker owns the job (nothing more to do here)."""
+    job, worker = ctx.job, ctx.worker
+    if job_machine.stop_cancelled(job.pk, worker):
+        log.info("job=%s worker=%s stopped: a cancel was asked for", job.pk, worker)
+        return DeliveryResult(job.pk, Outcome.CANCELLED, worker)
+    job_machine.finish_attempt(ctx.attempt, Outcome.LEASE_LOST)
+    log.info("job=%s worker=%s %s", job.pk, worker, why)
+    return DeliveryResult(job.pk, Outcome.LEASE_LOST, worker)
 
 
 def _publish(ctx: JobContext, specs: list) -> list | None:
@@ -191,7 +212,9 @@ def _handle_failure(ctx: JobContext, exc: BaseException) -> DeliveryResult:
                 detail=c.detail,
                 **error.job_fields(),
             )
-        if not won:
+        if not won and job_machine.stop_cancelled(job.pk, worker):
+            outcome = Outcome.CANCELLED  # the failure came after a cancel was asked for
+        elif not won:
             outcome = Outcome.LEASE_LOST
         job_machine.finish_attempt(attempt, outcome, **fields)
     # One line per failed attempt: ids, class, code and frames; never the message or params.

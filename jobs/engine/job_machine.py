@@ -10,6 +10,7 @@ nothing more for that job.
     running ──heartbeat──▶ running          running ──fail──▶ failed
     running (expired) ──claim──▶ running    running ──bury──▶ dead
     queued/retry_wait ──cancel──▶ cancelled failed/dead ──requeue──▶ queued
+    running ──cancel (requested)──▶ running ──stop_cancelled──▶ cancelled
 """
 
 from __future__ import annotations
@@ -264,10 +265,51 @@ def _operator(job: Job, action: str, actor: str, note: str, **changes) -> bool:
 
 
 def cancel(job: Job, *, actor: str = "operator", note: str = "") -> bool:
-    """Operator: queued/retry_wait → cancelled."""
+    """Operator: queued/retry_wait → cancelled; running → cancel requested.
+
+    A running job is not stopped from outside: the request is one more swap on its
+    version, so every fenced write of its worker (heartbeat, owner check, publish) fails
+    from here on, and the worker (or, if it is gone, the next claim) ends it cancelled
+    (``stop_cancelled``). False when the job is finished (nothing changes) or the
+    request was already made.
+    """
     if job.state not in rules.OPERATOR_SOURCES["cancel"]:
         return False
+    if job.state == State.RUNNING:
+        if job.cancel_requested_at is not None:
+            return False
+        return _operator(
+            job,
+            "cancel_requested",
+            actor,
+            note,
+            cancel_requested_at=Now(),
+            cancel_requested_by=actor[:200],
+        )
     return _operator(job, "cancel", actor, note, state=State.CANCELLED, finished_at=Now())
+
+
+def stop_cancelled(job_id: int, worker: str) -> bool:
+    """running (cancel requested) → cancelled, by the worker that stopped or by the claim
+    that found its owner gone; its open attempts end ``cancelled``."""
+    job = Job.objects.filter(rules.to_q(rules.CANCEL_REQUESTED), pk=job_id).first()
+    if job is None:
+        return False
+    won = _cas(
+        job,
+        state=State.CANCELLED,
+        lease_expires_at=None,
+        finished_at=Now(),
+        last_error_class="",
+        last_error_code="cancelled",
+        last_error_detail=f"cancelled at the request of {job.cancel_requested_by}"[:300],
+    )
+    if won:
+        Attempt.objects.filter(job=job, outcome="").update(
+            outcome=Outcome.CANCELLED, finished_at=Now()
+        )
+        log_arrow(job, "cancelled", worker, requested_by=job.cancel_requested_by)
+    return won
 
 
 def requeue(job: Job, *, actor: str = "operator", note: str = "") -> bool:

@@ -15,7 +15,7 @@ from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, Notice
 class Claim:
     """What a delivery found: ``claimed`` (work to do) or why there is none."""
 
-    status: str  # claimed | duplicate | deferred | buried | missing
+    status: str  # claimed | duplicate | deferred | buried | cancelled | missing
     job: Job | None = None
     attempt: Attempt | None = None
 

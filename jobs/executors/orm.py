@@ -60,6 +60,11 @@ def claim(job_id: int, worker: str, *, lease: float, bound: int) -> Claim:
             job_machine.log_arrow(job, "duplicate_delivery", worker, state=job.state)
             return _duplicate(job, worker, now)
         reclaiming = job.state == Job.State.RUNNING
+        if reclaiming and job.cancel_requested_at is not None:
+            # Its worker died after a cancel was asked for: the job ends here, not rerun.
+            if not job_machine.stop_cancelled(job.pk, worker):
+                return _duplicate(job, worker, now)
+            return Claim("cancelled", job, _record(job, worker, now, Outcome.CANCELLED))
         if not rules.holds(rules.HAS_BUDGET, job, now=now):
             won, error_class, code = job_machine.bury_spent(job, now=now, reclaiming=reclaiming)
             if not won:

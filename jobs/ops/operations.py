@@ -67,7 +67,8 @@ JOB_OPERATIONS = {
             "cancel",
             "Cancel",
             "Cancelled",
-            "Stop it before it runs; it will not be tried again.",
+            "Stop it: a waiting job at once; a running one at its next check, publishing "
+            "nothing. It will not be tried again.",
             lambda job, operator: services.cancel_job(job, operator=operator),
         ),
         Operation(
