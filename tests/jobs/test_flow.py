@@ -334,6 +334,7 @@ def test_sql_claim__a_racing_delivery_of_a_rated_job__takes_no_start_and_gives_w
     assert postgres.claim_in_one(job.pk, "w1", lease=5, bound=4) is not None
 
 
+@pytest.mark.postgres
 def test_sql_claim__kind_scope_lock_busy__claims_nothing_and_never_waits(make_user):
     """Another claim holds the kind's scope lock: the statement gives way at once."""
     user = make_user()
