@@ -39,7 +39,8 @@ class ScopeView:
 
     @property
     def circuit(self) -> str:
-        if not self.scope.startswith("provider:") or "/" in self.scope:
+        parts = rules.scope_provider(self.scope)
+        if parts is None or parts[1]:  # the circuit is the whole provider's, not a partition's
             return ""
         return self.rule.circuit_state if self.rule is not None else FlowRule.Circuit.CLOSED
 
@@ -66,8 +67,9 @@ def _view(scope: str, rule: FlowRule | None) -> ScopeView:
     live = rules.to_q(rules.LIVE_RUNNING)
     waiting_jobs = rules.to_q(rules.WAITING)
     own = rule.concurrency if rule is not None else None
-    if scope.startswith("provider:"):
-        provider, _, partition = scope.removeprefix("provider:").partition("/tenant:")
+    parts = rules.scope_provider(scope)
+    if parts is not None:
+        provider, partition = parts
         effects = Q(provider=provider)
         events = Q(provider=provider)
         if partition:

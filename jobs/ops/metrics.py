@@ -9,7 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from jobs import stats
+from jobs import rules, stats
 from jobs.ops.flowview import scope_views
 
 
@@ -130,7 +130,7 @@ class FlowCollector:
             if v.circuit:
                 for state in ("closed", "open", "half_open"):
                     circuit.add_metric(
-                        [v.scope.removeprefix("provider:"), state], int(v.circuit == state)
+                        [rules.scope_provider(v.scope)[0], state], int(v.circuit == state)
                     )
         yield from families.values()
         yield circuit
