@@ -348,7 +348,7 @@ def test_guardian_screens__superusers_only_and_not_for_themselves(make_user, rev
 
 
 def test_office_admin__assigns_recorded_shown_reviewer_sees_then_revocation_withholds(
-    office_admin, reviewer, other_reviewer
+    office_admin, reviewer, other_reviewer, settings
 ):
     permit = factories.permit(reviewer=other_reviewer)
     desk = signed_in(office_admin)
@@ -385,6 +385,10 @@ def test_office_admin__assigns_recorded_shown_reviewer_sees_then_revocation_with
     assert selectors.is_assigned(fresh(reviewer), permit)
 
     # Revoked while the report is being made: the job finishes, its notice is withheld.
+    # The revocation is a whole admin request inside the attempt; on a loaded machine it
+    # has outlasted the suite's 2 s lease (the attempt then ended lease_lost), so this
+    # attempt gets a production-sized lease: the test is about the withholding.
+    settings.JOBS_LEASE_SECONDS = 60
     job, _ = report_request(permit)
 
     def revoke_before_release(stage, ctx):
