@@ -76,6 +76,16 @@ class Job(models.Model):
         null=True, blank=True, help_text="a cancel was asked for while the job ran"
     )
     cancel_requested_by = models.CharField(max_length=200, blank=True, default="", db_default="")
+    # Scheduling (docs/app/scheduling.md): the claim takes higher priority first (Django's
+    # tasks range, -100..100), and a worker serves the queues it was started for.
+    priority = models.SmallIntegerField(default=0, db_default=0)
+    queue = models.CharField(max_length=64, default="default", db_default="default")
+    # What the handler last said of its progress (ctx.progress): counts and a short
+    # note, never private data; written at most about once a second.
+    progress_done = models.PositiveBigIntegerField(null=True, blank=True)
+    progress_total = models.PositiveBigIntegerField(null=True, blank=True)
+    progress_note = models.CharField(max_length=120, blank=True, default="", db_default="")
+    progress_at = models.DateTimeField(null=True, blank=True)
 
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
