@@ -50,6 +50,9 @@ def kind(
     max_attempts: int | None = None,
     authorize_release: Callable[[Effect], str | None] | None = None,
     redact_errors: bool | Callable[[BaseException], bool] = False,
+    priority: int = 0,
+    queue: str = "default",
+    timeout: float | None = None,
 ) -> Callable[[Handler], Handler]:
     """Register the decorated function as the handler of job kind ``name``.
 
@@ -57,6 +60,8 @@ def kind(
     those modules at start-up, so every process (web, qcluster) knows every kind.
     ``redact_errors=True`` (or a predicate on the exception): the handler's
     exception messages may quote private values, so only class and frames are kept.
+    ``priority`` (-100..100, higher first) and ``queue`` are its jobs' defaults;
+    ``timeout`` is how many seconds one attempt may run.
     """
 
     def register(handler: Handler) -> Handler:
@@ -72,6 +77,9 @@ def kind(
             authorize_release=authorize_release,
             max_attempts=max_attempts,
             redact_errors=redact_errors,
+            priority=priority,
+            queue=queue,
+            timeout=timeout,
         )
         return handler
 
@@ -120,6 +128,8 @@ def _obtain(
     params: dict | None = None,
     run_after: datetime | None = None,
     max_attempts: int | None = None,
+    priority: int | None = None,
+    queue: str | None = None,
 ) -> tuple[Job, bool]:
     """The one job for (kind, subject, revision) and whether this call created it.
 
@@ -130,6 +140,8 @@ def _obtain(
     """
     job_kind = registry.get_kind(kind)
     stored = _as_stored(params)
+    priority = job_kind.priority if priority is None else registry.check_priority(priority)
+    queue = job_kind.queue if queue is None else registry.check_queue(queue)
     if run_after is not None and timezone.is_naive(run_after):
         raise ValueError("run_after must be an aware datetime")
     now = timezone.now()  # shown to people; due times are the server's clock
@@ -143,6 +155,8 @@ def _obtain(
                 "tenant_key": tenant_key,
                 "params": stored,
                 "max_attempts": max_attempts or job_kind.max_attempts or conf.max_attempts(),
+                "priority": priority,
+                "queue": queue,
                 "next_attempt_at": Now() if run_after is None else run_after,
                 "enqueued_for": Now() if run_after is None else None,
                 "created_at": now,
@@ -257,13 +271,16 @@ def request(
     run_after: datetime | None = None,
     tenant: str = "",
     max_attempts: int | None = None,
+    priority: int | None = None,
+    queue: str | None = None,
 ) -> JobHandle:
     """Ask for the one job of ``kind`` for ``subject`` at ``revision``; returns its handle.
 
     ``params`` hold references (ids, flags), never private data: the handler
     reads that when it runs. ``run_after`` delays the first attempt. ``tenant``
     groups jobs under ``JOBS_TENANT_CONCURRENCY``. ``max_attempts`` overrides the
-    kind's budget (the ``django.tasks`` backend's ``MAX_ATTEMPTS``). The one way to ask
+    kind's budget (the ``django.tasks`` backend's ``MAX_ATTEMPTS``). ``priority``
+    (-100..100, higher first) and ``queue`` override the kind's. The one way to ask
     for a job: the site, the ``django.tasks`` backend and the drills all come here.
     """
     subject_type, subject_id = subject_reference(subject)
@@ -276,6 +293,8 @@ def request(
         params=params,
         run_after=run_after,
         max_attempts=max_attempts,
+        priority=priority,
+        queue=queue,
     )
     return JobHandle(job, created=created)
 

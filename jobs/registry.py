@@ -8,6 +8,7 @@ looks them up by name, so ``jobs`` never imports the project.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -90,6 +91,33 @@ class JobKind:
     max_attempts: int | None = None
     # True, or a predicate on the exception: keep only its class and frames, no message.
     redact_errors: bool | Callable[[BaseException], bool] = False
+    # Scheduling defaults for its jobs (docs/app/scheduling.md); a request may override.
+    priority: int = 0
+    queue: str = "default"
+    # Seconds one attempt may run (None: the lease and Q_CLUSTER['timeout'] only).
+    timeout: float | None = None
+
+
+PRIORITY_RANGE = (-100, 100)  # Django's tasks contract: higher runs first
+QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_priority(priority: object) -> int:
+    """Raise ValueError unless ``priority`` is an int in Django's range (-100..100)."""
+    low, high = PRIORITY_RANGE
+    if isinstance(priority, bool) or not isinstance(priority, int) or not low <= priority <= high:
+        raise ValueError(f"priority must be an integer from {low} to {high}, not {priority!r}")
+    return priority
+
+
+def check_queue(queue: object) -> str:
+    """Raise ValueError unless ``queue`` is a queue name (letters, digits, ``_.-``; 64 max)."""
+    if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
+        raise ValueError(
+            f"queue must be 1-64 letters, digits, '_', '.' or '-' (starting with a letter "
+            f"or digit), not {str(queue)[:70]!r}"
+        )
+    return queue
 
 
 _kinds: dict[str, JobKind] = {}
@@ -103,6 +131,9 @@ def register_kind(
     authorize_release: Callable[[Effect], str | None] | None = None,
     max_attempts: int | None = None,
     redact_errors: bool | Callable[[BaseException], bool] = False,
+    priority: int = 0,
+    queue: str = "default",
+    timeout: float | None = None,
 ) -> JobKind:
     """Register a job kind (idempotent, so ``ready()`` may run twice in tests).
 
@@ -110,7 +141,18 @@ def register_kind(
     True (or a predicate returning True for an exception) keeps only the class
     and the traceback's frames of its failures.
     """
-    kind = JobKind(name, handler, authorize_release, max_attempts, redact_errors)
+    if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    kind = JobKind(
+        name,
+        handler,
+        authorize_release,
+        max_attempts,
+        redact_errors,
+        priority=check_priority(priority),
+        queue=check_queue(queue),
+        timeout=None if timeout is None else float(timeout),
+    )
     _kinds[name] = kind
     return kind
 
