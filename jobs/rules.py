@@ -111,6 +111,13 @@ DUE = any_of(Cond("next_attempt_at", "null", True), Cond("next_attempt_at", "<="
 HAS_BUDGET = Cond("attempts", "<", Col("max_attempts"))
 # A job a delivery may claim as it is: waiting and due, with attempts left.
 CLAIMABLE = all_of(WAITING, DUE, HAS_BUDGET)
+# A named job whose delivery must decide about it and nobody else (docs/app/scheduling.md):
+# a running job whose lease ran out (reclaimed, or ended when a cancel was asked for) and
+# a due job with no attempt left (buried). Any other message is a wake-up for its queue.
+OWN_VERDICT = any_of(
+    all_of(Cond("state", "=", S.RUNNING), Cond("lease_expires_at", "<=", NOW)),
+    all_of(WAITING, DUE, Cond("attempts", ">=", Col("max_attempts"))),
+)
 
 # What the dispatcher sweeps, the console counts and a sender may take, by the server's
 # clock: jobs with a due time that has come, running jobs whose lease ran out, effects
@@ -161,6 +168,9 @@ FLOW_RULE_ACTIVE = any_of(
 # The scopes of a job's claim: its kind's and its tenant's (``jobs.engine.admission.job_scopes``).
 FLOW_KIND_PREFIX, FLOW_TENANT_PREFIX = "kind:", "tenant:"
 FLOW_PROVIDER_PREFIX = "provider:"
+# A queue's scope (``queue:<name>``): its rule holds every job routed to that queue.
+FLOW_QUEUE_PREFIX = "queue:"
+DEFAULT_QUEUE = "default"
 
 
 def kind_scope(kind: str) -> str:
@@ -169,6 +179,10 @@ def kind_scope(kind: str) -> str:
 
 def tenant_scope(tenant_key: str) -> str:
     return f"{FLOW_TENANT_PREFIX}{tenant_key}"
+
+
+def queue_scope(queue: str) -> str:
+    return f"{FLOW_QUEUE_PREFIX}{queue}"
 
 
 def provider_scope(provider: str) -> str:
@@ -212,6 +226,18 @@ def flow_ruled_sql(job_alias: str = "", quote: Callable[[str], str] = lambda n: 
     return Rendered(text, active.slots)
 
 
+def queue_ruled_sql(job_alias: str = "", quote: Callable[[str], str] = lambda n: f'"{n}"'):
+    """``EXISTS`` an active flow rule on the job's queue (``queue:<name>``), as SQL."""
+    active = to_sql(FLOW_RULE_ACTIVE, FlowRule, alias="r", quote=quote)
+    prefix = f"{job_alias}." if job_alias else ""
+    scope = quote(FlowRule._meta.get_field("scope").column)
+    text = (
+        f"EXISTS (SELECT 1 FROM {quote(FlowRule._meta.db_table)} r WHERE r.{scope} = "
+        f"'{FLOW_QUEUE_PREFIX}' || {prefix}{quote('queue')} AND {active.text})"
+    )
+    return Rendered(text, active.slots)
+
+
 def flow_ruled_q():
     """The same ``EXISTS`` as an ORM expression on a ``Job`` queryset (annotate with it)."""
     from django.db.models import Exists, OuterRef, Value
@@ -221,8 +247,44 @@ def flow_ruled_q():
         FlowRule.objects.filter(to_q(FLOW_RULE_ACTIVE)).filter(
             Q(scope=Concat(Value(FLOW_KIND_PREFIX), OuterRef("kind")))
             | Q(scope=Concat(Value(FLOW_TENANT_PREFIX), OuterRef("tenant_key")))
+            | Q(scope=Concat(Value(FLOW_QUEUE_PREFIX), OuterRef("queue")))
         )
     )
+
+
+# --- the claim's order (docs/app/scheduling.md) ------------------------------------------
+
+# A better job takes a named job's delivery only when it is at least this much more urgent
+# (in priority levels): jobs of one priority asked for close together keep their own.
+SWAP_MARGIN = 1.0
+
+
+def aging_seconds() -> float:
+    """Seconds of waiting that raise a job's effective priority by one level."""
+    from jobs import conf
+
+    return float(conf.get("JOBS_PRIORITY_AGING_SECONDS", 60.0))
+
+
+def waiting_since(job: Job):
+    """When the job became due: its due time, else when it was asked for."""
+    return job.next_attempt_at or job.created_at
+
+
+def effective_priority(job: Job, now, aging: float) -> float:
+    """``priority`` plus one level per ``aging`` seconds waited (the claim's order)."""
+    return job.priority + (now - waiting_since(job)).total_seconds() / aging
+
+
+def effective_priority_sql(alias: str = "", now: str = "clock_timestamp()") -> str:
+    """``effective_priority`` as SQL on a job row; one ``%s``: the aging seconds."""
+    p = f"{alias}." if alias else ""
+    return f"({p}priority + EXTRACT(EPOCH FROM ({now} - {waiting_since_sql(alias)})) / %s::float8)"
+
+
+def waiting_since_sql(alias: str = "") -> str:
+    p = f"{alias}." if alias else ""
+    return f"COALESCE({p}next_attempt_at, {p}created_at)"
 
 
 def account_admits(user_model: type[models.Model]) -> AllOf:
@@ -373,13 +435,23 @@ def to_sql(
     return Rendered(render(rule), tuple(slots))
 
 
+def literal_sql(rule, model: type[models.Model] = Job, **options) -> str:
+    """A rule without ``Arg`` as SQL with its constants (states, numbers) written in as
+    literals: a partial index's predicate is then provably implied, prepared or not."""
+    rendered = to_sql(rule, model, **options)
+    text = rendered.text
+    for constant in rendered.params():
+        if isinstance(constant, Arg):
+            raise ValueError(f"{constant.name}: a rule with arguments has no literal form")
+        if isinstance(constant, bool) or not isinstance(constant, int | float):
+            constant = "'" + str(constant).replace("'", "''") + "'"
+        text = text.replace("%s", str(constant), 1)
+    return text
+
+
 def _live_running_literal() -> str:
     """``LIVE_RUNNING`` as SQL with its constants (states) written in as literals."""
-    live = to_sql(LIVE_RUNNING, Job, quote=lambda n: n)
-    text = live.text
-    for constant in live.params():
-        text = text.replace("%s", "'" + str(constant).replace("'", "''") + "'", 1)
-    return text
+    return literal_sql(LIVE_RUNNING, Job, quote=lambda n: n)
 
 
 def tenant_function_sql(version: int = 2) -> str:

@@ -18,10 +18,12 @@ from jobs.supervisor import delivery
 def run_job(job_id: int) -> str:
     """One delivery of a job; returns after every outcome is committed (then django-q2 acks)."""
     with delivery("run_job", job_id):
-        outcome = runner.run_delivery(job_id).outcome
+        # The message names a job and wakes its queue: the claim may take a better job of
+        # that queue (docs/app/scheduling.md); the result names the job it ran.
+        result = runner.run_delivery(job_id)
         # A django.tasks task that this delivery finished: task_finished, now it is committed.
-        backends.announce_finished(job_id, outcome)
-        return outcome
+        backends.announce_finished(result.job_id, result.outcome)
+        return result.outcome
 
 
 def release_effect(effect_pk: int) -> str:

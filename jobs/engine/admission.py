@@ -1,7 +1,9 @@
 """Whether a claimed job may start now: one procedure, the same on every database.
 
-Pause, then concurrency, then rate, for the job's ``kind:`` and ``tenant:`` scopes
-(a tenant without a concurrency row keeps ``JOBS_TENANT_CONCURRENCY``). The rates
+Pause, then concurrency, then rate, for the job's ``kind:``, ``tenant:`` and ``queue:``
+scopes (a tenant without a concurrency row keeps ``JOBS_TENANT_CONCURRENCY``). A job
+under a ``queue:`` rule is claimed by this procedure on every database: the PostgreSQL
+statement leaves it to the ORM claim. The rates
 come last and are taken **all-or-nothing**: every rated rule is judged first, and a
 start is taken from each only if all of them allow one, so a refusal by the tenant's
 rate never spends the kind's start. The ORM executor runs ``admit`` inside a
@@ -108,6 +110,7 @@ def job_scopes(job: Job) -> list[str]:
     scopes = [rules.kind_scope(job.kind)]
     if job.tenant_key:
         scopes.append(rules.tenant_scope(job.tenant_key))
+    scopes.append(rules.queue_scope(job.queue))
     return scopes
 
 
@@ -146,6 +149,8 @@ def admit(job: Job, *, ruled: bool, default_tenant_bound: int) -> Hold | None:
         tenant = found.get(rules.tenant_scope(job.tenant_key))
         hold = _tenant_concurrency(job, tenant, default_tenant_bound, ruled=ruled)
     if hold is None:
+        hold = _queue_concurrency(job, found.get(rules.queue_scope(job.queue)))
+    if hold is None:
         hold = take_all([found[s] for s in job_scopes(job) if s in found and found[s].rate])
     return hold
 
@@ -160,6 +165,18 @@ def _kind_concurrency(job: Job, rule: FlowRule | None) -> Hold | None:
     if not lock(rules.FLOW_LOCK_CLASS, rule.scope):
         return Hold(rule.scope, "busy", paused_delay())
     if _live_others(job).filter(kind=job.kind).count() >= rule.concurrency:
+        return Hold(rule.scope, "concurrency", 0.2 + spread(rule))
+    return None
+
+
+def _queue_concurrency(job: Job, rule: FlowRule | None) -> Hold | None:
+    """A ``queue:`` rule's concurrency: the live running jobs of the queue, counted under
+    the scope's lock (held to the claim's commit, so two claims never both see room)."""
+    if rule is None or rule.concurrency is None:
+        return None
+    if not lock(rules.FLOW_LOCK_CLASS, rule.scope):
+        return Hold(rule.scope, "busy", paused_delay())
+    if _live_others(job).filter(queue=job.queue).count() >= rule.concurrency:
         return Hold(rule.scope, "concurrency", 0.2 + spread(rule))
     return None
 

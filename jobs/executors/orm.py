@@ -16,7 +16,7 @@ from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
-from django.db.models.functions import Now
+from django.db.models.functions import Coalesce, Now
 
 from jobs import clock, queue, rules
 from jobs.engine import effect_machine, job_machine
@@ -52,6 +52,7 @@ def claim(job_id: int, worker: str, *, lease: float, bound: int) -> Claim:
             log.warning("job=%s delivery for a job that does not exist", job_id)
             return Claim("missing")
         now = job.db_now
+        job = choose(job, now)
         live = rules.holds(rules.LIVE_RUNNING, job, now=now)
         early = rules.holds(rules.WAITING, job, now=now) and not rules.holds(
             rules.DUE, job, now=now
@@ -71,6 +72,63 @@ def claim(job_id: int, worker: str, *, lease: float, bound: int) -> Claim:
                 return _duplicate(job, worker, now)
             return Claim("buried", job, _record(job, worker, now, Outcome.DEAD, error_class, code))
         return _admit_and_start(job, worker, now, lease=lease, bound=bound, reclaiming=reclaiming)
+
+
+def choose(named: Job, now) -> Job:
+    """The job this delivery claims: ``named``, unless its queue has a due job at least
+    ``rules.SWAP_MARGIN`` levels more urgent by effective priority, or ``named`` is not
+    claimable and its queue has a due job (docs/app/scheduling.md).
+
+    A named job that needs its own verdict (``rules.OWN_VERDICT``: an expired lease, a
+    spent budget) keeps the delivery. On PostgreSQL the job taken instead is locked or
+    skipped (``SKIP LOCKED``): concurrent claims take different jobs, and none waits
+    for a row another claim is deciding about. The same choice as the PostgreSQL
+    statement's (``tests/jobs/test_executor_contract.py``).
+    """
+    if rules.holds(rules.OWN_VERDICT, named, now=now):
+        return named
+    aging = rules.aging_seconds()
+    claimable = rules.holds(rules.CLAIMABLE, named, now=now)
+    margin = rules.effective_priority(named, now, aging) + rules.SWAP_MARGIN
+    passed: set[int] = set()
+    for _ in range(3):  # a candidate another claim holds is passed over
+        best, best_key = None, None
+        for candidate in _candidates(named.queue, exclude=passed):
+            key = -rules.effective_priority(candidate, now, aging)
+            key = (key, rules.waiting_since(candidate), candidate.pk)
+            if best_key is None or key < best_key:
+                best, best_key = candidate, key
+        if best is None or best.pk == named.pk:
+            return named
+        if claimable and -best_key[0] < margin:
+            return named
+        taken = _take_candidate(best.pk)
+        if taken is not None:
+            taken.db_now = now
+            return taken
+        passed.add(best.pk)
+    return named
+
+
+def _candidates(queue_name: str, *, exclude: set[int]) -> list[Job]:
+    """The queue's due job best by priority and its longest waiting one (two index scans)."""
+    base = Job.objects.filter(rules.to_q(rules.CLAIMABLE), queue=queue_name)
+    if exclude:
+        base = base.exclude(pk__in=exclude)
+    since = Coalesce("next_attempt_at", "created_at")
+    found = {}
+    for order in (("-priority", since, "pk"), (since, "pk")):
+        for job in base.order_by(*order)[:1]:
+            found[job.pk] = job
+    return list(found.values())
+
+
+def _take_candidate(pk: int) -> Job | None:
+    """The candidate, still claimable and (PostgreSQL) locked by this transaction, or None."""
+    rows = Job.objects.filter(rules.to_q(rules.CLAIMABLE), pk=pk)
+    if connection.vendor == "postgresql":
+        rows = rows.select_for_update(skip_locked=True, of=("self",))
+    return rows.annotate(flow_ruled=rules.flow_ruled_q()).first()
 
 
 def _admit_and_start(

@@ -161,10 +161,42 @@ def _claim_statement() -> tuple[str, rules.Rendered]:
     # racing delivery of the same job from taking starts it cannot use; it finds the
     # lock taken and leaves the job to the ORM claim. (Locking the row itself would cost
     # every claim a second write of the tuple: measured +0.3 ms a claim.)
+    # The job to claim (docs/app/scheduling.md): the named job, unless its queue has a
+    # due job at least SWAP_MARGIN levels more urgent by effective priority (two index
+    # scans: the best by priority, the longest waiting); a named job that must have its
+    # own verdict (OWN_VERDICT) goes to the ORM claim. Literal states: the partial
+    # indexes of migration 0017 apply to the prepared statement too.
+    now_claimable = rules.literal_sql(rules.CLAIMABLE, Job, quote=_q, now="t.now")
+    own = rules.literal_sql(rules.OWN_VERDICT, Job, quote=_q, now="t.now")
+    cand_claimable = rules.literal_sql(rules.CLAIMABLE, Job, alias="j", quote=_q, now="t.now")
+    since = rules.waiting_since_sql("j")
+    eff_j = rules.effective_priority_sql("j", now="t.now")
+    queue_ruled = rules.queue_ruled_sql(job_t, quote=_q)
+    assert not queue_ruled.slots, "the queue-rule condition has no parameters"
+    candidate = f"""
+        SELECT j.id, {eff_j} AS eff, {since} AS since FROM {job_t} j, t, named n
+        WHERE j.queue = n.queue AND {cand_claimable}"""
     text = f"""
-        WITH admitted AS MATERIALIZED (
+        WITH t AS MATERIALIZED (SELECT {NOW} AS now),
+        named AS MATERIALIZED (
+            SELECT id, queue, {now_claimable} AS ok, {own} AS own,
+                {rules.effective_priority_sql(now="t.now")} AS eff
+            FROM {job_t}, t WHERE id = %s
+        ), candidate AS MATERIALIZED (
+            SELECT c.id, c.eff FROM (
+                ({candidate} ORDER BY j.priority DESC, {since}, j.id LIMIT 1)
+                UNION ALL
+                ({candidate} ORDER BY {since}, j.id LIMIT 1)
+            ) c ORDER BY c.eff DESC, c.since, c.id LIMIT 1
+        ), chosen AS MATERIALIZED (
+            SELECT CASE WHEN n.own THEN NULL
+                WHEN n.ok AND (c.id IS NULL OR c.eff < n.eff + %s::float8) THEN n.id
+                ELSE c.id END AS id
+            FROM named n LEFT JOIN candidate c ON true
+        ), admitted AS MATERIALIZED (
             SELECT id FROM {job_t}
-            WHERE id = %s AND {claimable.text} AND CASE WHEN {ruled.text}
+            WHERE id = (SELECT id FROM chosen) AND {claimable.text}
+              AND NOT {queue_ruled.text} AND CASE WHEN {ruled.text}
                 THEN CASE WHEN pg_try_advisory_xact_lock(
                         {rules.CLAIM_LOCK_CLASS}, hashtext(id::text))
                     THEN jobs_flow_admits_v2(kind, tenant_key, id, %s::integer)
@@ -215,7 +247,9 @@ def claim_in_one(
     server's clock at the claim), or None having written nothing. The lease is computed
     by the server's clock when the row is written, after every lock is held."""
     sql, claimable = _claim_statement()
-    params = [_int8(job_id), *claimable.params(), _int8(bound), _int8(bound)]
+    aging = rules.aging_seconds()
+    params = [aging, _int8(job_id), aging, aging, rules.SWAP_MARGIN]
+    params += [*claimable.params(), _int8(bound), _int8(bound)]
     params += [Job.State.RUNNING, worker, float(lease), *claimable.params(), worker]
     with _cursor() as cursor:
         cursor.execute(sql, params)

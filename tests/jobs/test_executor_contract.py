@@ -296,15 +296,69 @@ CLAIM_SCENARIOS = {
         4,
         ["duplicate", "duplicate", "buried", "claimed"],
     ),
+    # The claim's order (docs/app/scheduling.md). "~x": the delivery named one job and
+    # claimed (or deferred) job x of its queue instead.
+    "priority: a higher job takes a named low job's delivery, equals keep their own": (
+        [],
+        [("a", "", ""), ("b", "", ""), ("c", "", "prio:10")],
+        4,
+        ["claimed~c", "claimed", "claimed~a"],
+    ),
+    "aging: a low job that waited 13 levels outranks a fresh high one, 10.5 does not": (
+        [],
+        [("b", "", "prio:10"), ("a", "", "aged:10.5"), ("c", "", "aged:13")],
+        4,
+        ["claimed~c", "claimed", "claimed~b"],
+    ),
+    "queues: a delivery takes only a job of the named job's queue": (
+        [],
+        [("a", "", "prio:-5"), ("b", "", "queue:reports"), ("c", "", "queue:reports,prio:50")],
+        4,
+        ["claimed", "claimed~c", "claimed~b"],
+    ),
+    "own verdict: an expired lease and a spent budget keep their delivery": (
+        [],
+        [("a", "", "expired"), ("b", "", "spent"), ("c", "", "prio:10")],
+        4,
+        ["claimed", "buried", "claimed"],
+    ),
+    "the chosen job held by its tenant's rule: deferred, the named one claimed next": (
+        [("tenant:t1", {"concurrency": 1})],
+        [("a", "t1", "running"), ("b", "t2", ""), ("c", "t1", "prio:10")],
+        4,
+        ["deferred:flow_concurrency@tenant:t1~c", "claimed", "duplicate"],
+    ),
+    "queue concurrency: queue:default at 1": (
+        [("queue:default", {"concurrency": 1})],
+        [("a", "", ""), ("b", "", ""), ("c", "", "queue:reports")],
+        4,
+        ["claimed", "deferred:flow_concurrency@queue:default", "claimed"],
+    ),
 }
 
 
 def _prepare(setup: str, job: Job) -> None:
     from datetime import timedelta
 
+    from django.db.models import F
     from django.db.models.functions import Now
 
-    if setup == "running":
+    if "," in setup:
+        for part in setup.split(","):
+            _prepare(part, job)
+        return
+    if setup.startswith("prio:"):
+        Job.objects.filter(pk=job.pk).update(priority=int(setup.removeprefix("prio:")))
+    elif setup.startswith("queue:"):
+        Job.objects.filter(pk=job.pk).update(queue=setup.removeprefix("queue:"))
+    elif setup.startswith("aged:"):
+        # Waiting that many levels of effective priority (rules.aging_seconds each).
+        levels = float(setup.removeprefix("aged:"))
+        waited = timedelta(seconds=levels * rules.aging_seconds())
+        Job.objects.filter(pk=job.pk).update(
+            created_at=F("created_at") - waited, next_attempt_at=F("next_attempt_at") - waited
+        )
+    elif setup == "running":
         Job.objects.filter(pk=job.pk).update(
             state=Job.State.RUNNING,
             lease_owner="elsewhere",
@@ -358,6 +412,8 @@ def _run_claims(name: str, executor: str, settings, caplog) -> dict:
             (line,) = [r.getMessage() for r in caplog.records if "arrow=defer" in r.getMessage()]
             scope = line.split("scope=", 1)[1].split()[0]
             outcome = f"deferred:{got.attempt.error_code}@{scope}"
+        if got.job is not None and got.job.pk != job.pk:
+            outcome += f"~{got.job.subject_id}"
         outcomes.append(outcome)
     jobs = [
         _row(j, j.pk, subject_id=lambda v: v, lease_owner=lambda v: v.replace(executor, "X"))
