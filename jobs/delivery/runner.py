@@ -107,6 +107,8 @@ def run_delivery(
     """Handle one queue delivery of ``job_id`` by the worker protocol in DESIGN.md."""
     worker = worker or job_machine.worker_identity()
     claim = claim_for(job_id, worker)
+    if claim.job is not None:
+        job_id = claim.job.pk  # a message wakes its queue: the claim may take a better job
     if not claim.won:
         return DeliveryResult(job_id, claim.status, worker)
     job, attempt = claim.job, claim.attempt
