@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 from jobs.exceptions import JobError
+from jobs.failures import Redact, original, should_redact
 
 
 class ErrorClass(StrEnum):
@@ -227,15 +228,22 @@ def _chain(exc: BaseException):
         exc = exc.__cause__ or exc.__context__
 
 
-def classify(exc: BaseException) -> Classified:
+def classify(exc: BaseException, *, redact: Redact = False) -> Classified:
     """Map an exception to its retry class; the code names the cause, never the data.
 
     Whether it is an outage is decided by its code alone (``OUTAGES``), whichever rule
-    below named it.
+    below named it. ``redact`` (the kind's ``redact_errors``, as ``jobs.failures.capture``
+    takes it): a ``JobError``'s text is the raiser's, and a handler may quote what it read
+    (``PayloadInvalid(f"no such phone {phone}")``), so a redacting kind keeps no detail of
+    any exception, the engine's own included: only its class and code.
     """
     c = _classify(exc)
     outage = bool(outage_of(c.code)) and c.error_class == ErrorClass.TEMPORARY
-    return c if c.outage == outage else replace(c, outage=outage)
+    if c.outage != outage:
+        c = replace(c, outage=outage)
+    if c.detail and should_redact(original(exc), redact):
+        c = replace(c, detail="")
+    return c
 
 
 def _classify(exc: BaseException) -> Classified:

@@ -25,7 +25,7 @@ from jobs.ops.admin_common import (
     value_filter,
 )
 from jobs.ops.console import error_of
-from jobs.ops.error_detail import can_view_error_detail, error_block
+from jobs.ops.error_detail import can_view_error_detail, error_block, kind_redacts, shown_detail
 from jobs.ops.operations import JOB_OPERATIONS, operation_action
 from jobs.ops.views import dashboard_view
 
@@ -86,6 +86,8 @@ class AttemptInline(ReadOnlyInline):
         fields = list(super().get_fields(request, obj))
         if can_view_error_detail(request):
             fields.insert(fields.index("error_detail") + 1, "error")
+        else:  # the detail is the raiser's text: an error detail like the message
+            fields.remove("error_detail")
         return fields
 
     def get_readonly_fields(self, request, obj=None):
@@ -126,7 +128,8 @@ class AttemptInline(ReadOnlyInline):
         # Attempts keep class and code; the job keeps the detail of its last error only.
         job = obj.job
         last = (obj.error_class, obj.error_code) == (job.last_error_class, job.last_error_code)
-        return job.last_error_detail if obj.error_class and last else "—"
+        shown = shown_detail(job.kind, job.last_error_detail, allowed=True)  # get_fields asked
+        return shown if obj.error_class and last and shown else "—"
 
 
 class EffectInline(ReadOnlyInline):
@@ -235,12 +238,14 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
 
     def get_fieldsets(self, request, obj=None):
         fieldsets = super().get_fieldsets(request, obj)
-        if not can_view_error_detail(request):
-            return fieldsets
+        detail = can_view_error_detail(request)
         shown = []
         for name, options in fieldsets:
-            if name == "Error":
+            if name == "Error" and detail:
                 options = {**options, "fields": (*options["fields"], "error_and_traceback")}
+            elif name == "Engine detail" and not (detail and obj and not kind_redacts(obj.kind)):
+                kept = tuple(f for f in options["fields"] if f != "last_error_detail")
+                options = {**options, "fields": kept}
             shown.append((name, options))
         return shown
 
@@ -304,9 +309,13 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
     def error_class(self, obj):
         return error_of(obj)[0]
 
+    def get_form(self, request, obj=None, **kwargs):
+        self._detail = can_view_error_detail(request)  # for error_message, per request
+        return super().get_form(request, obj, **kwargs)
+
     @admin.display(description="error message")
     def error_message(self, obj):
-        message = error_of(obj)[1]
+        message = error_of(obj, detail=getattr(self, "_detail", False))[1]
         if not message:
             return "—"
         return format_html('<span class="jobs-error">{}</span>', message)

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from jobs import clock, failures, rules, stats
 from jobs.models import EFFECT_STATES, JOB_STATES, Attempt, Effect, EffectEvent, Job
+from jobs.ops.error_detail import shown_detail
 from jobs.ops.words import duration
 
 WORKER_WINDOW = timedelta(minutes=1)
@@ -116,14 +117,15 @@ def error_of(job: Job, *, detail: bool = False) -> tuple[str, str]:
 
     The one place the console and the admin lists read a job's error. With ``detail``
     (the reader holds ``jobs.view_error_detail``: a message may quote data) the message
-    is the exception as Python prints it (``KeyError: 'pool'``, ``jobs.failures``);
-    otherwise the engine's code and its own words, which carry no data.
+    is the exception as Python prints it (``KeyError: 'pool'``, ``jobs.failures``), or
+    the detail the engine kept; otherwise the code alone: a detail is the raiser's text
+    (``PayloadInvalid(f"... {phone}")``), so it is an error detail like any message.
     """
     cls = job.last_error_class or "—"
     if detail and job.last_error_type:
         return cls, failures.headline(job.last_error_type, job.last_error_message)[:300]
-    message = " · ".join(x for x in (job.last_error_code, job.last_error_detail) if x)
-    return cls, message
+    shown = (job.last_error_code, shown_detail(job.kind, job.last_error_detail, allowed=detail))
+    return cls, " · ".join(x for x in shown if x)
 
 
 def failure_rate(window: timedelta = HEALTH_WINDOW) -> tuple[int, int]:

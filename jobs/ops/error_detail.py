@@ -10,9 +10,30 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from jobs import failures
+from jobs import failures, registry
+from jobs.exceptions import JobError
 
 ERROR_DETAIL_PERMISSION = "jobs.view_error_detail"
+
+
+def kind_redacts(kind: str) -> bool:
+    """Whether ``kind`` declared ``redact_errors`` (True or a predicate): its error texts
+    may carry private values, so no screen shows a job's stored detail, whoever reads.
+
+    The stored detail of such a kind is empty once the runner classifies with the kind's
+    ``redact`` (``jobs.retry.classify``); rows written before are still hidden here."""
+    try:
+        return bool(registry.get_kind(kind).redact_errors)
+    except JobError:  # no such kind (any more): nothing says its texts are safe
+        return True
+
+
+def shown_detail(kind: str, detail: str, *, allowed: bool) -> str:
+    """A job's or attempt's stored detail as a screen may show it: "" unless the reader
+    holds ``jobs.view_error_detail`` and the kind does not redact."""
+    if not detail or not allowed or kind_redacts(kind):
+        return ""
+    return detail
 
 
 def can_view_error_detail(request: HttpRequest) -> bool:

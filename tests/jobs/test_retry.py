@@ -235,3 +235,43 @@ def test_classify__other_temporary_failures_are_no_outage():
     assert not classify(_status_error(503)).outage, "a provider's 503 is its circuit's"
     assert not classify(_wrapped(psycopg.errors.DeadlockDetected())).outage
     assert not classify(PayloadInvalid("x", code="storage_x")).outage, "permanent: no wait"
+
+
+# --- a redacting kind keeps class and code only (issue 32, item 5) ----------------------
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        PayloadInvalid("no permit for Zelda Quartermaine +1 555 0199"),
+        NotAuthorized("withdrawn by zelda.q@example.net"),
+        TemporaryFailure("pool busy for XQ-4417-2209", retry_after=3.0),
+        OSError(28, "No space left on device"),  # the engine's own words
+        OperationalError("connection to server lost"),
+    ],
+    ids=["payload_invalid", "not_authorized", "temporary", "enospc", "db_unavailable"],
+)
+def test_classify__a_redacting_kind_keeps_no_detail_of_any_exception(exc):
+    kept = classify(exc)
+    redacted = classify(exc, redact=True)
+    assert kept.detail, "without redaction the detail is kept (the check can fail)"
+    assert redacted.detail == ""
+    assert (redacted.error_class, redacted.code, redacted.retry_after, redacted.outage) == (
+        kept.error_class,
+        kept.code,
+        kept.retry_after,
+        kept.outage,
+    ), "the class, the code and what the table does with them are unchanged"
+
+
+def test_classify__a_redacting_predicate_decides_per_exception():
+    def only_payloads(exc: BaseException) -> bool:
+        return isinstance(exc, PayloadInvalid)
+
+    assert classify(PayloadInvalid("secret"), redact=only_payloads).detail == ""
+    assert classify(NotAuthorized("withdrawn"), redact=only_payloads).detail == "withdrawn"
+
+    def broken(exc: BaseException) -> bool:
+        raise RuntimeError("a broken predicate must not leak")
+
+    assert classify(PayloadInvalid("secret"), redact=broken).detail == ""
