@@ -55,10 +55,11 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs import clock, conf
+from jobs import clock, conf, rules
 from jobs.engine.admission import paused_delay, spread, take
 from jobs.engine.plan import Hold
 from jobs.models import FlowRule, FlowRuleChange
+from jobs.registry import QUEUE_NAME
 from jobs.rules import partition_scope, provider_scope
 
 log = logging.getLogger("jobs.flow")
@@ -66,11 +67,25 @@ log = logging.getLogger("jobs.flow")
 Circuit = FlowRule.Circuit
 
 _NAME = r"[A-Za-z0-9_.@:-]+"
+# Python's ``$`` matches before a trailing newline: every check below is a ``fullmatch``,
+# and no name has whitespace, so "kind:x\n" is no phantom twin of "kind:x".
+QUEUE_PREFIX = getattr(rules, "FLOW_QUEUE_PREFIX", "queue:")
 SCOPE_RE = re.compile(
-    rf"^(provider:[A-Za-z0-9_.-]+(/tenant:{_NAME})?|tenant:{_NAME}|kind:{_NAME})$"
+    rf"provider:[A-Za-z0-9_.-]+(/tenant:{_NAME})?|tenant:{_NAME}|kind:{_NAME}"
+    rf"|{re.escape(QUEUE_PREFIX)}{QUEUE_NAME.pattern}"
+)
+SCOPE_FORMS = (
+    "provider:<name>, provider:<name>/tenant:<key>, tenant:<key>, kind:<name> or queue:<name>"
 )
 _PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-_RATE_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d*(?:\.\d+)?)\s*([smh])\s*$")
+_RATE_RE = re.compile(r"(\d+)/(\d*(?:\.\d+)?(?:e[+-]?\d+)?)([smh])")
+
+# The bounds of a rule (docs/app/flow.md): a period longer than a day is no rate, and
+# values past these are typing mistakes that the database's columns (a 4-byte integer, an
+# interval) would refuse at every claim of the scope instead of here.
+PERIOD_MAX_SECONDS = 86_400.0
+RATE_MAX = 1_000_000  # starts per period
+CONCURRENCY_MAX = 100_000  # at once
 
 
 class FlowError(ValueError):
@@ -78,27 +93,82 @@ class FlowError(ValueError):
 
 
 def check_scope(scope: str) -> str:
-    """``scope`` if it is one of the four forms, else ``FlowError``."""
-    if not SCOPE_RE.match(scope or ""):
-        raise FlowError(
-            f"{scope!r} is not a scope: provider:<name>, tenant:<key>, kind:<name> "
-            "or provider:<name>/tenant:<key>"
-        )
+    """``scope`` if it is one of the five forms, whole and without whitespace, else
+    ``FlowError``."""
+    if not isinstance(scope, str) or not SCOPE_RE.fullmatch(scope):
+        shown = str(scope)[:80]
+        raise FlowError(f"{shown!r} is not a scope: {SCOPE_FORMS} (no spaces or newlines)")
     return scope
+
+
+def _integer(value: object, what: str) -> int:
+    if isinstance(value, bool):
+        raise FlowError(f"{what} must be a whole number, not {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"[+-]?\d{1,30}", value.strip()):
+        return int(value.strip())
+    raise FlowError(f"{what} must be a whole number, not {str(value)[:40]!r}")
+
+
+def check_rate(rate: object) -> int | None:
+    """A rate (starts per period) within 1..``RATE_MAX``, or None (no rate)."""
+    if rate is None:
+        return None
+    value = _integer(rate, "a rate")
+    if not 1 <= value <= RATE_MAX:
+        raise FlowError(
+            f"a rate must be from 1 to {RATE_MAX:,} starts per period, not {value} "
+            "(empty or 'off': no rate; pause the scope to stop it)"
+        )
+    return value
+
+
+def check_period(period: object) -> float:
+    """A rate's period in seconds, within (0, ``PERIOD_MAX_SECONDS``] (one day)."""
+    try:
+        value = float(period)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise FlowError(f"a period must be a number of seconds, not {str(period)[:40]!r}") from None
+    if not (0.0 < value <= PERIOD_MAX_SECONDS):  # also refuses nan
+        raise FlowError(
+            f"a period must be more than 0 and at most {PERIOD_MAX_SECONDS:g} seconds "
+            f"(one day), not {value:g}"
+        )
+    return value
+
+
+def check_concurrency(concurrency: object) -> int | None:
+    """At most this many at once, within 1..``CONCURRENCY_MAX``, or None (the default)."""
+    if concurrency is None:
+        return None
+    value = _integer(concurrency, "a concurrency")
+    if not 1 <= value <= CONCURRENCY_MAX:
+        raise FlowError(
+            f"a concurrency must be from 1 to {CONCURRENCY_MAX:,}, not {value} "
+            "(pause the scope to stop it; 'default' for the settings' value)"
+        )
+    return value
 
 
 def parse_rate(text: str) -> tuple[int | None, float]:
     """``3/s``, ``100/m``, ``5/10s``, ``1000/h`` → (rate, period seconds); ``off`` → (None, 1)."""
-    if text.strip().lower() in ("off", "none", "0", "unlimited"):
+    cleaned = re.sub(r"\s+", "", text or "").lower()
+    if cleaned in ("off", "none", "unlimited"):
         return None, 1.0
-    match = _RATE_RE.match(text)
-    if not match or int(match.group(1)) < 1:
-        raise FlowError(f"{text!r} is not a rate: N/s, N/m, N/h or N/<seconds>s (N ≥ 1), or off")
+    if cleaned == "0":
+        raise FlowError("a rate of 0 starts nothing: write 'off' for no rate, or pause the scope")
+    match = _RATE_RE.fullmatch(cleaned)
+    if not match:
+        raise FlowError(
+            f"{str(text)[:40]!r} is not a rate: N/s, N/m, N/h or N/<seconds>s, or off "
+            f"(N from 1 to {RATE_MAX:,}, a period of at most one day)"
+        )
     count, factor, unit = match.groups()
     period = (float(factor) if factor else 1.0) * _PERIODS[unit]
-    if period <= 0:
-        raise FlowError(f"{text!r}: the period must be positive")
-    return int(count), period
+    return check_rate(int(count)), check_period(period)
 
 
 # --- reading rules ----------------------------------------------------------------------
@@ -403,8 +473,12 @@ def set_rule(
 ) -> FlowRule:
     """Create or change the rule of ``scope``; the change and its audit row commit together."""
     check_scope(scope)
-    if concurrency is not _UNSET and concurrency is not None and int(concurrency) < 1:
-        raise FlowError("a concurrency must be 1 or more (pause a scope to stop it)")
+    if concurrency is not _UNSET:
+        concurrency = check_concurrency(concurrency)
+    if rate is not _UNSET:
+        rate = check_rate(rate)
+    if period_seconds is not _UNSET:
+        period_seconds = check_period(period_seconds)
     with transaction.atomic():
         FlowRule.objects.get_or_create(scope=scope)
         rule = FlowRule.objects.select_for_update().get(scope=scope)

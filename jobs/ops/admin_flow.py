@@ -23,21 +23,46 @@ from jobs.models import FlowRule, FlowRuleChange
 
 
 class FlowRuleForm(forms.ModelForm):
+    """The same checks as ``jobs_limits`` (``jobs.flow``): the scope whole (not stripped:
+    "kind:x\n" is refused, not saved as a twin), each value within its bound."""
+
+    scope = forms.CharField(max_length=200, strip=False, help_text=flow.SCOPE_FORMS)
+    concurrency = forms.IntegerField(
+        required=False,
+        help_text=f"most running at once, 1 to {flow.CONCURRENCY_MAX:,} "
+        "(empty: the settings' default)",
+    )
+    rate = forms.IntegerField(
+        required=False,
+        help_text=f"most starts per period, 1 to {flow.RATE_MAX:,} (empty: no rate limit)",
+    )
+    period_seconds = forms.FloatField(
+        initial=1.0,
+        help_text=f"the rate's period in seconds, more than 0 and at most "
+        f"{flow.PERIOD_MAX_SECONDS:g} (one day)",
+    )
+
     class Meta:
         model = FlowRule
         fields = ("scope", "concurrency", "rate", "period_seconds", "paused")
 
-    def clean_scope(self):
+    def _checked(self, name: str, check):
         try:
-            return flow.check_scope(self.cleaned_data["scope"])
+            return check(self.cleaned_data[name])
         except flow.FlowError as exc:
             raise forms.ValidationError(str(exc)) from exc
 
+    def clean_scope(self):
+        return self._checked("scope", flow.check_scope)
+
     def clean_concurrency(self):
-        value = self.cleaned_data["concurrency"]
-        if value is not None and value < 1:
-            raise forms.ValidationError("At least 1 (pause the scope to stop it).")
-        return value
+        return self._checked("concurrency", flow.check_concurrency)
+
+    def clean_rate(self):
+        return self._checked("rate", flow.check_rate)
+
+    def clean_period_seconds(self):
+        return self._checked("period_seconds", flow.check_period)
 
 
 def _actor(request: HttpRequest) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import itertools
 import threading
 import time
@@ -55,7 +56,7 @@ def test_parse_rate__forms(text, expected):
     assert flow.parse_rate(text) == expected
 
 
-@pytest.mark.parametrize("text", ["3", "0/s", "x/s", "3/d", "-1/s"])
+@pytest.mark.parametrize("text", ["3", "0", "0/s", "x/s", "3/d", "-1/s", "5/0s", "5/86401s"])
 def test_parse_rate__refuses_what_it_cannot_read(text):
     with pytest.raises(flow.FlowError):
         flow.parse_rate(text)
@@ -72,9 +73,16 @@ def test_parse_rate__refuses_what_it_cannot_read(text):
         ("webhook", False),
         ("kind:a b", False),
         ("tenant:acme/provider:webhook", False),
+        ("queue:reports", True),
+        ("queue:-reports", False),
+        ("kind:permits.report\n", False),  # Python's $ matches before a trailing newline
+        (" kind:permits.report", False),
+        ("kind:permits.report ", False),
+        ("kind:permits\treport", False),
+        ("job:permits.report", False),
     ],
 )
-def test_check_scope__the_four_forms(scope, ok):
+def test_check_scope__the_five_forms_whole(scope, ok):
     if ok:
         assert flow.check_scope(scope) == scope
     else:
@@ -407,3 +415,70 @@ def test_cached_rules__a_change_is_seen_within_the_cache_time(settings):
     assert "kind:x" not in flow.cached_rules(), "still this process's copy"
     time.sleep(0.35)
     assert flow.cached_rules()["kind:x"].paused
+
+
+# --- both entry points refuse what the claim could not use (issue 32, item 6) ------------
+
+DAY = "at most 86400 seconds (one day)"
+RATE_BOUND = "from 1 to 1,000,000 starts per period"
+CONCURRENCY_BOUND = "from 1 to 100,000"
+NOT_A_SCOPE = "is not a scope: provider:<name>"
+BAD_INPUTS = [
+    # (id, scope, --rate, --concurrency, the admin form's rate/period/concurrency, message)
+    ("period 1e300 s", "kind:k", "5/1e300s", None, {"rate": 5, "period_seconds": 1e300}, DAY),
+    ("period 0", "kind:k", "5/0s", None, {"rate": 5, "period_seconds": 0}, DAY),
+    ("period negative", "kind:k", None, None, {"rate": 5, "period_seconds": -1}, DAY),
+    ("rate 0", "kind:k", "0/s", None, {"rate": 0}, RATE_BOUND),
+    ("rate negative", "kind:k", "-1/s", None, {"rate": -1}, "1 to 1,000,000"),
+    ("rate 2^40", "kind:k", f"{2**40}/s", None, {"rate": 2**40}, RATE_BOUND),
+    ("concurrency 0", "kind:k", None, "0", {"concurrency": 0}, CONCURRENCY_BOUND),
+    ("concurrency negative", "kind:k", None, "-3", {"concurrency": -3}, CONCURRENCY_BOUND),
+    ("concurrency 2^40", "kind:k", None, str(2**40), {"concurrency": 2**40}, CONCURRENCY_BOUND),
+    ("concurrency 99999999999", "kind:k", None, "99999999999", {}, CONCURRENCY_BOUND),
+    ("a newline", "kind:permits.report\n", None, "2", {"concurrency": 2}, NOT_A_SCOPE),
+    ("spaces", "kind:permits report", None, "2", {"concurrency": 2}, NOT_A_SCOPE),
+    ("unknown prefix", "job:permits.report", None, "2", {"concurrency": 2}, NOT_A_SCOPE),
+]
+
+
+@pytest.mark.parametrize(
+    "scope, rate, concurrency, form, message",
+    [case[1:] for case in BAD_INPUTS],
+    ids=[case[0] for case in BAD_INPUTS],
+)
+def test_flow_rule_inputs__refused_with_the_bound_at_both_entry_points(
+    scope, rate, concurrency, form, message, admin_client
+):
+    from django.core.management.base import CommandError
+
+    if rate is not None or concurrency is not None:
+        args = ["jobs_limits", "set", scope]
+        args += [f"--rate={rate}"] if rate is not None else []  # "-1/s" is no option
+        args += [f"--concurrency={concurrency}"] if concurrency is not None else []
+        with pytest.raises(CommandError) as refused:
+            call_command(*args)
+        assert message in str(refused.value), str(refused.value)
+    if form:
+        data = {"scope": scope, "concurrency": "", "rate": "", "period_seconds": "1"}
+        data.update({k: str(v) for k, v in form.items()})
+        page = admin_client.post("/admin/jobs/flowrule/add/", data)
+        assert page.status_code == 200, "the form comes back with the refusal, no traceback"
+        text = html.unescape(page.content.decode())
+        assert 'class="errorlist' in text and message in text, text[-3000:]
+    assert not FlowRule.objects.exists(), "nothing was stored"
+    assert not FlowRuleChange.objects.exists()
+
+
+def test_set_rule__refuses_out_of_bound_values_for_every_caller():
+    for changes in (
+        {"period_seconds": 1e300},
+        {"period_seconds": float("nan")},
+        {"rate": 2**40},
+        {"concurrency": True},
+        {"concurrency": 2**40},
+    ):
+        with pytest.raises(flow.FlowError):
+            flow.set_rule("kind:k", actor="test", **changes)
+    rule = flow.set_rule("queue:reports", actor="test", rate=3, period_seconds=86400.0)
+    assert (rule.rate, rule.period_seconds) == (3, 86400.0), "the bound itself is allowed"
+    assert not FlowRule.objects.filter(scope="kind:k").exists()

@@ -12,9 +12,10 @@ from jobs.ops import flowview
 
 class Command(BaseCommand):
     help = (
-        "Flow control per scope (provider:<name>, tenant:<key>, kind:<name>, "
-        "provider:<name>/tenant:<key>): show, set --rate N/s|N/m --concurrency N, pause, "
-        "resume, delete. Takes effect in every worker within 2 seconds, no restart."
+        f"Flow control per scope ({flow.SCOPE_FORMS}): show, set --rate N/s|N/m "
+        f"--concurrency N (rate 1..{flow.RATE_MAX:,} per period of at most one day, "
+        f"concurrency 1..{flow.CONCURRENCY_MAX:,}), pause, resume, delete. Takes effect in "
+        "every worker within 2 seconds, no restart."
     )
 
     def add_arguments(self, parser):
@@ -44,7 +45,9 @@ class Command(BaseCommand):
                     changes.update(rate=rate, period_seconds=period)
                 if options["concurrency"] is not None:
                     text = options["concurrency"].strip().lower()
-                    changes["concurrency"] = None if text in ("default", "none") else int(text)
+                    changes["concurrency"] = (
+                        None if text in ("default", "none") else flow.check_concurrency(text)
+                    )
                 if not changes:
                     raise CommandError("set needs --rate and/or --concurrency")
                 rule = flow.set_rule(scope, actor=actor, note=options["note"], **changes)
@@ -53,7 +56,7 @@ class Command(BaseCommand):
             elif action == "resume":
                 rule = flow.resume(scope, actor=actor)
             else:
-                gone = flow.delete_rule(scope, actor=actor)
+                gone = flow.delete_rule(scope, actor=actor)  # what exists, by its exact name
                 self.stdout.write(f"{scope}: {'deleted' if gone else 'no rule'}")
                 return
         except (flow.FlowError, ValueError) as exc:
