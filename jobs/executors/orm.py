@@ -91,7 +91,7 @@ def choose(named: Job, now) -> Job:
     claimable = rules.holds(rules.CLAIMABLE, named, now=now)
     margin = rules.effective_priority(named, now, aging) + rules.SWAP_MARGIN
     passed: set[int] = set()
-    for _ in range(3):  # a candidate another claim holds is passed over
+    for _ in range(8):  # a candidate another claim holds is passed over (8 claims at once)
         best, best_key = None, None
         for candidate in _candidates(named.queue, exclude=passed):
             key = -rules.effective_priority(candidate, now, aging)
