@@ -28,6 +28,7 @@ _EXPORTS = {
     "request": "jobs.api",
     "JobHandle": "jobs.api",
     "JobFailure": "jobs.api",
+    "JobProgress": "jobs.api",
     "JobConflict": "jobs.api",
     "EffectSpec": "jobs.registry",
     "register_kind": "jobs.registry",
@@ -41,6 +42,7 @@ _EXPORTS = {
     "TemporaryFailure": "jobs.exceptions",
     "LeaseLost": "jobs.exceptions",
     "JobCancelled": "jobs.exceptions",
+    "JobTimeout": "jobs.exceptions",
 }
 __all__ = [
     "EffectSpec",
@@ -50,6 +52,8 @@ __all__ = [
     "JobError",
     "JobFailure",
     "JobHandle",
+    "JobProgress",
+    "JobTimeout",
     "LeaseLost",
     "NotAuthorized",
     "PayloadInvalid",
@@ -65,11 +69,20 @@ __all__ = [
 assert sorted(__all__) == sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from jobs.api import JobConflict, JobFailure, JobHandle, cancel, kind, request
+    from jobs.api import (
+        JobConflict,
+        JobFailure,
+        JobHandle,
+        JobProgress,
+        cancel,
+        kind,
+        request,
+    )
     from jobs.delivery.runner import JobContext
     from jobs.exceptions import (
         JobCancelled,
         JobError,
+        JobTimeout,
         LeaseLost,
         NotAuthorized,
         PayloadInvalid,

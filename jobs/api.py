@@ -192,6 +192,23 @@ class JobFailure:
     traceback: str = ""
 
 
+@dataclass(frozen=True)
+class JobProgress:
+    """What the handler last said of its progress (``ctx.progress``), and when (server clock)."""
+
+    done: int
+    total: int | None
+    note: str
+    at: datetime
+
+    @property
+    def fraction(self) -> float | None:
+        """``done / total`` (at most 1), or None without a total."""
+        if not self.total:
+            return None
+        return min(1.0, self.done / self.total)
+
+
 class JobHandle:
     """A job to follow: ``id``, ``state``, ``refresh()``, ``is_finished``, ``artifact``, ..."""
 
@@ -244,6 +261,26 @@ class JobHandle:
     def effects(self) -> list[Effect]:
         """The job's ledger rows: one per effect identity, in the order they were recorded."""
         return list(self.job.effects.order_by("id"))
+
+    @property
+    def progress(self) -> JobProgress | None:
+        """The progress last written by the job's handler (read now), or None if it never
+        reported any. The next attempt of a retried job overwrites it when it reports."""
+        row = (
+            Job.objects.filter(pk=self.id)
+            .values("progress_done", "progress_total", "progress_note", "progress_at")
+            .first()
+        )
+        if row is None or row["progress_at"] is None:
+            return None
+        for name, value in row.items():
+            setattr(self.job, name, value)
+        return JobProgress(
+            done=row["progress_done"] or 0,
+            total=row["progress_total"],
+            note=row["progress_note"],
+            at=row["progress_at"],
+        )
 
     @property
     def error(self) -> JobFailure | None:

@@ -17,6 +17,8 @@ runserver) stops on an Error, so a project learns what to fix before a job runs.
 | jobs.W013 | one send fits inside ``Q_CLUSTER['timeout']`` (a release task makes one) |
 | jobs.E005 | the publish margin (``JOBS_TRANSACTION_IDLE_SECONDS``) is at most ⅔ of the lease |
 | jobs.E006 | ``JOBS_LOCK_TIMEOUT_SECONDS`` is below the lease |
+| jobs.E007 | a kind's ``timeout`` is below ``Q_CLUSTER['timeout']`` |
+| jobs.W018 | a kind's ``timeout`` beyond the lease: its handler must heartbeat |
 | jobs.W010 | PostgreSQL allows the connections the configured processes need (database tag) |
 | jobs.W014 | no pooler in front of PostgreSQL while prepared statements are on (database tag) |
 | jobs.I001 | which path the hot path takes on this database, and why (database tag) |
@@ -42,7 +44,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError, connections, router
 
-from jobs import artifacts, conf, executors, queue
+from jobs import artifacts, conf, executors, queue, registry
 from jobs.providers import email
 
 
@@ -194,6 +196,46 @@ def check_fences(app_configs=None, **kwargs):
             )
         )
     return errors
+
+
+@register()
+def check_kind_timeouts(app_configs=None, **kwargs):
+    """A kind's timeout must end before django-q2's, and past the lease it needs heartbeats.
+
+    django-q2 kills a worker whose task outlives ``Q_CLUSTER['timeout']``, so a kind's
+    timeout at or above it would never be what stops an attempt (the worker's hard stop
+    comes ``JOBS_TIMEOUT_GRACE_SECONDS`` later, cut short to end before django-q2's
+    alarm). A timeout beyond the lease is allowed: a handler that calls
+    ``ctx.heartbeat()`` or ``ctx.progress()`` keeps its lease; one that does not is
+    reclaimed by another worker while it still runs, and its publish is refused.
+    """
+    q_timeout = conf.q_cluster().get("timeout")
+    lease = conf.lease_seconds()
+    messages = []
+    for name, kind in sorted(registry.kinds().items()):
+        if kind.timeout is None:
+            continue
+        if q_timeout is not None and kind.timeout >= float(q_timeout):
+            messages.append(
+                Error(
+                    f"job kind {name!r}: timeout ({kind.timeout:g} s) is not below "
+                    f"Q_CLUSTER['timeout'] ({float(q_timeout):g} s)",
+                    hint="django-q2 kills the worker at Q_CLUSTER['timeout']: lower the "
+                    "kind's timeout, or raise Q_CLUSTER['timeout'] (and 'retry' above it).",
+                    id="jobs.E007",
+                )
+            )
+        elif kind.timeout > lease:
+            messages.append(
+                Warning(
+                    f"job kind {name!r}: timeout ({kind.timeout:g} s) is beyond "
+                    f"JOBS_LEASE_SECONDS ({lease:g} s)",
+                    hint="Its handler must call ctx.heartbeat() or ctx.progress() more often "
+                    "than the lease, or another worker reclaims the job while it runs.",
+                    id="jobs.W018",
+                )
+            )
+    return messages
 
 
 # Per qcluster, besides its workers: the sentinel (it runs the scheduler), the pusher

@@ -29,6 +29,13 @@ SETTINGS: tuple[Setting, ...] = (
         "Q_CLUSTER['timeout'], which must be below Q_CLUSTER['retry'] (check jobs.E002).",
     ),
     Setting("JOBS_MAX_ATTEMPTS", 5, "Attempt budget of a job whose kind sets none."),
+    Setting(
+        "JOBS_TIMEOUT_GRACE_SECONDS",
+        5.0,
+        "How long a handler past its kind's timeout has to reach its next check or return "
+        "before the worker stops the attempt; a kind's timeout plus this must stay below "
+        "Q_CLUSTER['timeout'] (check jobs.E007).",
+    ),
     Setting("JOBS_TENANT_CONCURRENCY", 4, "Most jobs of one tenant running at once."),
     Setting(
         "JOBS_TENANT_DEFER_SECONDS",
@@ -236,6 +243,10 @@ def lease_seconds() -> float:
 
 def max_attempts() -> int:
     return int(get("JOBS_MAX_ATTEMPTS"))
+
+
+def timeout_grace_seconds() -> float:
+    return float(get("JOBS_TIMEOUT_GRACE_SECONDS"))
 
 
 def tenant_concurrency() -> int:

@@ -64,6 +64,12 @@ class TemporaryFailure(JobError):
         self.retry_after = retry_after
 
 
+class JobTimeout(TemporaryFailure):
+    """Raised in a handler that ran past its kind's ``timeout``: the attempt is retried."""
+
+    code = "timeout"
+
+
 class StorageUnavailable(TemporaryFailure):
     """Raised when the artifact storage cannot be read or reached now; retry later.
 

@@ -7,16 +7,20 @@ delivery of a finished job is recorded and otherwise ignored.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from jobs import artifacts, clock, conf, executors, failures, registry
 from jobs.delivery import publish
 from jobs.engine import job_machine
 from jobs.engine.plan import Claim
-from jobs.exceptions import JobCancelled, JobError, LeaseLost
+from jobs.exceptions import JobCancelled, JobError, JobTimeout, LeaseLost
 from jobs.models import Artifact, Attempt, Job
 from jobs.retry import classify, job_outcome
 
@@ -24,6 +28,13 @@ log = logging.getLogger("jobs.runner")
 
 Outcome = Attempt.Outcome
 StageHook = Callable[[str, "JobContext"], None]
+
+# Progress is written at most this often (seconds); the calls between are kept, the last wins.
+PROGRESS_INTERVAL = 1.0
+NOTE_MAX = 120  # Job.progress_note's length
+# The hard stop fires at least this long before django-q2's own alarm (Q_CLUSTER["timeout"]),
+# which keeps counting: the attempt's failure is recorded in between.
+HARD_STOP_MARGIN = 1.0
 
 
 class JobContext:
@@ -37,6 +48,12 @@ class JobContext:
         self._on_stage = on_stage
         self._lease_extended_at = time.monotonic()  # the claim just set a full lease
         self._owner_checked = False
+        self.timeout: float | None = None  # the kind's, once the handler runs
+        self._deadline = math.inf  # monotonic: past it, the next check raises JobTimeout
+        self._stopped = False  # the worker's hard stop fired (``_time_limit``)
+        self._shielded = 0  # inside the engine's own write: a hard stop waits for its end
+        self._progress: tuple[int, int | None, str] | None = None  # not yet written
+        self._progress_written_at = -math.inf
 
     @property
     def params(self) -> dict:
@@ -50,11 +67,32 @@ class JobContext:
     def check_owner(self) -> None:
         """Raise LeaseLost unless this worker still holds the job; call before private reads.
 
-        ``JobCancelled`` (a LeaseLost) when a cancel was asked for: stop, publish nothing.
+        ``JobCancelled`` (a LeaseLost) when a cancel was asked for: stop, publish nothing;
+        ``JobTimeout`` when the attempt ran past its kind's timeout.
         """
-        if not executors.current().still_owner(self.job, self.worker):
+        self._check_time()
+        with self._shield():
+            owner = executors.current().still_owner(self.job, self.worker)
+        if not owner:
             self._lost("is no longer held by this worker")
         self._owner_checked = True
+
+    def _check_time(self) -> None:
+        """The cooperative stop: past the kind's timeout every check raises ``JobTimeout``."""
+        if self._stopped or time.monotonic() > self._deadline:
+            raise JobTimeout(f"job {self.job.pk} ran past its kind's timeout ({self.timeout:g} s)")
+
+    @contextlib.contextmanager
+    def _shield(self) -> Iterator[None]:
+        """The engine's own statement (a fenced write, an owner check) is never cut in the
+        middle by the hard stop: a stop that fires inside waits for its end, then raises."""
+        self._shielded += 1
+        try:
+            yield
+        finally:
+            self._shielded -= 1
+        if self._stopped and not self._shielded:
+            self._check_time()
 
     @property
     def cancelled(self) -> bool:
@@ -70,13 +108,47 @@ class JobContext:
         """Extend the lease between stages of healthy work; raise LeaseLost if it is gone.
 
         A lease less than a third spent is left alone: the write would buy nothing,
-        and the publish CAS fences a worker that lost its job anyway.
+        and the publish CAS fences a worker that lost its job anyway. ``JobTimeout``
+        when the attempt ran past its kind's timeout.
         """
+        self._check_time()
+        self._extend_lease()
+
+    def _extend_lease(self) -> None:
         if time.monotonic() - self._lease_extended_at < conf.lease_seconds() / 3:
             return
-        if not job_machine.heartbeat(self.job, self.worker):
+        with self._shield():
+            won = job_machine.heartbeat(self.job, self.worker)
+        if not won:
             self._lost("was reclaimed before the heartbeat")
         self._lease_extended_at = time.monotonic()
+
+    def progress(self, done: int, total: int | None = None, note: str = "") -> None:
+        """Say how far the work is (``handle.progress`` reads it): ``done`` of ``total``
+        units and a short note, which is shown to operators, so never private data.
+
+        Written at most once a second (``PROGRESS_INTERVAL``), fenced like a heartbeat and
+        extending the lease like one; a call inside the second is kept and the last one
+        is written by the next call after it, or when the handler returns. Raises
+        ``ValueError`` for a negative or non-integer count and for a note longer than
+        120 characters or not one line of printable text; ``LeaseLost``/``JobCancelled``
+        when the job is no longer this worker's; ``JobTimeout`` past the kind's timeout.
+        """
+        self._check_time()
+        self._progress = _checked_progress(done, total, note)
+        if time.monotonic() - self._progress_written_at >= PROGRESS_INTERVAL:
+            self._write_progress()
+
+    def _write_progress(self) -> None:
+        if self._progress is None:
+            return
+        done, total, note = self._progress
+        with self._shield():
+            won = job_machine.progress(self.job, self.worker, done=done, total=total, note=note)
+        if not won:
+            self._lost("was reclaimed before its progress was written")
+        self._progress = None
+        self._progress_written_at = self._lease_extended_at = time.monotonic()
 
     def store_artifact(self, data: bytes, *, content_type: str, extension: str) -> Artifact:
         """Store the job's artifact file, write-once under a name with its hash (a file
@@ -87,10 +159,33 @@ class JobContext:
         """
         if not self._owner_checked:
             self.check_owner()
-        stored = artifacts.store(self.job, data, content_type=content_type, extension=extension)
+        with self._shield():
+            stored = artifacts.store(self.job, data, content_type=content_type, extension=extension)
         self.artifact = stored.artifact
         self.stage("artifact_stored")
         return stored.artifact
+
+
+def _checked_progress(done: int, total: int | None, note: str) -> tuple[int, int | None, str]:
+    """The progress as it will be stored; a ValueError that never quotes the note."""
+    for name, value in (("done", done), ("total", total)):
+        if value is None and name == "total":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"ctx.progress: {name} must be a whole number >= 0")
+    if not isinstance(note, str):
+        raise ValueError("ctx.progress: note must be a string")
+    if len(note) > NOTE_MAX:
+        raise ValueError(
+            f"ctx.progress: a note is at most {NOTE_MAX} characters (this one has {len(note)}); "
+            "it is shown to operators: counts and stage names, never private data"
+        )
+    if not note.isprintable():
+        raise ValueError(
+            "ctx.progress: a note is one line of printable text (no newline or control "
+            "character); it is shown to operators, never private data"
+        )
+    return done, total, note
 
 
 @dataclass
@@ -116,9 +211,14 @@ def run_delivery(
     ctx.stage("claimed")
     try:
         kind = registry.get_kind(job.kind)
-        specs = registry.validate_effects(kind.handler(ctx) or [])
+        with _time_limit(ctx, kind.timeout):
+            produced = kind.handler(ctx)
+        ctx._write_progress()  # the last call of the handler's final second
+        specs = registry.validate_effects(produced or [])
         ctx.stage("before_publish")
-        ctx.heartbeat()  # a lease more than a third spent is extended before the fenced publish
+        # A lease more than a third spent is extended before the fenced publish (the
+        # engine's own step: a handler that returned inside its grace period publishes).
+        ctx._extend_lease()
     except LeaseLost:
         return _lost(ctx, "lease lost during work")
     except KeyboardInterrupt:
@@ -133,6 +233,82 @@ def run_delivery(
     return DeliveryResult(
         job_id, Outcome.SUCCEEDED, worker, {e.effect_id: e.state for e in effects}
     )
+
+
+@contextlib.contextmanager
+def _time_limit(ctx: JobContext, timeout: float | None) -> Iterator[None]:
+    """Run the handler under its kind's ``timeout``: cooperatively (every check past it
+    raises ``JobTimeout``) and, ``JOBS_TIMEOUT_GRACE_SECONDS`` later, by the hard stop.
+
+    The hard stop is a SIGALRM timer (``setitimer``) whose handler raises ``JobTimeout``
+    in the handler's frame, as django-q2 enforces ``Q_CLUSTER["timeout"]``; it shares
+    that timer, so django-q2's alarm is saved and armed again with the time it has left,
+    and the grace is cut to end ``HARD_STOP_MARGIN`` before that alarm.
+    Signals reach only the main thread: elsewhere (a thread, ``sync``) the stop is
+    cooperative only. A handler stopped this way publishes nothing, even if it caught
+    the exception and returned.
+    """
+    if timeout is None:
+        yield
+        return
+    ctx.timeout = timeout
+    ctx._deadline = time.monotonic() + timeout
+    limit = timeout + conf.timeout_grace_seconds()
+    with _hard_stop(ctx, limit):
+        yield
+    if ctx._stopped:  # it swallowed the stop and returned: its result is not published
+        ctx._check_time()
+
+
+@contextlib.contextmanager
+def _hard_stop(ctx: JobContext, limit: float) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread() or not hasattr(
+        signal, "setitimer"
+    ):
+        yield
+        return
+    outer_delay, outer_interval = signal.getitimer(signal.ITIMER_REAL)
+    if outer_delay > 0:  # django-q2's alarm: stop first, leaving it time to record the failure
+        limit = min(limit, outer_delay - HARD_STOP_MARGIN)
+        if limit <= 0:  # its alarm is this close (jobs.E007 refuses such a kind): it stops it
+            yield
+            return
+
+    def stop(signum, frame):
+        ctx._stopped = True
+        if not ctx._shielded:  # else the engine's write raises it when it ends
+            ctx._check_time()
+
+    began = time.monotonic()
+    outer_handler = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, outer_handler)
+        if outer_delay > 0:  # django-q2's alarm, with the time it has left
+            left = max(outer_delay - (time.monotonic() - began), 0.001)
+            signal.setitimer(signal.ITIMER_REAL, left, outer_interval)
+        if ctx._stopped:
+            log.warning(
+                "job=%s kind=%s stopped %.1f s after its start (timeout %g s and grace)",
+                ctx.job.pk,
+                ctx.job.kind,
+                time.monotonic() - began,
+                ctx.timeout,
+            )
+            _drop_interrupted_connections()
+
+
+def _drop_interrupted_connections() -> None:
+    """The stop may have cut a query of the handler's in the middle: close the connections
+    (outside a transaction) so the failure is recorded on a fresh one."""
+    from django.db import connections
+
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close()
 
 
 def _lost(ctx: JobContext, why: str) -> DeliveryResult:

@@ -7,7 +7,7 @@ nothing more for that job.
 
     queued ──claim──▶ running ──publish──▶ succeeded
     retry_wait ─(due)─claim──▶ running ──schedule_retry──▶ retry_wait
-    running ──heartbeat──▶ running          running ──fail──▶ failed
+    running ──heartbeat/progress──▶ running running ──fail──▶ failed
     running (expired) ──claim──▶ running    running ──bury──▶ dead
     queued/retry_wait ──cancel──▶ cancelled failed/dead ──requeue──▶ queued
     running ──cancel (requested)──▶ running ──stop_cancelled──▶ cancelled
@@ -118,6 +118,30 @@ def heartbeat(job: Job, worker: str, *, lease_seconds: float | None = None) -> b
     """Extend our lease; False when the job is no longer ours."""
     lease = conf.lease_seconds() if lease_seconds is None else lease_seconds
     return _cas(job, owner=worker, state=State.RUNNING, lease_expires_at=clock.after(lease))
+
+
+def progress(
+    job: Job,
+    worker: str,
+    *,
+    done: int,
+    total: int | None,
+    note: str,
+    lease_seconds: float | None = None,
+) -> bool:
+    """Store the handler's progress, fenced like a heartbeat (and one: the lease is
+    extended by the same write); False when the job is no longer ours."""
+    lease = conf.lease_seconds() if lease_seconds is None else lease_seconds
+    return _cas(
+        job,
+        owner=worker,
+        state=State.RUNNING,
+        lease_expires_at=clock.after(lease),
+        progress_done=done,
+        progress_total=total,
+        progress_note=note,
+        progress_at=Now(),
+    )
 
 
 def still_owner(job: Job, worker: str) -> bool:
