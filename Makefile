@@ -17,11 +17,13 @@ PIP_INSTALL = $(INSTALL_ENV) $(if $(UV),$(UV) pip install --quiet --python $(PY)
 # (test_<name>_gw0, ...). Most e2e tests wait on real processes, so more workers than
 # cores pay; docs/testing.md has the measurements.
 TEST_WORKERS ?= 4
+# The drills start several worker processes each: fewer at once on a small machine.
+DRILL_WORKERS ?= 3
 # The SQLite leg: the engine's tests and the drill on SQLite; PostgreSQL-only
 # tests are deselected (CI turns their skip into a failure).
 SQLITE_TESTS ?= tests/jobs tests/permits/test_drill.py
 
-.PHONY: install install-runtime demo serve test test-main test-sqlite lint format clean bench soak docs package
+.PHONY: install install-runtime demo serve test test-main test-sqlite drills lint format clean bench soak docs package
 
 $(VENV)/bin/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -53,19 +55,26 @@ demo: $(RUNTIME_STAMP)
 serve: $(RUNTIME_STAMP)
 	PORT=$(PORT) bash scripts/serve.sh
 
-## make test: the whole suite in parallel on DATABASE_URL (postgres://... selects
-## PostgreSQL), then the SQLite leg. TEST_WORKERS=1 runs one process; PYTEST_ARGS reach both.
+## make test: the suite in parallel on DATABASE_URL (postgres://... selects PostgreSQL),
+## then the SQLite leg; the long drills are left to `make drills`. TEST_WORKERS=1 runs one
+## process; PYTEST_ARGS reach both legs.
 # Both legs run even when the first fails; the target fails if either did.
 test: $(STAMP)
 	@status=0; $(MAKE) --no-print-directory test-main || status=1; \
 	$(MAKE) --no-print-directory test-sqlite || status=1; exit $$status
 
 test-main: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 -m "not drill" $(PYTEST_ARGS)
 
 test-sqlite: $(STAMP)
 	@echo "SQLite leg: $(SQLITE_TESTS) on SQLite (DATABASE_URL unset), PostgreSQL-only tests deselected"
-	env -u DATABASE_URL $(PY) -m pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 -m "not postgres" $(PYTEST_ARGS) $(SQLITE_TESTS)
+	env -u DATABASE_URL $(PY) -m pytest -n $(TEST_WORKERS) --dist load --maxschedchunk 1 -m "not postgres and not drill" $(PYTEST_ARGS) $(SQLITE_TESTS)
+
+## make drills: the long fault drills, measurements and packaging runs (marked `drill`:
+## the S3 outage, the soak and scale-out, the burst, the wheels in fresh projects, the
+## docs build, ...) on DATABASE_URL. CI runs them after `make test`.
+drills: $(STAMP)
+	$(PY) -m pytest -n $(DRILL_WORKERS) --dist load --maxschedchunk 1 -m drill $(PYTEST_ARGS)
 
 ## make bench: benchmarks against PostgreSQL (DATABASE_URL); prints figures, asserts nothing.
 bench: $(STAMP)

@@ -46,6 +46,7 @@ def test_scaleout__refuses_to_run_without_postgresql():
     reason="about 100 s on a loaded machine: runs in CI and with SCALEOUT_TEST=1 "
     "(make scaleout: 300 jobs)",
 )
+@pytest.mark.drill
 def test_scaleout__three_hosts_one_killed__every_check_holds():
     done = _scaleout("--jobs=24", "--timeout=150", env=dict(os.environ), timeout=240)
     print(done.stdout[-4000:])

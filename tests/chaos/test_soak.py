@@ -43,6 +43,7 @@ def test_soak__refuses_to_run_without_postgresql(url):
     assert not done.stdout  # nothing was created
 
 
+@pytest.mark.drill
 @pytest.mark.e2e
 def test_soak__short_run_under_chaos_holds_every_invariant(tmp_path):
     figures_path = tmp_path / "soak.json"

@@ -122,6 +122,7 @@ def test_checks_page__every_id_the_registered_checks_return_is_listed():
     assert len(seen) >= 12, sorted(seen)  # the crafted settings do provoke the checks
 
 
+@pytest.mark.drill
 @pytest.mark.slow
 def test_docs_site__builds_strict_and_the_generated_pages_hold_every_setting_and_check(
     tmp_path,

@@ -310,6 +310,7 @@ def _idle_rate(
     return rate
 
 
+@pytest.mark.drill
 def test_broker__idle_cluster_sends_at_most_one_query_a_second(procs, pg_broker, django_user_model):
     """Counted at the server: the database's transactions (each statement of the pusher is
     one) while the cluster has no work to do, on this broker with its default heartbeat

@@ -18,6 +18,7 @@ from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 from django_q.models import OrmQ
@@ -50,6 +51,7 @@ def _clock_offset(env: dict) -> float:
     return wall - now
 
 
+@pytest.mark.drill
 def test_workers_30s_behind_and_ahead__no_early_reclaim_and_no_send_redriven_in_flight(
     procs, provider
 ):

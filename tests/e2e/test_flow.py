@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 from django_q.models import OrmQ
@@ -72,6 +73,7 @@ def received(provider) -> list[float]:
     return sorted(r["received_at"] for r in provider.record.requests())
 
 
+@pytest.mark.drill
 def test_webhook_rate__3_per_s_then_20__pause__resume__no_restart(procs, provider):
     _with_provider(procs, provider)
     flow.set_rule("provider:webhook", actor="e2e", rate=3, period_seconds=1.0)
@@ -162,6 +164,7 @@ def test_webhook_rate__3_per_s_then_20__pause__resume__no_restart(procs, provide
     print(f"deferrals by the rule (no attempt spent): {held}")
 
 
+@pytest.mark.drill
 def test_provider_503_outage__circuit_opens_and_closes__only_probes_spend_attempts(procs, provider):
     outage = float(os.environ.get("FLOW_OUTAGE_SECONDS", "20"))
     _with_provider(

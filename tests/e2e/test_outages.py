@@ -156,6 +156,7 @@ def _cluster_of(worker, procs: Processes, *, other_than: int | None = None) -> i
 # --- database outages ---------------------------------------------------------------
 
 
+@pytest.mark.drill
 def test_outage__database_restart_mid_run_settles_by_itself(procs, proxy, django_user_model):
     """The database vanishes for 7 s mid-run: every job still succeeds, exactly once.
 
@@ -205,6 +206,7 @@ def test_outage__database_restart_mid_run_settles_by_itself(procs, proxy, django
     procs.check_alive()
 
 
+@pytest.mark.drill
 def test_outage__database_down_at_start_up_then_everything_settles(procs, proxy, django_user_model):
     """Started while the database refuses connections (20 s), both wait; then all settles.
 

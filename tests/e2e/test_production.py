@@ -34,7 +34,7 @@ from permits.models import PermitRequest, Tenant
 from permits.services import assign_reviewer, report_request
 from tests.e2e.processes import ROOT, wait_until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.drill, pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 PASSWORD = "reviewer-prod-pass-77"
 APPLICANT = "Philippa Quennell-Marsh"

@@ -32,7 +32,12 @@ from tests.chaos.dbproxy import DatabaseProxy
 from tests.e2e.processes import wait_until
 from tests.jobs.helpers import request_job
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.drill,
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+]
 
 OUTAGE_SECONDS = float(os.environ.get("S3_OUTAGE_SECONDS", "45"))
 JOBS = 24

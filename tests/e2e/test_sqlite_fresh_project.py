@@ -38,7 +38,7 @@ from tests.e2e.test_wheel import (  # noqa: F401 (fixtures)
     sdist,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.wheel, pytest.mark.slow]
+pytestmark = [pytest.mark.drill, pytest.mark.e2e, pytest.mark.wheel, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYMENT = ROOT / "docs" / "app" / "deployment.md"

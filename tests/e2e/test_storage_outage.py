@@ -37,6 +37,7 @@ def full_disk(tmp_path):
         disk.unmount()
 
 
+@pytest.mark.drill
 def test_artifact_storage_full_then_freed__every_job_succeeds_without_an_operator(procs, full_disk):
     root = full_disk.root
     procs.env["ARTIFACT_ROOT"] = str(root)

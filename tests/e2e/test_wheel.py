@@ -43,7 +43,7 @@ from jobs.testing import scratchdb
 from jobs.testing.processes import Processes
 from jobs.testing.proctree import groups_of
 
-pytestmark = [pytest.mark.e2e, pytest.mark.wheel]
+pytestmark = [pytest.mark.drill, pytest.mark.e2e, pytest.mark.wheel]
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "docs" / "app" / "quickstart.md"

@@ -26,7 +26,7 @@ from tests.e2e.test_wheel import (  # noqa: F401 (fixtures)
     wheel,
 )
 
-pytestmark = [pytest.mark.wheel, pytest.mark.slow]
+pytestmark = [pytest.mark.drill, pytest.mark.wheel, pytest.mark.slow]
 
 SETTINGS = """
 from pathlib import Path

@@ -33,11 +33,13 @@ def assert_passed(proc: subprocess.CompletedProcess, vendor: str) -> None:
     assert "[FAIL]" not in out
 
 
+@pytest.mark.drill
 @pytest.mark.slow
 def test_drill__passes_on_sqlite():
     assert_passed(run_drill(None), "sqlite")
 
 
+@pytest.mark.drill
 @pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.django_db

@@ -158,6 +158,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.drill
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_make_demo__as_printed_banner_login_page_figures_and_ctrl_c(tmp_path):

@@ -93,6 +93,7 @@ def test_bounds__slot_of_a_killed_process_is_free_again():
     slot.release()
 
 
+@pytest.mark.drill
 @pytest.mark.slow
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)

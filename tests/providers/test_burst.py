@@ -30,6 +30,7 @@ def _manage(*args: str, env: dict, timeout: float) -> subprocess.CompletedProces
     )
 
 
+@pytest.mark.drill
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_burst__83_jobs_outage_then_recovery_passes(tmp_path):
