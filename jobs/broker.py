@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import logging
 import os
 import time
@@ -46,7 +47,9 @@ from typing import Any
 
 import psycopg
 from django.db import DatabaseError, InterfaceError, connections
+from django.utils import timezone
 from django_q.brokers import Broker
+from django_q.brokers.orm import ORM
 from django_q.conf import Conf
 from psycopg import sql
 
@@ -76,7 +79,7 @@ SELECT id, pg_notify(%s, '') FROM message
 _TAKE = f"""
 WITH picked AS MATERIALIZED (
     SELECT id FROM {TABLE}
-    WHERE key = %(key)s AND lock < now()
+    WHERE key = ANY(%(keys)s) AND lock < now()
     ORDER BY id
     LIMIT %(bulk)s
     FOR UPDATE SKIP LOCKED
@@ -95,12 +98,12 @@ TAKE_AND_NEXT_DUE = (
     + f"""
 UNION ALL
 SELECT NULL, NULL, EXTRACT(EPOCH FROM min(lock) - now())::float8
-FROM {TABLE} WHERE key = %(key)s AND lock >= now()
+FROM {TABLE} WHERE key = ANY(%(keys)s) AND lock >= now()
 """
 )
 NEXT_DUE = (
     f"SELECT EXTRACT(EPOCH FROM min(lock) - now())::float8 FROM {TABLE} "
-    "WHERE key = %s AND lock >= now()"
+    "WHERE key = ANY(%s) AND lock >= now()"
 )
 
 
@@ -125,15 +128,25 @@ def _option(name: str, default: Any) -> Any:
 class PostgresBroker(Broker):
     """django-q2's ORM broker's table and semantics, woken by NOTIFY instead of polling."""
 
-    def __init__(self, list_key: str | None = None) -> None:
+    def __init__(self, list_key: str | None = None, *, keys: list[str] | None = None) -> None:
         super().__init__(list_key=list_key)
+        self._delay = 0.0
+        # The lists a pusher takes from (``jobs_worker --queue``); enqueue uses ``key``.
+        self.keys = list(keys or [])
+        self._reset_listener()
+
+    def __getstate__(self) -> tuple:
+        return (*super().__getstate__(), self.keys)
+
+    def __setstate__(self, state: tuple) -> None:
+        *base, self.keys = state
+        super().__setstate__(tuple(base))
         self._delay = 0.0
         self._reset_listener()
 
-    def __setstate__(self, state: tuple) -> None:
-        super().__setstate__(state)
-        self._delay = 0.0
-        self._reset_listener()
+    @property
+    def served(self) -> list[str]:
+        return self.keys or [self.key]
 
     def delayed(self, seconds: float) -> PostgresBroker:
         """This broker, enqueueing messages no pusher takes for ``seconds`` (server clock).
@@ -205,12 +218,12 @@ class PostgresBroker(Broker):
             return None
 
     def queue_size(self) -> int:
-        sql_text = f"SELECT count(*) FROM {TABLE} WHERE key = %s AND lock <= now()"
-        return self._execute(sql_text, [self.key], fetch="one")[0]
+        sql_text = f"SELECT count(*) FROM {TABLE} WHERE key = ANY(%s) AND lock <= now()"
+        return self._execute(sql_text, [self.served], fetch="one")[0]
 
     def lock_size(self) -> int:
-        sql_text = f"SELECT count(*) FROM {TABLE} WHERE key = %s AND lock > now()"
-        return self._execute(sql_text, [self.key], fetch="one")[0]
+        sql_text = f"SELECT count(*) FROM {TABLE} WHERE key = ANY(%s) AND lock > now()"
+        return self._execute(sql_text, [self.served], fetch="one")[0]
 
     def purge_queue(self) -> int:
         return self._execute(f"DELETE FROM {TABLE} WHERE key = %s", [self.key])
@@ -248,7 +261,7 @@ class PostgresBroker(Broker):
     def _take(self) -> list[tuple[int, str]]:
         """One statement: take due messages; when idle, also learn the next lock expiry."""
         idle = not self._busy
-        params = {"key": self.key, "bulk": max(1, int(Conf.BULK)), "retry": float(Conf.RETRY)}
+        params = {"keys": self.served, "bulk": max(1, int(Conf.BULK)), "retry": float(Conf.RETRY)}
         rows = self._execute(TAKE_AND_NEXT_DUE if idle else TAKE, params, fetch="all")
         tasks = sorted((r[0], r[1]) for r in rows if r[0] is not None)
         self._woken = False
@@ -257,7 +270,7 @@ class PostgresBroker(Broker):
             return tasks
         due = [r[2] for r in rows if r[0] is None]
         if not idle:
-            due = [self._execute(NEXT_DUE, [self.key], fetch="one")[0]]
+            due = [self._execute(NEXT_DUE, [self.served], fetch="one")[0]]
         self._plan_next_look(due[0] if due else None)
         return tasks
 
@@ -345,7 +358,8 @@ class PostgresBroker(Broker):
         params.setdefault("connect_timeout", 5)
         conn = psycopg.connect(autocommit=True, **params)
         try:
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+            for key in self.served:  # one channel per list served
+                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel_for(key))))
             # Hear a probe sent by another session before trusting the listener: behind a
             # pooler in transaction mode the LISTEN's server connection goes back to the
             # pool, and only its own notifications would still come back to it.
@@ -401,3 +415,68 @@ class PostgresBroker(Broker):
             return
         with contextlib.suppress(Exception):  # the connection is broken already
             conn.close()
+
+
+# --- a worker serving several queues (``manage.py jobs_worker --queue``) ----------------
+
+
+class OrmQueues(ORM):
+    """django-q2's ORM broker taking messages from several lists (one per job queue).
+
+    The same rows, locks and acknowledgement as the ORM broker; only ``dequeue`` and
+    the sizes look at every list in ``keys``. Enqueueing uses ``list_key`` as usual.
+    """
+
+    def __init__(self, list_key: str | None = None, *, keys: list[str] | None = None) -> None:
+        super().__init__(list_key=list_key)
+        self.keys = list(keys or [self.list_key])
+
+    def __getstate__(self) -> tuple:
+        return (*super().__getstate__(), self.keys)
+
+    def __setstate__(self, state: tuple) -> None:
+        *base, self.keys = state
+        super().__setstate__(tuple(base))
+
+    def queue_size(self) -> int:
+        now = timezone.now()
+        return self.get_connection().filter(key__in=self.keys, lock__lte=now).count()
+
+    def lock_size(self) -> int:
+        now = timezone.now()
+        return self.get_connection().filter(key__in=self.keys, lock__gt=now).count()
+
+    def dequeue(self):
+        """Up to ``bulk`` due messages of any served list, oldest first (as the ORM
+        broker's: each taken by moving its lock, a lost race skips it)."""
+        tasks = self.get_connection().filter(key__in=self.keys, lock__lt=timezone.now())
+        taken = []
+        for task in tasks.order_by("id")[: Conf.BULK]:
+            moved = (
+                self.get_connection()
+                .filter(id=task.id, lock=task.lock)
+                .update(lock=self.timeout(task))
+            )
+            if moved:
+                taken.append((task.pk, task.payload))
+        if taken:
+            return taken
+        time.sleep(Conf.POLL)
+        return None
+
+
+def serving(keys: list[str]) -> Broker:
+    """The configured broker, taking messages from every list in ``keys`` (the first is
+    its own, for what the cluster itself enqueues: schedules)."""
+    if Conf.BROKER_CLASS:
+        module, name = Conf.BROKER_CLASS.rsplit(".", 1)
+        cls = getattr(importlib.import_module(module), name)
+        if not issubclass(cls, PostgresBroker):
+            raise RuntimeError(
+                f"{Conf.BROKER_CLASS} cannot serve several queues: use django-q2's ORM "
+                "broker or jobs.broker.PostgresBroker (or one worker per queue)"
+            )
+        return cls(list_key=keys[0], keys=keys)
+    if not Conf.ORM:
+        raise RuntimeError("jobs_worker --queue needs the ORM broker (Q_CLUSTER['orm'])")
+    return OrmQueues(list_key=keys[0], keys=keys)

@@ -1,5 +1,8 @@
 """The dispatcher: due retries, expired leases, stuck effects — one message each.
 
+A job's message goes to its own queue (``jobs.queue.list_key``), so a re-drive
+wakes only the workers that serve that queue.
+
 A job that stays due long after its message was sent (the message was lost, or
 sits in a cluster that died) gets one more after the re-drive window
 (``JOBS_REDRIVE_AFTER_SECONDS``, default twice ``Q_CLUSTER['retry']``).
@@ -33,11 +36,13 @@ def dispatch_once(*, limit: int = 500) -> dict[str, int]:
     ]
     for label, model, rule, field, enqueue in plans:
         qs = model.objects.filter(rules.to_q(rule), needs_message(field))
-        rows = qs.order_by(field).values_list("pk", field, "state")
-        for pk, due_at, state in rows[:limit]:
+        # A job's message goes to its own queue's list (``jobs.queue.list_key``).
+        extra = ("queue",) if model is Job else ()
+        rows = qs.order_by(field).values_list("pk", field, "state", *extra)
+        for pk, due_at, state, *route in rows[:limit]:
             with transaction.atomic():
                 if mark_enqueued(model, pk, field, due_at, [state]):
-                    enqueue(model(pk=pk))
+                    enqueue(model(pk=pk, **dict(zip(extra, route, strict=True))))
                     sent[label] += 1
     if any(sent.values()):
         log.info("dispatch %s", " ".join(f"{k}={v}" for k, v in sent.items()))

@@ -12,13 +12,33 @@ from django.db import router, transaction
 from django.db.models import Q
 from django_q.tasks import async_task
 
-from jobs import clock, conf
+from jobs import clock, conf, rules
 from jobs.models import Artifact, Effect, Job
 
 
+def list_key(queue: str) -> str | None:
+    """The django-q2 list (broker key) a job queue's messages go to: ``default`` keeps the
+    cluster's own (None: django-q2's ``Conf.CLUSTER_NAME``), any other queue its own,
+    ``<Q_CLUSTER name>.<queue>``. ``manage.py jobs_worker --queue`` serves these keys."""
+    from django_q.conf import Conf
+
+    if not queue or queue == rules.DEFAULT_QUEUE:
+        return None
+    return f"{Conf.PREFIX}.{queue}"
+
+
+def serving_keys(queues: list[str]) -> list[str]:
+    """The broker keys a worker started for ``queues`` takes messages from."""
+    from django_q.conf import Conf
+
+    return list(dict.fromkeys(list_key(q) or Conf.CLUSTER_NAME for q in queues))
+
+
 def enqueue_job(job: Job) -> None:
-    """Put one message for ``job`` on the queue."""
-    async_task("jobs.tasks.run_job", job.pk, task_name=f"job-{job.pk}")
+    """Put one message for ``job`` on its queue's list (it wakes that queue's workers)."""
+    key = list_key(job.queue)
+    route = {} if key is None else {"cluster": key}
+    async_task("jobs.tasks.run_job", job.pk, task_name=f"job-{job.pk}", **route)
 
 
 def enqueue_effect(effect: Effect) -> None:

@@ -339,7 +339,28 @@ def qcluster_command() -> list[str]:
     return [sys.executable, "-m", "django", "qcluster"]
 
 
-def messages_waiting(*, stall: float, grace: float) -> str:
+def worker_command(queues: list[str]) -> list[str]:
+    """The child of ``jobs_worker --queue ...``: a django-q2 cluster whose broker takes
+    messages from those queues' lists (``jobs.broker.serving``), started as ``qcluster``
+    would be (``manage.py jobs_worker --serve-queues``)."""
+    base = qcluster_command()[:-1]
+    return [*base, "jobs_worker", "--serve-queues", ",".join(queues)]
+
+
+def serve_queues(queues: list[str]) -> None:
+    """Start a django-q2 cluster for ``queues`` in this process (what ``qcluster`` does,
+    with a broker serving every one of their lists)."""
+    from django_q.cluster import Cluster
+
+    from jobs import broker
+    from jobs.queue import serving_keys
+
+    keys = serving_keys(queues)
+    log.info("jobs_worker: serving queues %s (broker lists %s)", queues, keys)
+    Cluster(broker.serving(keys)).start()
+
+
+def messages_waiting(*, stall: float, grace: float, keys: list[str] | None = None) -> str:
     """Why queue messages are waiting for a cluster now, or "" when none is.
 
     Two signs: a message nobody took for ``grace`` seconds (a healthy cluster
@@ -347,7 +368,8 @@ def messages_waiting(*, stall: float, grace: float) -> str:
     ``stall`` seconds ago that no worker began (no attempt of its job since): a
     cluster holds it without running it, the wedge. A message whose delivery began
     and died (a killed worker) is not a sign: django-q2 hands it out again after
-    ``Q_CLUSTER['retry']``. Only the ORM broker is looked at.
+    ``Q_CLUSTER['retry']``. Only the ORM broker is looked at; ``keys``: the lists the
+    cluster serves (default its own).
     """
     from django.utils import timezone
     from django_q.conf import Conf
@@ -356,7 +378,7 @@ def messages_waiting(*, stall: float, grace: float) -> str:
     if not Conf.ORM:
         return ""
     retry_seconds = float(Conf.RETRY or 0)
-    queue = OrmQ.objects.using(Conf.ORM).filter(key=Conf.CLUSTER_NAME)
+    queue = OrmQ.objects.using(Conf.ORM).filter(key__in=keys or [Conf.CLUSTER_NAME])
     now = timezone.now()
     untaken = queue.filter(lock__lte=now - timedelta(seconds=grace)).count()
     if untaken:
@@ -399,6 +421,8 @@ class Options:
     boot_grace: float = 30.0
     # One look at the database (a ping, the queue) that takes longer: the database is away.
     ping_timeout: float = PING_TIMEOUT
+    # The job queues the cluster serves (``--queue``); empty: ``default`` through qcluster.
+    queues: tuple[str, ...] = ()
 
 
 class Supervisor:
@@ -406,7 +430,10 @@ class Supervisor:
 
     def __init__(self, options: Options, command: list[str] | None = None):
         self.options = options
-        self.command = command or qcluster_command()
+        queues = list(options.queues)
+        if command is None:
+            command = worker_command(queues) if queues else qcluster_command()
+        self.command = command
         self.child: subprocess.Popen | None = None
         self.started_at = 0.0  # wall clock, compared with the progress file's mtime
         self.resumed_at = 0.0  # wall clock: the database came back (idle time restarts)
@@ -497,6 +524,13 @@ class Supervisor:
         except DATABASE_ERRORS as exc:  # the sizing figures are advice: never a reason to stop
             log.warning("jobs_worker: connection sizing not checked (%s)", describe(exc))
 
+    def _keys(self) -> list[str] | None:
+        if not self.options.queues:
+            return None
+        from jobs.queue import serving_keys
+
+        return serving_keys(list(self.options.queues))
+
     def _start(self) -> None:
         env = {**os.environ, PROGRESS_FILE_ENV: str(self.progress)}
         self.child = subprocess.Popen(
@@ -554,7 +588,9 @@ class Supervisor:
                 waiting = within(
                     self.options.ping_timeout,
                     lambda: messages_waiting(
-                        stall=self.options.stall_seconds, grace=self.options.grace
+                        stall=self.options.stall_seconds,
+                        grace=self.options.grace,
+                        keys=self._keys(),
                     ),
                 )
             else:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.supervisor import PING_TIMEOUT, Options, Supervisor
+from jobs.registry import check_queue
+from jobs.supervisor import PING_TIMEOUT, Options, Supervisor, serve_queues
 
 
 def default_stall_seconds() -> float:
@@ -23,7 +26,8 @@ class Command(BaseCommand):
     help = (
         "Run the django-q2 cluster (manage.py qcluster) under supervision: wait for the "
         "database, restart the cluster when it exits or stops making progress while "
-        "messages wait, stop its whole process group on SIGTERM/SIGINT."
+        "messages wait, stop its whole process group on SIGTERM/SIGINT. --queue serves "
+        "only the job queues named (one cluster taking all of their messages)."
     )
 
     def add_arguments(self, parser):
@@ -48,6 +52,16 @@ class Command(BaseCommand):
             f"(a cut connection that answers nothing; default {PING_TIMEOUT:g})",
         )
         parser.add_argument(
+            "--queue",
+            action="append",
+            dest="queues",
+            default=None,
+            metavar="NAME",
+            help="serve this job queue (repeat for several: --queue reports --queue default); "
+            "default: the 'default' queue only (docs/app/scheduling.md)",
+        )
+        parser.add_argument("--serve-queues", default="", help=argparse.SUPPRESS)
+        parser.add_argument(
             "--max-backoff",
             type=float,
             default=5.0,
@@ -55,6 +69,17 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, stall_seconds, stop_timeout, max_backoff, ping_timeout, **options):
+        if options.get("serve_queues"):
+            # The supervised child: a django-q2 cluster taking these queues' messages.
+            serve_queues(options["serve_queues"].split(","))
+            return
+        queues = []
+        for name in options.get("queues") or []:
+            try:
+                queues.append(check_queue(name))
+            except ValueError as exc:
+                raise CommandError(f"--queue {name!r}: {exc}") from exc
+        queues = list(dict.fromkeys(queues))
         q = getattr(settings, "Q_CLUSTER", {})
         timeout, retry = float(q.get("timeout") or 0), float(q.get("retry") or 0)
         stall = default_stall_seconds() if stall_seconds is None else stall_seconds
@@ -76,5 +101,6 @@ class Command(BaseCommand):
             max_backoff=max_backoff,
             check_every=check_every,
             ping_timeout=ping_timeout,
+            queues=tuple(queues) if queues != ["default"] else (),
         )
         Supervisor(options_).run()
