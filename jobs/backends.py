@@ -23,7 +23,12 @@ return values must be JSON (``TypeError`` otherwise, as ``django.tasks`` specifi
 Signals: ``task_enqueued`` when a job is created, ``task_started`` when a worker
 starts an attempt, ``task_finished`` once the final outcome is committed (a retry is
 not finished); the sender is the backend class. ``async def`` tasks run in an event
-loop of their own per call. Priority is refused (``supports_priority = False``).
+loop of their own per call.
+
+``priority`` (Django's -100..100) and ``queue_name`` are the job's: the claim takes a
+queue's due jobs by effective priority (docs/app/scheduling.md) and a worker serves the
+queues it was started for (``manage.py jobs_worker --queue``). ``QUEUES`` in the
+backend's settings still limits the names (Django's own validation).
 
 ``jobs_identity=`` (a keyword the function never sees) names the job: a second
 enqueue with the same identity returns the first job's result, and one with the
@@ -56,13 +61,14 @@ try:  # Django 6: the framework is built in
     from django.tasks import TaskContext, TaskResult, TaskResultStatus
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import Task, TaskError
-    from django.tasks.exceptions import TaskResultDoesNotExist
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
 except ImportError:
     try:  # Django 5.2: the django-tasks backport
         from django_tasks import TaskContext, TaskResult, TaskResultStatus
         from django_tasks.backends.base import BaseTaskBackend
         from django_tasks.base import Task, TaskError
+        from django_tasks.exceptions import InvalidTaskError as InvalidTask
         from django_tasks.exceptions import TaskResultDoesNotExist
         from django_tasks.signals import task_enqueued, task_finished, task_started
     except ImportError:  # neither: JobsBackend explains what to install
@@ -203,7 +209,7 @@ class JobsBackend(BaseTaskBackend or object):
     supports_defer = True
     supports_get_result = True
     supports_async_task = True  # an event loop per call in the worker (``Task.call``)
-    supports_priority = False  # the claim takes due jobs in id order, not by priority
+    supports_priority = True  # the claim's order: effective priority, then due time
 
     def __init__(self, alias: str, params: dict) -> None:
         if BaseTaskBackend is None:
@@ -243,6 +249,8 @@ class JobsBackend(BaseTaskBackend or object):
             run_after=task.run_after,
             tenant=str(self.options.get("TENANT", "")),
             max_attempts=self.options.get("MAX_ATTEMPTS"),
+            priority=task.priority,
+            queue=_queue(task.queue_name),
         )
         job, created = handle.job, handle.created
         result = self.result_for(job, task)
@@ -295,6 +303,15 @@ class JobsBackend(BaseTaskBackend or object):
         if not apps.is_installed("jobs"):
             return [Error(f"{BACKEND} needs 'jobs' in INSTALLED_APPS", id="jobs.E030")]
         return []
+
+
+def _queue(name: str) -> str:
+    """The job queue of a task's ``queue_name`` (Django accepted it: ``QUEUES``); a name
+    a broker list cannot carry is refused as Django refuses a task (``InvalidTask``)."""
+    try:
+        return registry.check_queue(name)
+    except ValueError as exc:
+        raise InvalidTask(f"queue_name {str(name)[:70]!r}: {exc}") from None
 
 
 def _enqueued_task(params: dict) -> Task:

@@ -196,3 +196,31 @@ def test_contract__async_tasks_run_in_the_worker():
     run_delivery(int(result.id), worker="w1")
     result.refresh()
     assert (result.status, result.return_value) == (Status.SUCCESSFUL, {"sum": 42})
+
+
+@pytest.fixture
+def any_queue(settings):
+    """The default alias with ``QUEUES: []``: Django accepts every queue name."""
+    settings.TASKS = {**settings.TASKS, "default": {"BACKEND": backends.BACKEND, "QUEUES": []}}
+
+
+def test_enqueue__priority_and_queue_name_are_the_jobs(any_queue):
+    """``supports_priority``: a task's priority and queue reach ``jobs.request``; the
+    claim orders by the one and routes by the other (docs/app/scheduling.md)."""
+    assert backends.JobsBackend.supports_priority is True
+    result = tasks.add.using(priority=7, queue_name="reports").enqueue(1, 2)
+    job = Job.objects.get(pk=int(result.id))
+    assert (job.priority, job.queue) == (7, "reports")
+    assert result.task.priority == 7 and result.task.queue_name == "reports"
+    plain = Job.objects.get(pk=int(tasks.add.enqueue(3, 4).id))
+    assert (plain.priority, plain.queue) == (0, "default")
+    with pytest.raises(backends.InvalidTask, match="priority must be a whole number"):
+        tasks.add.using(priority=101)
+    with pytest.raises(backends.InvalidTask, match="Queue 'reports' is not valid"):
+        tasks.add.using(queue_name="reports", backend="once")  # Django's QUEUES: kept
+
+
+def test_enqueue__a_queue_name_a_broker_list_cannot_carry_is_refused(any_queue):
+    with pytest.raises(backends.InvalidTask, match="queue_name 'no spaces'"):
+        tasks.add.using(queue_name="no spaces").enqueue(1, 1)
+    assert Job.objects.count() == 0

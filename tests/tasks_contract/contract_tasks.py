@@ -21,7 +21,7 @@ from django.tasks import (
     task,
     task_backends,
 )
-from django.tasks.base import Task
+from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task
 from django.tasks.exceptions import (
     InvalidTask,
     InvalidTaskBackend,
@@ -42,9 +42,6 @@ from .support import WorkerTestCase, wait
 def refused(reason: str):
     """A capability JobsBackend declares it does not have (docs/app/tasks.md)."""
     return unittest.skip(f"refused: {reason}")
-
-
-PRIORITY = "priority: the claim takes due jobs in order of id, so supports_priority is False"
 
 
 @override_settings(
@@ -108,7 +105,6 @@ class TaskTestCase(WorkerTestCase):
         with self.assertRaisesMessage(TypeError, "Unsupported type"):
             await test_tasks.noop_task.aenqueue(datetime.now())
 
-    @refused(PRIORITY)
     def test_using_priority(self):
         self.assertEqual(test_tasks.noop_task.priority, 0)
         self.assertEqual(test_tasks.noop_task.using(priority=1).priority, 1)
@@ -149,7 +145,6 @@ class TaskTestCase(WorkerTestCase):
         self.assertEqual(new_task, test_tasks.noop_task)
         self.assertIsNot(new_task, test_tasks.noop_task)
 
-    @refused(PRIORITY)
     def test_chained_using(self):
         now = timezone.now()
 
@@ -181,9 +176,29 @@ class TaskTestCase(WorkerTestCase):
         with self.assertRaisesMessage(InvalidTask, "run_after must be an aware datetime."):
             test_tasks.noop_task.using(run_after=datetime.now())
 
-    @refused(PRIORITY)
     def test_invalid_priority(self):
-        pass  # the original checks bounds, then accepts priority=100, -100 and 0
+        message = (
+            f"priority must be a whole number between {TASK_MIN_PRIORITY} and {TASK_MAX_PRIORITY}."
+        )
+        with self.assertRaisesMessage(InvalidTask, message):
+            test_tasks.noop_task.using(priority=-101)
+
+        with self.assertRaisesMessage(InvalidTask, message):
+            test_tasks.noop_task.using(priority=101)
+
+        with self.assertRaisesMessage(InvalidTask, message):
+            test_tasks.noop_task.using(priority=3.1)
+
+        test_tasks.noop_task.using(priority=100)
+        test_tasks.noop_task.using(priority=-100)
+        test_tasks.noop_task.using(priority=0)
+
+    def test_enqueue_priority_and_queue(self):
+        # adapted: not in the original; the job a prioritised, routed task asks for.
+        result = test_tasks.noop_task.using(priority=42, queue_name="queue_1").enqueue()
+        job = Job.objects.get(pk=int(result.id))
+        self.assertEqual((job.priority, job.queue), (42, "queue_1"))
+        self.assertEqual(result.task.priority, 42)
 
     def test_unknown_queue_name(self):
         with self.assertRaisesMessage(InvalidTask, "Queue 'queue-2' is not valid for backend."):
