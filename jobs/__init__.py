@@ -26,6 +26,8 @@ _EXPORTS = {
     "kind": "jobs.api",
     "cancel": "jobs.api",
     "request": "jobs.api",
+    "request_many": "jobs.api",
+    "JobRequest": "jobs.api",
     "JobHandle": "jobs.api",
     "JobFailure": "jobs.api",
     "JobProgress": "jobs.api",
@@ -53,6 +55,7 @@ __all__ = [
     "JobFailure",
     "JobHandle",
     "JobProgress",
+    "JobRequest",
     "JobTimeout",
     "LeaseLost",
     "NotAuthorized",
@@ -65,6 +68,7 @@ __all__ = [
     "register_provider",
     "register_subject",
     "request",
+    "request_many",
 ]
 assert sorted(__all__) == sorted(_EXPORTS)
 
@@ -74,9 +78,11 @@ if TYPE_CHECKING:
         JobFailure,
         JobHandle,
         JobProgress,
+        JobRequest,
         cancel,
         kind,
         request,
+        request_many,
     )
     from jobs.delivery.runner import JobContext
     from jobs.exceptions import (

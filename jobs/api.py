@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import models, transaction
+from django.db import IntegrityError, models, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from jobs import conf, failures, registry
+from jobs import bulk, conf, failures, registry
 from jobs.engine import job_machine
 from jobs.exceptions import JobError, PayloadInvalid
 from jobs.models import Artifact, Effect, Job
@@ -167,16 +167,21 @@ def _obtain(
             enqueue_job(job)
             job.refresh_from_db(fields=["next_attempt_at", "enqueued_for"])
     if not created and job.params != stored:
-        gone = object()
-        keys = sorted(
-            k for k in {*job.params, *stored} if job.params.get(k, gone) != stored.get(k, gone)
-        )
-        raise JobConflict(
-            f"job {job.pk} ({kind} {subject_type}:{subject_id} revision {output_revision}) "
-            f"exists with other params (keys differing: {', '.join(keys) or '-'}); "
-            "ask for a new revision to get a new output"
-        )
+        raise _conflict(job, stored)
     return job, created
+
+
+def _conflict(job: Job, stored: dict) -> JobConflict:
+    """The existing ``job`` was asked for with other params: which keys differ, not values."""
+    gone = object()
+    keys = sorted(
+        k for k in {*job.params, *stored} if job.params.get(k, gone) != stored.get(k, gone)
+    )
+    return JobConflict(
+        f"job {job.pk} ({job.kind} {job.subject_type}:{job.subject_id} revision "
+        f"{job.output_revision}) exists with other params (keys differing: "
+        f"{', '.join(keys) or '-'}); ask for a new revision to get a new output"
+    )
 
 
 @dataclass(frozen=True)
@@ -334,6 +339,151 @@ def request(
         queue=queue,
     )
     return JobHandle(job, created=created)
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One job ``jobs.request_many`` asks for: the arguments of ``jobs.request``."""
+
+    kind: str
+    subject: models.Model | tuple[str, str | int]
+    revision: int = 1
+    params: dict[str, Any] | None = None
+    run_after: datetime | None = None
+    tenant: str = ""
+    max_attempts: int | None = None
+    priority: int | None = None
+    queue: str | None = None
+
+
+# Jobs written per INSERT batch of ``request_many`` (each batch: a fixed handful of statements).
+BULK_BATCH = 500
+_IDENTITY = ("kind", "subject_type", "subject_id", "output_revision")
+
+
+def request_many(
+    items: Iterable[JobRequest | Mapping[str, Any]], *, batch_size: int = BULK_BATCH
+) -> list[JobHandle]:
+    """Ask for many jobs at once: ``jobs.request`` for each item (a ``JobRequest`` or a
+    dict of its fields), in one transaction and a fixed number of statements per batch.
+
+    The same identity rules: an existing (kind, subject, revision) returns its handle
+    (``created`` False), and asking for it with other params raises ``JobConflict``, as
+    does one call naming an identity twice with different params; either way nothing
+    of the call is written. Handles come back in the order of ``items``. Per batch: one
+    SELECT of the existing jobs, one INSERT of the new ones (Django splits it where the
+    database caps a statement's parameters: SQLite), one read back, one message INSERT.
+    """
+    asked = [_prepared(i if isinstance(i, JobRequest) else JobRequest(**i)) for i in items]
+    handles: list[JobHandle] = []
+    with transaction.atomic():
+        for start in range(0, len(asked), max(1, batch_size)):
+            handles.extend(_obtain_batch(asked[start : start + batch_size]))
+    return handles
+
+
+@dataclass(frozen=True)
+class _Asked:
+    key: tuple[str, str, str, int]
+    fields: dict[str, Any]  # the new row's, when it is created
+    params: dict
+    run_after: datetime | None
+
+
+def _prepared(r: JobRequest) -> _Asked:
+    """The checks ``_obtain`` makes, before anything is written."""
+    job_kind = registry.get_kind(r.kind)
+    subject_type, subject_id = subject_reference(r.subject)
+    if r.run_after is not None and timezone.is_naive(r.run_after):
+        raise ValueError("run_after must be an aware datetime")
+    stored = _as_stored(r.params)
+    key = (r.kind, subject_type, str(subject_id), int(r.revision))
+    fields = {
+        "tenant_key": r.tenant,
+        "params": stored,
+        "max_attempts": r.max_attempts or job_kind.max_attempts or conf.max_attempts(),
+        "priority": job_kind.priority
+        if r.priority is None
+        else registry.check_priority(r.priority),
+        "queue": job_kind.queue if r.queue is None else registry.check_queue(r.queue),
+    }
+    return _Asked(key, fields, stored, r.run_after)
+
+
+def _obtain_batch(batch: list[_Asked]) -> list[JobHandle]:
+    """The jobs of one batch, created where missing, with their messages.
+
+    The INSERT runs in a savepoint: a request that created one of these identities
+    since the SELECT makes it fail whole (the unique constraint), and the batch is read
+    again, so ``created`` is true exactly for the rows this call inserted.
+    """
+    first: dict[tuple, _Asked] = {}
+    for asked in batch:
+        seen = first.setdefault(asked.key, asked)
+        if seen.params != asked.params:
+            kind, subject_type, subject_id, revision = asked.key
+            raise JobConflict(
+                f"{kind} {subject_type}:{subject_id} revision {revision} is asked for twice "
+                "with different params in one request_many"
+            )
+    for _ in range(3):
+        existing = _existing(list(first))
+        for key, job in existing.items():
+            if job.params != first[key].params:
+                raise _conflict(job, first[key].params)
+        missing = [asked for key, asked in first.items() if key not in existing]
+        if not missing:
+            created = []
+            break
+        try:
+            with transaction.atomic():
+                created = Job.objects.bulk_create([_new_row(asked) for asked in missing])
+            break
+        except IntegrityError:
+            continue  # another request created some of them meanwhile: read the batch again
+    else:
+        raise JobError("request_many: the batch kept meeting concurrent requests; ask again")
+    if created:
+        due_now = zip(created, missing, strict=True)
+        bulk.enqueue_jobs([job for job, asked in due_now if asked.run_after is None])
+        fresh = Job.objects.in_bulk([job.pk for job in created])  # Now() as the server wrote it
+        existing.update({_identity(job): job for job in fresh.values()})
+    new = {job.pk for job in created}
+    return [
+        JobHandle(job, created=job.pk in new and first[asked.key] is asked)
+        for asked in batch
+        for job in [existing[asked.key]]
+    ]
+
+
+def _identity(job: Job) -> tuple[str, str, str, int]:
+    return (job.kind, job.subject_type, job.subject_id, job.output_revision)
+
+
+def _existing(keys: list[tuple]) -> dict[tuple, Job]:
+    """The jobs of these identities, in one SELECT (IN lists per column, then exact keys)."""
+    if not keys:
+        return {}
+    columns = {name: {key[i] for key in keys} for i, name in enumerate(_IDENTITY)}
+    wanted = set(keys)
+    rows = Job.objects.filter(**{f"{name}__in": values for name, values in columns.items()})
+    return {_identity(job): job for job in rows if _identity(job) in wanted}
+
+
+def _new_row(asked: _Asked) -> Job:
+    kind, subject_type, subject_id, revision = asked.key
+    now = timezone.now()  # shown to people; due times are the server's clock
+    return Job(
+        kind=kind,
+        subject_type=subject_type,
+        subject_id=subject_id,
+        output_revision=revision,
+        next_attempt_at=Now() if asked.run_after is None else asked.run_after,
+        enqueued_for=Now() if asked.run_after is None else None,
+        created_at=now,
+        updated_at=now,
+        **asked.fields,
+    )
 
 
 def cancel(job_id: int, *, actor: str = "") -> str:

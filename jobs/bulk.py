@@ -1,0 +1,91 @@
+"""Messages for many jobs at once (``jobs.request_many``): one statement per queue, not per job.
+
+A message is the one ``jobs.queue.enqueue_job`` sends through django-q2's ``async_task``
+(the same signed package: func, the job's id, its name, its queue's list), written
+straight into the broker's table: django-q2's ORM broker and ``jobs.broker.PostgresBroker``
+share ``django_q_ormq``, so the rows of a whole batch go in with one INSERT (and, for the
+PostgreSQL broker, one NOTIFY of the queue's channel). Call it inside the transaction
+that creates the jobs: rows and messages commit together. Another broker, or
+``Q_CLUSTER["sync"]``, gets one ``enqueue_job`` per job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.db import connections
+from django.utils import timezone
+from django_q.brokers import get_broker
+from django_q.brokers.orm import ORM
+from django_q.conf import Conf
+from django_q.humanhash import uuid
+from django_q.models import OrmQ
+from django_q.signals import pre_enqueue
+from django_q.signing import SignedPackage
+
+from jobs import queue
+from jobs.models import Job
+
+FUNC = "jobs.tasks.run_job"
+
+_NOTIFIED_INSERT = """
+WITH message AS (
+    INSERT INTO django_q_ormq (key, payload, lock)
+    SELECT %s, payload, now() FROM unnest(%s::text[]) AS payload
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM message), pg_notify(%s, '')
+"""
+
+
+def enqueue_jobs(jobs: Sequence[Job]) -> int:
+    """Put one message for each of ``jobs`` on its queue's list; returns how many."""
+    if not jobs:
+        return 0
+    if Conf.SYNC:
+        for job in jobs:
+            queue.enqueue_job(job)
+        return len(jobs)
+    by_key: dict[str | None, list[Job]] = {}
+    for job in jobs:
+        by_key.setdefault(queue.list_key(job.queue), []).append(job)
+    for key, group in by_key.items():
+        _enqueue_group(key, group)
+    return len(jobs)
+
+
+def _enqueue_group(key: str | None, jobs: list[Job]) -> None:
+    broker = get_broker(key)
+    packages = [_package(job, key) for job in jobs]
+    list_key = broker.list_key or Conf.CLUSTER_NAME
+    if type(broker) is ORM:
+        now = timezone.now()  # what the ORM broker's enqueue writes as the lock
+        OrmQ.objects.using(Conf.ORM).bulk_create(
+            [OrmQ(key=list_key, payload=p, lock=now) for p in packages]
+        )
+    elif _path(type(broker)) == "jobs.broker.PostgresBroker":  # by name: no psycopg import
+        with connections[broker.get_connection()].cursor() as cursor:
+            cursor.execute(_NOTIFIED_INSERT, [broker.key, packages, broker.channel])
+    else:
+        for job in jobs:
+            queue.enqueue_job(job)
+
+
+def _path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _package(job: Job, key: str | None) -> str:
+    """The signed package ``async_task`` builds for ``enqueue_job``'s call."""
+    tag = uuid()
+    task = {"id": tag[1], "name": f"job-{job.pk}", "func": FUNC, "args": (job.pk,)}
+    if key is not None:
+        task["cluster"] = key
+    if Conf.CACHED:
+        task["cached"] = Conf.CACHED
+    if Conf.ACK_FAILURES:
+        task["ack_failure"] = Conf.ACK_FAILURES
+    task["kwargs"] = {}
+    task["started"] = timezone.now()
+    pre_enqueue.send(sender="django_q", task=task)
+    return SignedPackage.dumps(task)
