@@ -18,7 +18,8 @@ from __future__ import annotations
 from django.contrib.auth.models import Group, Permission
 
 OPERATOR_MODELS = {
-    "jobs": ["job", "attempt", "artifact", "effect", "effectevent", "notice"],
+    # flowrule: pause, resume and change limits are the duty of the people on call.
+    "jobs": ["job", "attempt", "artifact", "effect", "effectevent", "notice", "flowrule"],
     "permits": ["tenant", "permitrequest", "reviewdecision"],
     "axes": ["accessattempt"],  # deleting a lockout's row unlocks that login
 }

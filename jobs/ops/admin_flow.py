@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponseRedirect
+from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.views.decorators.http import require_POST
 
 from jobs import flow
 from jobs.models import FlowRule, FlowRuleChange
+from jobs.ops import flowview
 
 
 class FlowRuleForm(forms.ModelForm):
@@ -152,21 +153,68 @@ class FlowRuleAdmin(admin.ModelAdmin):
         return [path("toggle/", toggle, name="jobs_flowrule_toggle"), *super().get_urls()]
 
     def toggle_view(self, request: HttpRequest):
-        """The console's pause/resume buttons: POST ``scope`` and ``action``; back to it."""
+        """The console's pause/resume buttons: POST ``scope`` and ``action``; a confirmation
+        page first (what the scope holds now, who will be recorded), then the change."""
         return require_POST(self._toggle)(request)
 
     def _toggle(self, request: HttpRequest):
-        if not self.has_change_permission(request):
-            raise PermissionDenied
         scope, action = request.POST.get("scope", ""), request.POST.get("action", "")
+        if not self.has_change_permission(request):
+            return refused(
+                request,
+                f"Changing flow rules needs the permission to change flow rules "
+                f"(jobs.change_flowrule); {request.user.get_username()} does not hold it. "
+                "Ask someone in the operators group or a superuser.",
+            )
+        if action not in ("pause", "resume"):
+            return refused(request, f"{action[:20]!r} is no flow-rule action: pause or resume.")
         try:
             flow.check_scope(scope)
         except flow.FlowError as exc:
             self.message_user(request, str(exc), messages.ERROR)
-        else:
-            if action not in ("pause", "resume"):
-                raise PermissionDenied
-            rule = (flow.pause if action == "pause" else flow.resume)(scope, actor=_actor(request))
-            self.log_change(request, rule, f"{action}d from the console")
-            self.message_user(request, f"{scope}: {rule.describe()}", messages.SUCCESS)
+            return HttpResponseRedirect(reverse("admin:jobs_job_dashboard"))
+        if request.POST.get("confirmed") != "yes":
+            return self._confirm_toggle(request, scope, action)
+        rule = (flow.pause if action == "pause" else flow.resume)(scope, actor=_actor(request))
+        self.log_change(request, rule, f"{action}d from the console")
+        done = "Paused" if action == "pause" else "Resumed"  # the admin capitalises the start
+        self.message_user(
+            request, f"{done} {scope} (the rule now: {rule.describe()}).", messages.SUCCESS
+        )
         return HttpResponseRedirect(reverse("admin:jobs_job_dashboard"))
+
+    def _confirm_toggle(self, request: HttpRequest, scope: str, action: str) -> TemplateResponse:
+        view = next((v for v in flowview.scope_views() if v.scope == scope), None)
+        verb = "Pause" if action == "pause" else "Resume"
+        if action == "pause":
+            effect = (
+                "Nothing new starts under it until it is resumed; work already running "
+                "finishes. Held work waits without spending an attempt."
+            )
+        else:
+            effect = "Work held by this pause starts again within 2 seconds, within its limits."
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"{verb} {scope}?",
+            "opts": self.opts,
+            "scope": scope,
+            "action": action,
+            "verb": verb,
+            "view": view,
+            "effect": effect,
+            "actor": _actor(request),
+            "console_url": reverse("admin:jobs_job_dashboard"),
+        }
+        return TemplateResponse(request, "admin/jobs/flowrule/toggle_confirm.html", context)
+
+
+def refused(request: HttpRequest, reason: str, *, back: str = "") -> TemplateResponse:
+    """A refused action inside the admin frame: the reason and the way back (a bare 403
+    page leaves a person at 3 a.m. with nothing to do)."""
+    context = {
+        **admin.site.each_context(request),
+        "title": "Not allowed",
+        "reason": reason,
+        "back_url": back or reverse("admin:jobs_job_dashboard"),
+    }
+    return TemplateResponse(request, "admin/jobs/refused.html", context, status=403)

@@ -11,7 +11,6 @@ the times shown are only for people. Reads only; the console changes nothing.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db.models import Count, Max, Q
@@ -20,96 +19,24 @@ from django.utils import timezone
 
 from jobs import clock, failures, rules, stats
 from jobs.models import EFFECT_STATES, JOB_STATES, Attempt, Effect, EffectEvent, Job
+from jobs.ops import verdict
 from jobs.ops.error_detail import shown_detail
-from jobs.ops.words import duration
+from jobs.ops.verdict import (  # the verdict's names, where the console's readers look
+    FAILED_TRIES,
+    WORKER_WINDOW,
+    failure_rate,
+    health_window,
+)
+from jobs.ops.verdict import TRIED as TRIED  # re-exported: callers read them here
+from jobs.ops.verdict import Health as Health
+from jobs.ops.verdict import Reason as Reason
+from jobs.ops.verdict import Snapshot as Snapshot
+from jobs.ops.verdict import Worker as Worker
+from jobs.ops.verdict import health as health
+from jobs.ops.verdict import window_words as window_words
 
-WORKER_WINDOW = timedelta(minutes=1)
-HEALTH_WINDOW = timedelta(minutes=15)
-# Thresholds of the health line (docs/ui.md): a share of tries that failed, a wait.
-FAILING_RATE, DEGRADED_RATE = 0.5, 0.1
-FAILING_WAIT, DEGRADED_WAIT = timedelta(minutes=5), timedelta(minutes=1)
-TRIED = (
-    Attempt.Outcome.SUCCEEDED,
-    Attempt.Outcome.RETRY,
-    Attempt.Outcome.FAILED,
-    Attempt.Outcome.DEAD,
-    Attempt.Outcome.CRASHED,
-    Attempt.Outcome.LEASE_LOST,
-)
-FAILED_TRIES = (
-    Attempt.Outcome.RETRY,
-    Attempt.Outcome.FAILED,
-    Attempt.Outcome.DEAD,
-    Attempt.Outcome.CRASHED,
-)
 RETRY_HORIZON = timedelta(minutes=5)
 LIST_LIMIT = 10
-
-
-@dataclass
-class Worker:
-    """A worker identity seen lately: by its deliveries, its sends, or its leases."""
-
-    identity: str
-    last_seen: datetime
-    deliveries: int = 0
-    sends: int = 0
-    running: int = 0
-    last_heartbeat: datetime | None = None
-
-
-@dataclass
-class Snapshot:
-    now: datetime
-    jobs: list[tuple[str, int]]
-    effects: list[tuple[str, int]]
-    queue_depth: int
-    queue_taken: int
-    oldest_due_at: datetime | None
-    workers: list[Worker]
-    retries_due: list[Job]
-    retries_due_count: int
-    effect_retries_due_count: int
-    needs_review: list[Effect]
-    needs_review_count: int
-    failed_deliveries: int = 0
-    timeline: list[dict] = field(default_factory=list)
-    failed_tries: int = 0
-    finished_tries: int = 0
-    stopped_recently: int = 0
-    failures: list[Job] = field(default_factory=list)
-    failures_count: int = 0
-
-    @property
-    def oldest_due_age(self) -> timedelta | None:
-        return (
-            None if self.oldest_due_at is None else max(self.now - self.oldest_due_at, timedelta())
-        )
-
-
-@dataclass(frozen=True)
-class Reason:
-    """One figure of the health line: what it measures, its value in words, its level."""
-
-    key: str  # failure-rate, oldest-due, needs-review, workers
-    level: str  # ok, warn, bad
-    text: str
-    link: str = ""  # admin list behind the figure (a URL name and query), "" for none
-
-
-LEVEL_WORDS = {"ok": "OK", "warn": "Warning", "bad": "Problem"}
-
-
-@dataclass(frozen=True)
-class Health:
-    """The console's first line: healthy, degraded or failing, and why."""
-
-    status: str  # healthy, degraded, failing
-    reasons: list[Reason]
-
-    @property
-    def problems(self) -> list[Reason]:
-        return [r for r in self.reasons if r.level != "ok"]
 
 
 def error_of(job: Job, *, detail: bool = False) -> tuple[str, str]:
@@ -126,81 +53,6 @@ def error_of(job: Job, *, detail: bool = False) -> tuple[str, str]:
         return cls, failures.headline(job.last_error_type, job.last_error_message)[:300]
     shown = (job.last_error_code, shown_detail(job.kind, job.last_error_detail, allowed=detail))
     return cls, " · ".join(x for x in shown if x)
-
-
-def failure_rate(window: timedelta = HEALTH_WINDOW) -> tuple[int, int]:
-    """(failed tries, finished tries) in ``window``: a retry, failure, death or crash is a
-    failed try; duplicate deliveries and deferrals are no tries."""
-    since = clock.before(window.total_seconds())
-    figures = Attempt.objects.filter(finished_at__gte=since, outcome__in=TRIED).aggregate(
-        n=Count("id"), bad=Count("id", filter=Q(outcome__in=FAILED_TRIES))
-    )
-    return figures["bad"], figures["n"]
-
-
-def _ago(delta: timedelta) -> str:
-    return duration(delta)
-
-
-def health(snap: Snapshot) -> Health:
-    """Judge the snapshot: failing when most tries fail, work waits long with no worker, or
-    a duplicate effect exists; degraded when some tries fail, work waits, effects need
-    review or jobs stopped lately; healthy otherwise. Every figure is listed with its level."""
-    reasons = []
-    bad, tried = snap.failed_tries, snap.finished_tries
-    rate = bad / tried if tried else 0.0
-    minutes = int(HEALTH_WINDOW.total_seconds() // 60)
-    if tried == 0:
-        reasons.append(Reason("failure-rate", "ok", f"No tries finished in the last {minutes} min"))
-    else:
-        level = "bad" if rate >= FAILING_RATE else "warn" if rate >= DEGRADED_RATE else "ok"
-        reasons.append(
-            Reason(
-                "failure-rate",
-                level,
-                f"{rate:.0%} of tries failed in the last {minutes} min ({bad} of {tried})",
-                "admin:jobs_attempt_changelist",
-            )
-        )
-    age = snap.oldest_due_age
-    if age is None:
-        reasons.append(Reason("oldest-due", "ok", "Nothing is waiting to run"))
-    else:
-        waiting_long = age >= FAILING_WAIT and not snap.workers
-        level = "bad" if waiting_long else "warn" if age >= DEGRADED_WAIT else "ok"
-        reasons.append(Reason("oldest-due", level, f"Oldest due job has waited {_ago(age)}"))
-    n = snap.needs_review_count
-    reasons.append(
-        Reason(
-            "needs-review",
-            "warn" if n else "ok",
-            f"{n} effect{'s' if n != 1 else ''} need{'s' if n == 1 else ''} review",
-            "admin:jobs_effect_changelist",
-        )
-    )
-    workers = len(snap.workers)
-    due = snap.oldest_due_at is not None
-    reasons.append(
-        Reason(
-            "workers",
-            # No worker while work is due is a problem; idle without work is not.
-            "bad" if due and not workers else "ok",
-            f"{workers} worker{'s' if workers != 1 else ''} seen in the last minute"
-            + ("" if workers else (" while jobs are due" if due else ", nothing is due")),
-        )
-    )
-    if snap.stopped_recently:
-        k = snap.stopped_recently
-        reasons.append(
-            Reason(
-                "stopped",
-                "warn",
-                f"{k} job{'s' if k != 1 else ''} failed or died in the last {minutes} min",
-            )
-        )
-    levels = {r.level for r in reasons}
-    status = "failing" if "bad" in levels else "degraded" if "warn" in levels else "healthy"
-    return Health(status, reasons)
 
 
 def recent_failures(limit: int = LIST_LIMIT) -> list[Job]:
@@ -347,7 +199,9 @@ def snapshot(now: datetime | None = None) -> Snapshot:
     needs_review = Effect.objects.filter(state=Effect.State.NEEDS_REVIEW).order_by(
         "updated_at", "id"
     )
-    failed, finished = failure_rate()
+    window = health_window()
+    failed, finished = failure_rate(window)
+    last_failed, last_succeeded, since_failure = verdict.last_tries(window)
     return Snapshot(
         now=now,
         jobs=counts(Job, JOB_STATES),
@@ -374,10 +228,18 @@ def snapshot(now: datetime | None = None) -> Snapshot:
         finished_tries=finished,
         stopped_recently=Job.objects.filter(
             state__in=[Job.State.DEAD, Job.State.FAILED],
-            finished_at__gte=clock.before(HEALTH_WINDOW.total_seconds()),
+            finished_at__gte=clock.before(window.total_seconds()),
         ).count(),
         failures=recent_failures(),
         failures_count=Job.objects.filter(state__in=[Job.State.DEAD, Job.State.FAILED]).count(),
+        window=window,
+        stoppers=verdict.stoppers(),
+        queues=verdict.queues(),
+        failing_subjects=verdict.failing_subjects(window),
+        last_failed_at=last_failed,
+        last_succeeded_at=last_succeeded,
+        succeeded_since_failure=since_failure,
+        retrying_same=verdict.retrying_on_the_same_error(LIST_LIMIT),
     )
 
 

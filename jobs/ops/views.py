@@ -54,15 +54,18 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
         raise PermissionDenied
     snap = console.snapshot()
     rows = snap.timeline
-    labels = subject_labels(snap.failures)
+    retrying = [job for job, _ in snap.retrying_same]
+    labels = subject_labels([*snap.failures, *retrying])
     detail = can_view_error_detail(request)
-    failures = [
-        (
-            job,
-            labels.get((job.subject_type, job.subject_id), f"{job.subject_type}:{job.subject_id}"),
-            *console.error_of(job, detail=detail),
-        )
-        for job in snap.failures
+
+    def label(job) -> str:
+        key = (job.subject_type, job.subject_id)
+        return labels.get(key, f"{job.subject_type}:{job.subject_id}")
+
+    failures = [(job, label(job), *console.error_of(job, detail=detail)) for job in snap.failures]
+    retrying_rows = [
+        (job, label(job), *console.error_of(job, detail=detail), same)
+        for job, same in snap.retrying_same
     ]
     kind = request.GET.get("kind", "")[:64]
     outcomes = console.job_outcomes(60, kind=kind, now=snap.now)
@@ -76,6 +79,8 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
         "snap": snap,
         "health": console.health(snap),
         "failures": failures,
+        "retrying": retrying_rows,
+        "window": console.window_words(snap.window),
         "stats": stats.collect(),
         "chart": console.chart(rows),
         "first_minute": rows[0]["minute"],

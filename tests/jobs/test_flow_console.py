@@ -33,11 +33,20 @@ def test_console__pause_and_resume_buttons__audited_with_the_operator(client, ad
     client.force_login(admin_user)
     url = "/admin/jobs/flowrule/toggle/"
     assert client.get(url).status_code == 405
-    answer = client.post(url, {"scope": "provider:webhook", "action": "pause"})
+    asked = client.post(url, {"scope": "provider:webhook", "action": "pause"})
+    assert asked.status_code == 200, "first a confirmation, inside the admin frame"
+    page = asked.content.decode()
+    assert "Pause provider:webhook?" in page and 'name="confirmed" value="yes"' in page
+    assert not FlowRule.objects.filter(paused=True).exists(), "nothing changed yet"
+    confirmed = {"scope": "provider:webhook", "action": "pause", "confirmed": "yes"}
+    answer = client.post(url, confirmed)
     assert answer.status_code == 302 and answer["Location"].endswith("/admin/jobs/job/dashboard/")
     assert FlowRule.objects.get(scope="provider:webhook").paused
-    client.post(url, {"scope": "provider:webhook", "action": "resume"})
+    done = client.post(url, {**confirmed, "action": "resume"}, follow=True).content.decode()
     assert not FlowRule.objects.get(scope="provider:webhook").paused
+    assert "Resumed provider:webhook (the rule now: no limit (defaults))." in done, (
+        "the message says what was done"
+    )
     actors = list(FlowRuleChange.objects.order_by("id").values_list("action", "actor"))
     assert actors == [
         ("pause", f"operator:{admin_user.username}"),
@@ -49,8 +58,13 @@ def test_console__pause_and_resume_buttons__audited_with_the_operator(client, ad
 def test_console__toggle_needs_the_change_permission(client, make_user):
     viewer = make_user(is_staff=True)
     client.force_login(viewer)
-    answer = client.post("/admin/jobs/flowrule/toggle/", {"scope": "kind:x", "action": "pause"})
+    answer = client.post(
+        "/admin/jobs/flowrule/toggle/", {"scope": "kind:x", "action": "pause", "confirmed": "yes"}
+    )
     assert answer.status_code == 403
+    page = answer.content.decode()
+    assert 'id="site-name"' in page, "refused inside the admin frame, not a bare 403 page"
+    assert "jobs.change_flowrule" in page and 'id="refused-back"' in page
     assert not FlowRule.objects.exists()
 
 

@@ -83,16 +83,7 @@ def test_job_admin__operator_sees_attempts_and_effects_but_cannot_edit(demo):
 
 
 def test_job_admin__requeue_action_revives_a_dead_job_through_transitions(demo):
-    job, _ = request_job(
-        "test.short",
-        subject_type="auth.user",
-        subject_id=1,
-        params={"fail": {"always": "temporary"}},
-    )
-    for _ in range(3):
-        Job.objects.filter(pk=job.pk).update(next_attempt_at=job.created_at)
-        run_delivery(job.pk)
-    assert Job.objects.get(pk=job.pk).state == Job.State.DEAD
+    job = dead_job()
     client = login(demo, "operator")
     # First the confirmation: how many, and a sample with their errors; nothing changed yet.
     confirm = client.post(
@@ -167,18 +158,26 @@ def test_groups__exist_after_migrate():
 
 def dead_job(subject_id: int = 1) -> Job:
     """A test job that spent its 3 attempts on a temporary failure (a real worker's path)."""
-    job, _ = request_job(
-        "test.short",
-        subject_type="auth.user",
-        subject_id=subject_id,
-        params={"fail": {"always": "temporary"}},
-    )
+    job = failing_job(subject_id)
     for _ in range(3):
         Job.objects.filter(pk=job.pk).update(next_attempt_at=job.created_at)
         run_delivery(job.pk)
     job.refresh_from_db()
     assert job.state == Job.State.DEAD
     return job
+
+
+def failing_job(subject_id: int = 1) -> Job:
+    """A test job that fails every try, alone in its queue: a delivery may claim a better
+    due job of the queue it names than that job (the demo's jobs wait in "default")."""
+    import jobs
+
+    return jobs.request(
+        "test.short",
+        ("auth.user", subject_id),
+        params={"fail": {"always": "temporary"}},
+        queue=f"isolated-{subject_id}",
+    ).job
 
 
 def tile_counts(page: str, model: str) -> dict[str, int]:
