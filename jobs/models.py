@@ -192,6 +192,28 @@ class JobEvent(models.Model):
         return f"{self.action} of job {self.job_id} by {self.actor}"
 
 
+class JobStep(models.Model):
+    """A durable step's output (``ctx.step``): written once, by the attempt that completed
+    the step while it still held the job; later attempts read it instead of running it."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="steps")
+    name = models.CharField(max_length=64)
+    output = models.JSONField(null=True, blank=True, help_text="small JSON; references only")
+    attempt = models.PositiveIntegerField(help_text="Job.attempts of the attempt that ran it")
+    worker = models.CharField(max_length=200)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "name"], name="jobs_step_once_per_job"),
+        ]
+        ordering = ["job", "id"]
+
+    def __str__(self) -> str:
+        return f"step {self.name} of job {self.job_id}"
+
+
 class Artifact(models.Model):
     """A published artifact: the row names the winner's file and its sha256, never changed.
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from jobs import artifacts, clock, conf, executors, failures, registry
-from jobs.delivery import publish
+from jobs.delivery import publish, steps
 from jobs.engine import job_machine
 from jobs.engine.plan import Claim
 from jobs.exceptions import JobCancelled, JobError, JobTimeout, LeaseLost
@@ -164,6 +164,16 @@ class JobContext:
         self.artifact = stored.artifact
         self.stage("artifact_stored")
         return stored.artifact
+
+    def step(self, name: str, fn: Callable[[], object]) -> object:
+        """Run ``fn`` as the durable step ``name``: once per job, its JSON output recorded
+        under this worker's fence and returned to every later attempt (jobs.delivery.steps)."""
+        return steps.run(self, name, fn)
+
+    def step_key(self, name: str) -> str:
+        """The idempotency key for an outside call made inside step ``name``: the same
+        for every attempt, so a repeated call is the same request."""
+        return steps.key(self.job.pk, self.job.output_revision, name)
 
 
 def _checked_progress(done: int, total: int | None, note: str) -> tuple[int, int | None, str]:

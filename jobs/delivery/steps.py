@@ -1,0 +1,107 @@
+"""Durable steps: ``ctx.step(name, fn)`` runs ``fn`` once per job, across attempts.
+
+The first attempt that completes a step records its output (small JSON) in the same
+transaction as a fenced write of the job (the heartbeat's compare-and-swap: this worker's
+name, the version it read, a live lease). A later attempt finds the row and returns the
+output without calling ``fn``. A worker that lost the job (its lease expired and another
+took it, or a cancel was asked for) cannot record: its swap fails, nothing is written, and
+the delivery ends as a lost lease, like a late publish. So at most one output per step,
+and only from a worker that held the job when it wrote.
+
+What is not promised: ``fn`` itself may run more than once when an attempt dies between
+its end and the record (a crash, a stop, a lost lease). A step that calls the outside
+world passes ``ctx.step_key(name)`` as the call's idempotency key, so a repeat is the same
+request to a provider that honours keys (docs/app/steps.md).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.engine import job_machine
+from jobs.exceptions import PayloadInvalid
+from jobs.models import JobStep
+
+if TYPE_CHECKING:
+    from jobs.delivery.runner import JobContext
+
+log = logging.getLogger("jobs.runner")
+
+NAME_MAX = 64
+# Step outputs live in the job's database rows: small references, not documents. Bytes
+# belong in the artifact (``ctx.store_artifact``).
+OUTPUT_MAX_BYTES = 64 * 1024
+
+
+def key(job_id: int, revision: int, name: str) -> str:
+    """The step's stable identity, the same for every attempt of the job."""
+    return f"job-{job_id}-r{revision}-step-{name}"
+
+
+def run(ctx: JobContext, name: str, fn: Callable[[], Any]) -> Any:
+    """The step's recorded output, running ``fn`` only when no attempt has recorded it."""
+    _check_name(name)
+    done = JobStep.objects.filter(job_id=ctx.job.pk, name=name).first()
+    if done is not None:
+        log.info("job=%s step=%s reused from attempt %s", ctx.job.pk, name, done.attempt)
+        ctx.stage(f"step_reused:{name}")
+        return done.output
+    ctx.check_owner()  # do not start work for a job this worker no longer holds
+    started = timezone.now()
+    ctx.stage(f"step_started:{name}")
+    output = fn()
+    _check_output(name, output)
+    ctx.stage(f"step_done:{name}")
+    recorded = _record(ctx, name, output, started)
+    if recorded is None:
+        ctx._lost(f"step {name!r} not recorded: the job is no longer held by this worker")
+    log.info("job=%s step=%s recorded attempt=%s", ctx.job.pk, name, recorded.attempt)
+    return recorded.output
+
+
+def _record(ctx: JobContext, name: str, output: Any, started) -> JobStep | None:
+    """The fenced swap and the step's row in one transaction: the row that stands for the
+    step, or None when the fence failed (nothing written)."""
+    with ctx._shield(), transaction.atomic():
+        if not job_machine.heartbeat(ctx.job, ctx.worker):
+            return None
+        step, _ = JobStep.objects.get_or_create(
+            job_id=ctx.job.pk,
+            name=name,
+            defaults={
+                "output": output,
+                "attempt": ctx.job.attempts,
+                "worker": ctx.worker,
+                "started_at": started,
+            },
+        )
+    ctx._lease_extended_at = time.monotonic()
+    return step
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not name or len(name) > NAME_MAX or not name.isprintable():
+        raise PayloadInvalid(f"ctx.step: a step name is 1-{NAME_MAX} printable characters")
+
+
+def _check_output(name: str, output: Any) -> None:
+    """A step output that cannot be stored fails the job once, naming the step, never
+    quoting the value."""
+    try:
+        size = len(json.dumps(output).encode())
+    except (TypeError, ValueError):
+        raise PayloadInvalid(
+            f"ctx.step {name!r}: the output must be JSON (dicts, lists, strings, numbers)"
+        ) from None
+    if size > OUTPUT_MAX_BYTES:
+        raise PayloadInvalid(
+            f"ctx.step {name!r}: the output is {size} bytes of JSON, more than "
+            f"{OUTPUT_MAX_BYTES}; store bytes with ctx.store_artifact"
+        )

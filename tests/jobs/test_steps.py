@@ -1,0 +1,163 @@
+"""Durable steps (``ctx.step``): a step's ``fn`` runs once per job across attempts, its
+output is written once by a worker that held the job, and a worker that lost the job
+records nothing (its step and its publish are refused).
+
+The stale worker is made without threads: inside its step, the test expires its lease and
+lets a second worker (another identity) claim and finish the job, then the first goes
+on. That is the DBOS scenario (tests/e2e/test_steps_processes.py runs it with real
+processes and SIGSTOP)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+import jobs
+from jobs.delivery.runner import claim_for, run_delivery
+from jobs.delivery.steps import OUTPUT_MAX_BYTES
+from jobs.models import Artifact, Attempt, Effect, Job, JobStep
+from jobs.registry import EffectSpec, kinds, register_kind
+from tests.jobs.helpers import expire_lease, make_due, request_job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+KIND = "test.two_steps"
+RUNS: Counter = Counter()  # (subject, step) -> times fn ran
+INSIDE: dict[str, callable] = {}  # subject -> what the test does inside step 2's fn
+
+
+def _handler(ctx):
+    subject = ctx.job.subject_id
+
+    def render():
+        RUNS[subject, "render"] += 1
+        return {"pages": 3, "attempt": ctx.job.attempts}
+
+    def expensive():
+        RUNS[subject, "expensive"] += 1
+        if subject in INSIDE:
+            INSIDE.pop(subject)(ctx)
+        return {"key": ctx.step_key("expensive")}
+
+    rendered = ctx.step("render", render)
+    if ctx.params.get("fail_after_render") == ctx.job.attempts:
+        raise jobs.TemporaryFailure("the test's dependency is away", code="test_unavailable")
+    sent = ctx.step("expensive", expensive)
+    ctx.store_artifact(
+        f"pages={rendered['pages']} key={sent['key']}\n".encode(),
+        content_type="text/plain",
+        extension="txt",
+    )
+    return [EffectSpec("done", "inapp", str(ctx.params["user"]), {"title": "Done"})]
+
+
+def _bad_output(ctx):
+    if ctx.params["bad"] == "object":
+        return ctx.step("render", lambda: object())
+    return ctx.step("render", lambda: "x" * (OUTPUT_MAX_BYTES + 1))
+
+
+if KIND not in kinds():
+    register_kind(KIND, _handler, max_attempts=3)
+    register_kind("test.bad_step_output", _bad_output)
+
+
+def _job(user, subject: str, **params) -> Job:
+    job, _ = request_job(
+        KIND, subject_type="test", subject_id=subject, params={"user": user.pk, **params}
+    )
+    return job
+
+
+def test_step__a_retry_reuses_the_done_step_and_runs_only_the_rest(make_user):
+    user = make_user()
+    job = _job(user, "retry", fail_after_render=1)
+    assert run_delivery(job.pk, worker="w-1").outcome == Attempt.Outcome.RETRY
+    make_due(Job.objects.get(pk=job.pk))
+    assert run_delivery(job.pk, worker="w-2").outcome == Attempt.Outcome.SUCCEEDED
+    assert RUNS["retry", "render"] == 1 and RUNS["retry", "expensive"] == 1
+    steps = {s.name: s for s in JobStep.objects.filter(job=job)}
+    assert steps["render"].output == {"pages": 3, "attempt": 1}
+    assert (steps["render"].attempt, steps["render"].worker) == (1, "w-1")
+    assert (steps["expensive"].attempt, steps["expensive"].worker) == (2, "w-2")
+    assert steps["expensive"].output == {"key": f"job-{job.pk}-r1-step-expensive"}
+    assert Artifact.objects.filter(job=job).count() == 1
+    assert Effect.objects.filter(job=job).count() == 1
+
+
+def test_step__a_stale_worker_cannot_record_its_step_or_publish(make_user, settings):
+    """Worker A pauses inside step 2 after its outside call; its lease runs out; B claims,
+    reuses step 1, runs step 2 and publishes; then A goes on: refused, nothing written."""
+    settings.JOBS_LEASE_SECONDS = 30
+    user = make_user()
+    job = _job(user, "stale")
+    seen = {}
+
+    def take_over(ctx_a):
+        expire_lease(Job.objects.get(pk=ctx_a.job.pk))
+        seen["b"] = run_delivery(ctx_a.job.pk, worker="w-B")
+        seen["version_after_b"] = Job.objects.get(pk=ctx_a.job.pk).version
+
+    INSIDE["stale"] = take_over
+    a = run_delivery(job.pk, worker="w-A")
+
+    assert seen["b"].outcome == Attempt.Outcome.SUCCEEDED
+    assert a.outcome == Attempt.Outcome.LEASE_LOST
+    assert RUNS["stale", "render"] == 1, "step 1's fn ran once in all"
+    assert RUNS["stale", "expensive"] == 2, "A's call and B's: the same step key"
+    steps = {s.name: s for s in JobStep.objects.filter(job=job)}
+    assert steps["render"].worker == "w-A"  # recorded while A held the job
+    assert steps["expensive"].worker == "w-B"  # A's late output was refused
+    job.refresh_from_db()
+    assert job.state == Job.State.SUCCEEDED and job.version == seen["version_after_b"]
+    assert job.lease_owner == "w-B" or job.lease_owner == ""
+    assert Artifact.objects.filter(job=job).count() == 1
+    assert Effect.objects.filter(job=job).count() == 1
+
+
+def test_step__a_stale_workers_output_is_refused_while_the_new_owner_works(make_user):
+    """B has claimed and not reached the step yet when A, whose lease ran out, finishes
+    the step's fn: A's output is not recorded (the fence, not the unique row, refuses it)."""
+    user = make_user()
+    job = _job(user, "fence")
+    seen = {}
+
+    def claimed_by_b(ctx_a):
+        expire_lease(Job.objects.get(pk=ctx_a.job.pk))
+        seen["b"] = claim_for(ctx_a.job.pk, "w-B")
+
+    INSIDE["fence"] = claimed_by_b
+    a = run_delivery(job.pk, worker="w-A")
+    assert seen["b"].won
+    assert a.outcome == Attempt.Outcome.LEASE_LOST
+    assert list(JobStep.objects.filter(job=job).values_list("name", flat=True)) == ["render"]
+    job.refresh_from_db()
+    assert (job.state, job.lease_owner) == (Job.State.RUNNING, "w-B")
+    assert not Artifact.objects.filter(job=job).exists()
+
+
+def test_step__a_cancel_during_a_step_records_nothing_and_ends_cancelled(make_user):
+    user = make_user()
+    job = _job(user, "cancel")
+    INSIDE["cancel"] = lambda ctx: jobs.cancel(ctx.job.pk, actor="test")
+    result = run_delivery(job.pk, worker="w-1")
+    assert result.outcome == Attempt.Outcome.CANCELLED
+    job.refresh_from_db()
+    assert job.state == Job.State.CANCELLED
+    assert list(JobStep.objects.filter(job=job).values_list("name", flat=True)) == ["render"]
+    assert not Artifact.objects.filter(job=job).exists()
+    assert not Effect.objects.filter(job=job).exists()
+
+
+@pytest.mark.parametrize("bad", ["object", "too_big"])
+def test_step__an_output_that_cannot_be_stored_fails_once_naming_the_step(bad):
+    job, _ = request_job(
+        "test.bad_step_output", subject_type="test", subject_id=bad, params={"bad": bad}
+    )
+    assert run_delivery(job.pk, worker="w-1").outcome == Attempt.Outcome.FAILED
+    job.refresh_from_db()
+    assert job.state == Job.State.FAILED and job.attempts == 1
+    assert "ctx.step 'render'" in job.last_error_detail
+    assert "xxxx" not in job.last_error_detail
+    assert not JobStep.objects.filter(job=job).exists()
