@@ -16,21 +16,19 @@ request to a provider that honours keys (docs/app/steps.md).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from django.db import transaction
 from django.utils import timezone
 
 from jobs.engine import job_machine
 from jobs.exceptions import PayloadInvalid
-from jobs.models import JobStep
-
-if TYPE_CHECKING:
-    from jobs.delivery.runner import JobContext
+from jobs.models import Job, JobStep
 
 log = logging.getLogger("jobs.runner")
 
@@ -38,6 +36,20 @@ NAME_MAX = 64
 # Step outputs live in the job's database rows: small references, not documents. Bytes
 # belong in the artifact (``ctx.store_artifact``).
 OUTPUT_MAX_BYTES = 64 * 1024
+
+
+class JobContext(Protocol):
+    """What a step needs of ``jobs.delivery.runner.JobContext`` (no import: the runner
+    imports this module)."""
+
+    job: Job
+    worker: str
+    _lease_extended_at: float
+
+    def stage(self, name: str) -> None: ...
+    def check_owner(self) -> None: ...
+    def _shield(self) -> contextlib.AbstractContextManager[None]: ...
+    def _lost(self, how: str) -> None: ...
 
 
 def key(job_id: int, revision: int, name: str) -> str:
