@@ -246,6 +246,23 @@ class PermitRequestAdmin(PrivateFieldsGuard, GuardedModelAdmin):
         # A request saved into review gets its report asked for (the one rule, in services).
         services.ensure_report(obj)
 
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change=change, **kwargs)
+        if obj is None or "work_type" not in form.base_fields:
+            return form
+        return _showing_stored_choice(form, obj.work_type)
+
+    def response_change(self, request, obj):
+        """Saved from a job's "Fix the subject" link (``?_job=<id>``): back to that job,
+        where Retry now or Requeue is one click away."""
+        job = _job_to_return_to(request)
+        if job is not None and "_continue" not in request.POST:
+            self.message_user(
+                request, f"Saved {obj}. Back to job {job.pk}: retry it now.", messages.SUCCESS
+            )
+            return HttpResponseRedirect(reverse("admin:jobs_job_change", args=[job.pk]))
+        return super().response_change(request, obj)
+
     # -- assignments: the office admins' page ------------------------------------------
 
     def reviewers_view(self, request, object_id):
@@ -430,6 +447,34 @@ class PermitRequestAdmin(PrivateFieldsGuard, GuardedModelAdmin):
         # Readonly-field callables get the object, not the request.
         obj._viewer_sees_jobs = _is_operator(request, Job)
         return obj
+
+
+def _showing_stored_choice(form_class, stored: str):
+    """The form with a stored value that is no valid choice shown as itself, marked "not
+    a valid choice", instead of the empty "---------" (saving still asks for a valid one)."""
+    field = form_class.base_fields["work_type"]
+    valid = {str(value) for value, _ in field.choices}
+    if not stored or stored in valid:
+        return form_class
+
+    class Form(form_class):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            shown = self.fields["work_type"]
+            shown.choices = [(stored, f"{stored} (not a valid choice)"), *shown.choices]
+            shown.help_text = (
+                f"The stored value {stored!r} is not a valid choice: choose one of the others."
+            )
+
+    return Form
+
+
+def _job_to_return_to(request) -> Job | None:
+    """The job named by ``?_job=`` when this user may see it, else None."""
+    raw = request.GET.get("_job", "")
+    if not raw.isdigit() or not request.user.has_perm("jobs.view_job"):
+        return None
+    return Job.objects.filter(pk=int(raw)).first()
 
 
 @admin.register(Tenant)

@@ -184,6 +184,7 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
     error_search_fields = ("last_error_type", "last_error_message")
     readonly_fields = (
         "subject",
+        "progress",
         "tries",
         "state_word",
         "error_class",
@@ -195,7 +196,7 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
     # actions above the form); the engine's bookkeeping is folded and comes last
     # (admin/jobs/job/change_form.html renders folded fieldsets after the inlines).
     fieldsets = [
-        (None, {"fields": ("state_word", "subject", "kind", "tries")}),
+        (None, {"fields": ("state_word", "subject", "kind", "tries", "progress")}),
         ("Error", {"fields": ("error_class", "error_message")}),
         (
             "Times",
@@ -294,7 +295,29 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
         revision = f" r{obj.output_revision}"
         if url is None:
             return text + revision
-        return format_html('<a href="{}">{}</a>{}', url, text, revision)
+        if not getattr(obj, "_on_change_page", False):
+            return format_html('<a href="{}">{}</a>{}', url, text, revision)
+        # On the job's page: the way to the cause and back (saving the subject returns here).
+        return format_html(
+            '<a href="{}">{}</a>{} · <a href="{}?_job={}" id="fix-subject">Fix the subject</a>',
+            url,
+            text,
+            revision,
+            url,
+            obj.pk,
+        )
+
+    @admin.display(description="progress")
+    def progress(self, obj):
+        """What the handler last said of its progress (``ctx.progress``), when it did."""
+        if obj.progress_at is None:
+            return "—"
+        done, total = obj.progress_done, obj.progress_total
+        counts = f"{done} of {total}" if total else f"{done}"
+        if total and done is not None:
+            counts += f" ({min(100, round(100 * done / total))}%)"
+        note = f": {obj.progress_note}" if obj.progress_note else ""
+        return f"{counts}{note}, at {shown_time(obj.progress_at)}"
 
     @admin.display(description="subject and kind", ordering="kind")
     def subject_and_kind(self, obj):
@@ -309,13 +332,18 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
     def error_class(self, obj):
         return error_of(obj)[0]
 
-    def get_form(self, request, obj=None, **kwargs):
-        self._detail = can_view_error_detail(request)  # for error_message, per request
-        return super().get_form(request, obj, **kwargs)
+    def get_object(self, request, object_id, from_field=None):
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None:
+            # Kept on this request's object (the ModelAdmin is shared by every request):
+            # the display methods below get the object, not the request.
+            obj._viewer_detail = can_view_error_detail(request)
+            obj._on_change_page = True
+        return obj
 
     @admin.display(description="error message")
     def error_message(self, obj):
-        message = error_of(obj, detail=getattr(self, "_detail", False))[1]
+        message = error_of(obj, detail=getattr(obj, "_viewer_detail", False))[1]
         if not message:
             return "—"
         return format_html('<span class="jobs-error">{}</span>', message)

@@ -164,9 +164,11 @@ def preview(op: Operation, obj) -> str:
             same = Attempt.objects.filter(
                 job=obj, error_class=obj.last_error_class, error_code=obj.last_error_code
             ).count()
-            tried = Attempt.objects.filter(job=obj, number__gt=0).count()
             words = " ".join(x for x in (cls, message) if x and x != "—")
-            error = f", {words} on {same} of {tried} attempt{'s' if tried != 1 else ''}"
+            # The tries as the job page counts them (attempts of its budget), so the two agree.
+            error = (
+                f", {words} on {same} of its tries; tries {obj.attempts} of {obj.max_attempts}"
+            )
         again = same_error_as_before_requeue(obj)
         tail = (
             " — the same error as before its last requeue: the cause may still be there"

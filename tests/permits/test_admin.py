@@ -228,7 +228,10 @@ def test_job_page__action_buttons_run_the_transition_and_log_who(demo):
     assert "operate-cancel" not in page  # only what applies to a dead job
     # The button leads to a confirmation with a preview; a GET changes nothing.
     confirm = client.get(url).content.decode()
-    assert f"Requeue job {job.pk} (dead, temporary" in confirm and "on 3 of 3 attempts" in confirm
+    assert (
+        f"Requeue job {job.pk} (dead, temporary" in confirm
+        and "on 3 of its tries; tries 3 of 3" in confirm
+    )
     job.refresh_from_db()
     assert job.state == Job.State.DEAD
     response = client.post(url, follow=True)
@@ -366,3 +369,61 @@ def test_operators__read_effect_events_and_the_task_queue_but_change_nothing(dem
     reviewer = login(demo, "reviewer47")
     assert reviewer.get("/admin/jobs/effectevent/").status_code == 403
     assert reviewer.get("/admin/django_q/ormq/").status_code == 403
+
+
+# --- issue 32, item 4: the cause in plain words, and the way to fix it and back ------------
+
+
+def _change_form_data(page) -> dict:
+    """What the change form would post back unchanged (its fields and inline formsets)."""
+
+    def value(bound):
+        got = bound.value()
+        if isinstance(got, bool):
+            return "on" if got else ""
+        return "" if got is None else got
+
+    form = page.context["adminform"].form
+    data = {form.add_prefix(name): value(form[name]) for name in form.fields}
+    for inline in page.context["inline_admin_formsets"]:
+        formset = inline.formset
+        management = formset.management_form
+        data.update({management.add_prefix(n): value(management[n]) for n in management.fields})
+        for sub in formset.forms:
+            data.update({sub.add_prefix(n): value(sub[n]) for n in sub.fields})
+    return {k: v for k, v in data.items() if v != ""}
+
+
+def test_dead_report__bad_value_shown__fix_the_subject_and_back_to_the_job(demo):
+    from permits.reports import KIND
+
+    job = Job.objects.filter(kind=KIND, state=Job.State.QUEUED).order_by("pk").first()
+    permit = PermitRequest.objects.get(pk=job.subject_id)
+    PermitRequest.objects.filter(pk=permit.pk).update(work_type="pool")  # not a choice
+    for _ in range(40):  # a delivery may claim another due job of the queue first
+        Job.objects.filter(pk=job.pk).update(next_attempt_at=job.created_at)
+        run_delivery(job.pk)
+        job.refresh_from_db()
+        if job.state == Job.State.DEAD:
+            break
+    assert job.state == Job.State.DEAD and job.last_error_code == "KeyError"
+    client = login(demo, "operator")
+    page = client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    fix = f"/admin/permits/permitrequest/{permit.pk}/change/?_job={job.pk}"
+    assert f'href="{fix}" id="fix-subject">Fix the subject<' in page
+    assert f"{job.attempts} of {job.max_attempts}" in page
+    form = client.get(fix)
+    text = form.content.decode()
+    assert '<option value="pool" selected>pool (not a valid choice)</option>' in text
+    assert "is not a valid choice: choose one of the others" in text
+    data = _change_form_data(form)
+    assert data["work_type"] == "pool"
+    refused = client.post(fix, data)
+    assert refused.status_code == 200 and "not a valid choice" in refused.content.decode()
+    saved = client.post(fix, {**data, "work_type": "alteration"})
+    assert saved.status_code == 302, saved.content.decode()[-2000:]
+    assert saved["Location"] == f"/admin/jobs/job/{job.pk}/change/", "back to the job"
+    assert PermitRequest.objects.get(pk=permit.pk).work_type == "alteration"
+    back = client.get(saved["Location"]).content.decode()
+    assert f"Back to job {job.pk}: retry it now." in back
+    assert f'/admin/jobs/job/{job.pk}/operate/requeue/"' in back
