@@ -20,7 +20,9 @@ Sections, all sequential (the machine has 2 cores):
    against the filesystem store (``bench.hosts``);
 10. broker: django-q2's ORM broker against ``jobs.broker.PostgresBroker`` (LISTEN/
     NOTIFY): idle single jobs, a burst of 83, a quiet cluster's transactions/s
-    (``bench.broker``).
+    (``bench.broker``);
+11. scheduling: the claim's throughput with priorities and two queues in use against
+    without, per executor, in process (``bench.scheduling``).
 
 Figures move 10-40% between runs on a shared machine; ratios measured in one
 run (each round pairs the kinds back to back) hold much better. The summary
@@ -52,7 +54,7 @@ def _args(argv):
     p.add_argument("--n-plain-report", type=int, default=None, help="default: N of reports")
     p.add_argument(
         "--sections",
-        default="hotpath,throughput,flow,scaling,latency,broker,pdf,ledger,hosts,s3",
+        default="hotpath,throughput,flow,scaling,latency,broker,scheduling,pdf,ledger,hosts,s3",
         help="comma-separated subset; add knobs for the fsync and CONN_HEALTH_CHECKS figures",
     )
     p.add_argument("--ledger-sizes", default="10000,100000,1000000")
@@ -300,6 +302,12 @@ def main(argv=None) -> int:
         singles, quiet = (5, 10.0) if args.quick else (20, 30.0)
         brokers = broker.run(user_id, workers, singles=singles, quiet=quiet, progress=say)
         results["brokers"] = broker.as_json(brokers)
+
+    if "scheduling" in sections:
+        from bench import scheduling
+
+        n_claims, rounds = (400, 1) if args.quick else (1500, args.rounds)
+        results["scheduling"] = scheduling.run(n_claims, rounds, progress=say)
 
     if "hosts" in sections:
         from bench import hosts
@@ -727,6 +735,11 @@ def report(res: dict, workers: int) -> str:
     )
     lines += broker_lines
     summary_lines += broker_summary
+    from bench import scheduling as scheduling_bench
+
+    scheduling_lines, scheduling_summary = scheduling_bench.report_lines(res.get("scheduling"))
+    lines += scheduling_lines
+    summary_lines += scheduling_summary
     host_runs = res.get("hosts")
     if host_runs:
         lines += ["", "worker hosts on this machine (demo.summary, one qcluster per host)"]
