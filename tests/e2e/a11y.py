@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 AXE_JS = (Path(__file__).parent / "vendor" / "axe.min.js").read_text()
-BLOCKING = ("serious", "critical")
+# Issue 32: moderate findings fail the browser tests too (landmarks, headings, regions).
+BLOCKING = ("moderate", "serious", "critical")
 VIEWPORTS = {"desktop": {"width": 1366, "height": 900}, "phone": {"width": 390, "height": 844}}
 
 _RUN = """async () => {
