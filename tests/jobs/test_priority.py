@@ -130,9 +130,12 @@ def test_a_delivery_never_claims_a_job_of_another_queue():
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_claims_take_different_jobs_best_first():
+def test_concurrent_claims_take_different_jobs_best_first(settings):
     """Eight claims at once, each named by a low job's message: they take the eight high
     jobs, each once (the statement's swap, then the ORM claim's SKIP LOCKED)."""
+    # Eight threads share one GIL on a loaded host: a claim's transaction may sit idle
+    # longer than a 2 s lease's idle timeout (a quarter of it) between its statements.
+    settings.JOBS_LEASE_SECONDS = 60
     low = [ask(f"c-low-{i}", priority=0) for i in range(8)]
     high = [ask(f"c-high-{i}", priority=50) for i in range(8)]
     barrier = threading.Barrier(8)

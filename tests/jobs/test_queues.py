@@ -126,7 +126,8 @@ def test_queue_rule_concurrency_1__the_second_claim_is_deferred():
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_queue_rule_concurrency_1_holds_under_concurrent_claims():
+def test_queue_rule_concurrency_1_holds_under_concurrent_claims(settings):
+    settings.JOBS_LEASE_SECONDS = 60  # eight threads, one GIL: no idle timeout mid-claim
     flow.set_rule(rules.queue_scope("reports"), actor="test", concurrency=1)
     batch = [ask(f"r-c{i}", priority=i % 3) for i in range(8)]
     barrier = threading.Barrier(8)
