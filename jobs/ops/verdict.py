@@ -92,6 +92,7 @@ class QueueView:
     due: int
     oldest_due_at: datetime | None
     claimed_recently: bool
+    oldest_wait: timedelta | None = None  # the oldest due job's wait, at the read
 
 
 @dataclass(frozen=True)
@@ -492,8 +493,16 @@ def queues() -> list[QueueView]:
         .values_list("job__queue", flat=True)
         .distinct()
     )
+    now = timezone.now()  # as the snapshot stamps its ages (snap.now)
     return [
-        QueueView(r["queue"], r["waiting"], r["due"], r["oldest"], r["queue"] in claimed)
+        QueueView(
+            r["queue"],
+            r["waiting"],
+            r["due"],
+            r["oldest"],
+            r["queue"] in claimed,
+            max(now - r["oldest"], timedelta()) if r["oldest"] else None,
+        )
         for r in rows
     ]
 
