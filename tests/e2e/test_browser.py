@@ -29,7 +29,7 @@ from permits.models import PermitRequest
 from permits.services import revoke_reviewer
 from tests.e2e import a11y
 from tests.e2e.processes import wait_until
-from tests.jobs.helpers import request_job
+from tests.jobs.helpers import request_job, run_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -298,16 +298,15 @@ def test_browser__reviewer_gets_one_report_and_notice_then_loses_access(
 
 def _demo_with_every_kind_of_row(operator) -> None:
     """Seeded demo plus a finished report, a dead job, a waiting one and a withheld notice."""
-    from jobs.delivery.runner import run_delivery
     from jobs.models import Effect
     from permits.services import report_request
 
     call_command("seed_demo", stdout=io.StringIO())
-    run_delivery(84)
+    run_job(84)
     # The seed asked for every report; build those the decision pages use (1 stays
     # queued: the panel polls and its decision form waits).
     for pk in (3, 4, 5, 8):
-        run_delivery(report_request(PermitRequest.objects.get(pk=pk))[0].pk)
+        run_job(report_request(PermitRequest.objects.get(pk=pk))[0].pk)
     doomed, _ = request_job(
         "test.short",
         subject_type="auth.user",
@@ -316,7 +315,7 @@ def _demo_with_every_kind_of_row(operator) -> None:
     )
     for _ in range(3):
         Job.objects.filter(pk=doomed.pk).update(next_attempt_at=doomed.created_at)
-        run_delivery(doomed.pk)
+        run_job(doomed.pk)
     Effect.objects.filter(job_id=84).update(state=Effect.State.NEEDS_REVIEW)
 
 
@@ -407,7 +406,6 @@ def test_browser__pages_pass_axe_and_fit_a_phone(live_server, browser):
 
 
 def test_browser__live_region_keeps_its_identity_and_focus_across_polls(live_server, browser):
-    from jobs.delivery.runner import run_delivery
     from permits.services import assign_reviewer, report_request
 
     reviewer = get_user_model().objects.create_user("live-reviewer", password="live-pass-9")
@@ -437,7 +435,7 @@ def test_browser__live_region_keeps_its_identity_and_focus_across_polls(live_ser
     page.evaluate("document.getElementById('report-status').__marker = 'same element'")
     expect(page.locator("#id_comment")).to_be_disabled()  # the decision waits for the report
     page.focus("#notice-link")
-    run_delivery(job.pk)  # the report is built while the page is open
+    run_job(job.pk)  # the report is built while the page is open
     expect(page.locator("#report-panel [data-state]")).to_have_attribute("data-state", "succeeded")
     expect(page.locator("#report-status")).to_contain_text("The report is ready to download.")
     assert page.evaluate("document.getElementById('report-status').__marker") == "same element"
@@ -451,7 +449,6 @@ def test_browser__live_region_keeps_its_identity_and_focus_across_polls(live_ser
 def test_browser__without_javascript_typed_input_survives_and_check_again_is_offered(
     live_server, browser
 ):
-    from jobs.delivery.runner import run_delivery
     from permits.services import report_request
 
     call_command("seed_demo", stdout=io.StringIO())
@@ -470,7 +467,7 @@ def test_browser__without_javascript_typed_input_survives_and_check_again_is_off
     assert navigations == [], navigations
     expect(page.get_by_role("link", name="Check again")).to_be_visible()
     shot(page, "nojs-phone-detail")
-    run_delivery(job.pk)
+    run_job(job.pk)
     page.get_by_role("link", name="Check again").click()
     page.check("input[name=decision][value=request_changes]")
     page.fill("#id_comment", "Please add the site plan.")

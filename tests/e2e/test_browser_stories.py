@@ -10,8 +10,8 @@ attempts first; a filtered bulk requeue confirms with the count and a sample; au
 axe-core runs on every page visited (0 serious or critical), reviewer pages must
 not scroll sideways at 390 px nor any page at 1366 px, and every page is
 screenshotted to ``var/screenshots/`` (``story-<width>-<page>.png``) for a person to
-look at. Workers are run in-process (``run_delivery``) so each step's state is the one
-the test means.
+look at. Workers are run in-process (``run_job``, a delivery at a time) so each step's
+state is the one the test means.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
-from jobs.delivery.runner import run_delivery
 from jobs.models import Job, JobEvent
 from permits import reports, selectors, services
 from permits.models import PermitRequest, Tenant
 from tests.e2e import a11y
 from tests.e2e.test_browser import browser, login, shot  # noqa: F401 (fixture)
+from tests.jobs.helpers import run_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 WIDTHS = list(a11y.VIEWPORTS)
@@ -133,7 +133,7 @@ def test_story__reviewer_gets_the_report_without_a_click_then_decides(
     check(page, "detail-preparing")
 
     page.evaluate("window.__samePage = true")
-    run_delivery(job.pk)  # a worker builds it while the page is open
+    run_job(job.pk)  # a worker builds it while the page is open
     expect(page.locator("#report-panel [data-state]")).to_have_attribute(
         "data-state", "succeeded", timeout=20_000
     )
@@ -195,7 +195,7 @@ def _run_until_dead(permits: list[int]) -> list[Job]:
         job = selectors.report_job(PermitRequest.objects.get(pk=pk))
         for _ in range(20):
             Job.objects.filter(pk=job.pk).update(next_attempt_at=job.created_at)
-            run_delivery(job.pk)
+            run_job(job.pk)
             job.refresh_from_db()
             if job.state == Job.State.DEAD:
                 break
@@ -226,7 +226,7 @@ def test_story__operator_sees_failing_then_bulk_requeues_with_confirmation(
     rate = page.locator('[data-reason="failure-rate"]')
     expect(rate).to_have_attribute("data-level", "bad")
     expect(rate).to_contain_text("Problem")
-    expect(rate).to_contain_text("of tries failed in the last 15 min")
+    expect(rate).to_contain_text("of tries failed in the last 5 min")
     failures = page.locator("#failures")
     for job in dead:
         expect(failures.locator(f'a[href$="/jobs/job/{job.pk}/change/"]')).to_have_count(1)

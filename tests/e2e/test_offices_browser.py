@@ -9,7 +9,7 @@ the report, its button visible without scrolling at 1366x900 and 1280x900.
 
 axe-core runs on every page (0 serious or critical) and every page is screenshotted to
 ``var/screenshots/`` (``offices-<width>-<page>.png``). Workers run in-process
-(``run_delivery``); tests/e2e/test_notices_browser.py runs real ones.
+(``run_job``); tests/e2e/test_notices_browser.py runs real ones.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management import call_command
 
-from jobs.delivery.runner import run_delivery
 from jobs.models import Job, Notice
 from permits import notices, selectors
 from permits.models import PermitRequest, Tenant
 from tests.e2e import a11y
 from tests.e2e.test_browser import browser, login, shot  # noqa: F401 (fixture)
+from tests.jobs.helpers import run_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 WIDTHS = list(a11y.VIEWPORTS)
@@ -72,7 +72,7 @@ def _seed():
 
 def _run_notices() -> None:
     for job in Job.objects.filter(kind=notices.ASSIGNED, state=Job.State.QUEUED):
-        assert run_delivery(job.pk).outcome == "succeeded"
+        assert run_job(job.pk).outcome == "succeeded"
 
 
 @pytest.mark.parametrize("width", WIDTHS)
@@ -151,7 +151,7 @@ def test_request_page__the_decision_is_beside_a_ready_report(
     _seed()
     permit = PermitRequest.objects.get(reference="SPR-2026-0003")
     job = selectors.report_job(permit)
-    assert run_delivery(job.pk).outcome == "succeeded"
+    assert run_job(job.pk).outcome == "succeeded"
     size = a11y.VIEWPORTS.get(viewport, {"width": 1280, "height": 900})
     width = viewport if viewport in a11y.VIEWPORTS else "desktop"
     page = browser.new_context(viewport=size).new_page()
