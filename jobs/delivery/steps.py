@@ -48,6 +48,7 @@ class JobContext(Protocol):
 
     def stage(self, name: str) -> None: ...
     def check_owner(self) -> None: ...
+    def _check_time(self) -> None: ...
     def _shield(self) -> contextlib.AbstractContextManager[None]: ...
     def _lost(self, how: str) -> None: ...
 
@@ -65,7 +66,10 @@ def run(ctx: JobContext, name: str, fn: Callable[[], Any]) -> Any:
         log.info("job=%s step=%s reused from attempt %s", ctx.job.pk, name, done.attempt)
         ctx.stage(f"step_reused:{name}")
         return done.output
-    ctx.check_owner()  # do not start work for a job this worker no longer holds
+    # Past the kind's timeout no step starts (a done one above is still returned: it
+    # costs nothing); then no step starts for a job this worker no longer holds.
+    ctx._check_time()
+    ctx.check_owner()
     started = timezone.now()
     ctx.stage(f"step_started:{name}")
     output = fn()

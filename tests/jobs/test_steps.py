@@ -18,7 +18,7 @@ from jobs.delivery.runner import claim_for, run_delivery
 from jobs.delivery.steps import OUTPUT_MAX_BYTES
 from jobs.models import Artifact, Attempt, Effect, Job, JobStep
 from jobs.registry import EffectSpec, kinds, register_kind
-from tests.jobs.helpers import expire_lease, make_due, request_job
+from tests.jobs.helpers import Crash, expire_lease, make_due, request_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,6 +61,8 @@ def _bad_output(ctx):
 if KIND not in kinds():
     register_kind(KIND, _handler, max_attempts=3)
     register_kind("test.bad_step_output", _bad_output)
+    # The same two steps under a kind timeout (far off: the test moves the deadline).
+    register_kind("test.two_steps_timed", _handler, max_attempts=3, timeout=60)
 
 
 def _job(user, subject: str, **params) -> Job:
@@ -161,3 +163,55 @@ def test_step__an_output_that_cannot_be_stored_fails_once_naming_the_step(bad):
     assert "ctx.step 'render'" in job.last_error_detail
     assert "xxxx" not in job.last_error_detail
     assert not JobStep.objects.filter(job=job).exists()
+
+
+def test_step__fn_may_run_again_when_the_attempt_dies_before_the_record(make_user):
+    """The uncooperative case: the worker dies (a signal, SIGKILL) after step 2's fn
+    returned and before its record. Nothing was recorded, so the next attempt runs the fn
+    again, with the same step key: "fn may run more than once; the record is once"."""
+    user = make_user()
+    job = _job(user, "crash")
+
+    def die_after_fn(stage, ctx):
+        if stage == "step_done:expensive" and ctx.job.attempts == 1:
+            raise Crash(stage)
+
+    with pytest.raises(Crash):
+        run_delivery(job.pk, worker="w-1", on_stage=die_after_fn)
+    assert list(JobStep.objects.filter(job=job).values_list("name", flat=True)) == ["render"]
+    expire_lease(Job.objects.get(pk=job.pk))
+    assert run_delivery(job.pk, worker="w-2").outcome == Attempt.Outcome.SUCCEEDED
+    assert RUNS["crash", "render"] == 1
+    assert RUNS["crash", "expensive"] == 2, "the fn ran again: its first output was never recorded"
+    steps = {s.name: s for s in JobStep.objects.filter(job=job)}
+    assert (steps["expensive"].attempt, steps["expensive"].worker) == (2, "w-2")
+    assert steps["expensive"].output == {"key": f"job-{job.pk}-r1-step-expensive"}
+    assert Artifact.objects.filter(job=job).count() == 1
+    assert Effect.objects.filter(job=job).count() == 1
+
+
+def test_step__no_step_starts_past_the_kinds_timeout(make_user):
+    """Step 1 ends after the kind's deadline (the test moves it): step 2's fn never runs,
+    the attempt ends as a timeout, and the retry reuses step 1 and runs step 2 once."""
+    user = make_user()
+    job, _ = request_job(
+        "test.two_steps_timed",
+        subject_type="test",
+        subject_id="timeout",
+        params={"user": user.pk},
+    )
+
+    def deadline_passes(stage, ctx):
+        if stage == "step_done:render":
+            ctx._deadline = -1.0  # the kind's timeout ran out during step 1's fn
+
+    first = run_delivery(job.pk, worker="w-1", on_stage=deadline_passes)
+    assert first.outcome not in (Attempt.Outcome.SUCCEEDED, Attempt.Outcome.LEASE_LOST)
+    assert RUNS["timeout", "render"] == 1 and RUNS["timeout", "expensive"] == 0
+    assert list(JobStep.objects.filter(job=job).values_list("name", flat=True)) == ["render"]
+    job.refresh_from_db()
+    assert "timeout" in job.last_error_detail
+    assert not Artifact.objects.filter(job=job).exists()
+    make_due(job)
+    assert run_delivery(job.pk, worker="w-2").outcome == Attempt.Outcome.SUCCEEDED
+    assert (RUNS["timeout", "render"], RUNS["timeout", "expensive"]) == (1, 1)
