@@ -17,7 +17,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -53,6 +53,9 @@ def kind(
     priority: int = 0,
     queue: str = "default",
     timeout: float | None = None,
+    schedule: str | timedelta | None = None,
+    schedule_tz: str | None = None,
+    catch_up: str = "latest",
 ) -> Callable[[Handler], Handler]:
     """Register the decorated function as the handler of job kind ``name``.
 
@@ -61,7 +64,9 @@ def kind(
     ``redact_errors=True`` (or a predicate on the exception): the handler's
     exception messages may quote private values, so only class and frames are kept.
     ``priority`` (-100..100, higher first) and ``queue`` are its jobs' defaults;
-    ``timeout`` is how many seconds one attempt may run.
+    ``timeout`` is how many seconds one attempt may run. ``schedule`` (a cron
+    expression read in ``schedule_tz``, or a ``timedelta``) makes it periodic: one job
+    per tick, ``catch_up`` ``"latest"`` or ``"all"`` after downtime (docs/app/schedules.md).
     """
 
     def register(handler: Handler) -> Handler:
@@ -80,6 +85,9 @@ def kind(
             priority=priority,
             queue=queue,
             timeout=timeout,
+            schedule=schedule,
+            schedule_tz=schedule_tz,
+            catch_up=catch_up,
         )
         return handler
 

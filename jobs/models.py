@@ -459,3 +459,20 @@ class FlowRuleChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} {self.scope} by {self.actor}"
+
+
+class ScheduleState(models.Model):
+    """The newest tick a periodic kind's schedule has requested (``jobs.schedules``).
+
+    Bookkeeping, moved forward by compare-and-swap: the tick's job identity is what makes
+    each tick one job, so a dispatcher that read this row stale only asks again."""
+
+    kind = models.CharField(max_length=64, unique=True)
+    last_tick = models.DateTimeField()
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["kind"]
+
+    def __str__(self) -> str:
+        return f"schedule of {self.kind}: last tick {self.last_tick:%Y-%m-%dT%H:%M:%SZ}"

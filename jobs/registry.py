@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from jobs.exceptions import PayloadInvalid, UnknownKind
@@ -96,6 +97,11 @@ class JobKind:
     queue: str = "default"
     # Seconds one attempt may run (None: the lease and Q_CLUSTER['timeout'] only).
     timeout: float | None = None
+    # A periodic kind (docs/app/schedules.md): a cron expression or an interval, the cron's
+    # time zone (None: TIME_ZONE) and which ticks missed while down to request.
+    schedule: str | timedelta | None = None
+    schedule_tz: str | None = None
+    catch_up: str = "latest"
 
 
 PRIORITY_RANGE = (-100, 100)  # Django's tasks contract: higher runs first
@@ -134,13 +140,21 @@ def register_kind(
     priority: int = 0,
     queue: str = "default",
     timeout: float | None = None,
+    schedule: str | timedelta | None = None,
+    schedule_tz: str | None = None,
+    catch_up: str = "latest",
 ) -> JobKind:
     """Register a job kind (idempotent, so ``ready()`` may run twice in tests).
 
     ``redact_errors``: the kind's exception messages may carry private values;
     True (or a predicate returning True for an exception) keeps only the class
-    and the traceback's frames of its failures.
+    and the traceback's frames of its failures. ``schedule`` makes it periodic
+    (``jobs.schedules``): ValueError here when it cannot be read.
     """
+    if schedule is not None:
+        from jobs.schedules import make_schedule
+
+        make_schedule(name, schedule, tz=schedule_tz, catch_up=catch_up)
     if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
     kind = JobKind(
@@ -152,6 +166,9 @@ def register_kind(
         priority=check_priority(priority),
         queue=check_queue(queue),
         timeout=None if timeout is None else float(timeout),
+        schedule=schedule,
+        schedule_tz=schedule_tz,
+        catch_up=catch_up,
     )
     _kinds[name] = kind
     return kind
