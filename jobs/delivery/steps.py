@@ -77,6 +77,12 @@ def run(ctx: JobContext, name: str, fn: Callable[[], Any]) -> Any:
     ctx.stage(f"step_done:{name}")
     recorded = _record(ctx, name, output, started)
     if recorded is None:
+        log.info(
+            "job=%s step=%s refused: worker=%s no longer holds the job",
+            ctx.job.pk,
+            name,
+            ctx.worker,
+        )
         ctx._lost(f"step {name!r} not recorded: the job is no longer held by this worker")
     log.info("job=%s step=%s recorded attempt=%s", ctx.job.pk, name, recorded.attempt)
     return recorded.output

@@ -10,6 +10,7 @@ class TestAppConfig(AppConfig):
         from tests.testapp import kinds
 
         kinds.register()
+        kinds.register_durable_steps()
         if getattr(settings, "SOAK_RELEASE_CHECK_FAULTS", False):
             from tests.chaos.faults import install_release_check_faults
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
 import time
+import urllib.request
 
 from jobs.delivery.runner import JobContext
 from jobs.exceptions import NotAuthorized, PayloadInvalid, TemporaryFailure
@@ -67,3 +70,79 @@ def _release_check_raises(effect) -> str | None:
 def register_effect_kinds() -> None:
     register_kind("test.release_check_raises", notify, authorize_release=_release_check_raises)
     register_kind("test.notify_only", notify)
+
+
+# --- durable steps under real processes (tests/e2e/test_steps_processes.py) ----------
+
+DBOS_KIND = "test.dbos_steps"
+
+
+def _append(path: str, line: str) -> None:
+    """One line per fn run, in a file: the count survives a frozen or killed worker."""
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+def _hold(go_file: str, runs_file: str) -> None:
+    """Wait for the test's go. The suite's django-q2 alarm (Q_CLUSTER timeout 5 s, counted
+    in wall time, frozen or not) may have fired while the test kept this worker frozen
+    past its 2 s lease: it is swallowed here, once, so the worker goes on to its record as
+    a paused worker does in production, where the lease is far below Q_CLUSTER timeout."""
+    from django_q.exceptions import TimeoutException
+
+    deadline = time.monotonic() + 60
+    while not os.path.exists(go_file) and time.monotonic() < deadline:
+        try:
+            time.sleep(0.02)
+        except TimeoutException:
+            _append(runs_file, "alarm swallowed")
+
+
+def dbos_steps(ctx: JobContext) -> list[EffectSpec]:
+    """Step 1 renders; step 2 sends one request to the stand-in provider keyed by
+    ``ctx.step_key("send")``. On attempt 1 it then stays inside step 2 until
+    ``params.go_file`` exists, so the test can freeze it there (SIGSTOP) past its lease."""
+    p = ctx.params
+
+    def render() -> dict:
+        _append(p["runs_file"], f"render attempt={ctx.job.attempts}")
+        return {"pages": 2}
+
+    def send() -> dict:
+        from tests.e2e.processes import PROVIDER_TOKEN
+
+        key = ctx.step_key("send")
+        _append(p["runs_file"], f"send attempt={ctx.job.attempts}")
+        body = {
+            "effect_id": key,
+            "recipient": str(p["recipient"]),
+            "job": ctx.job.pk,
+            "revision": ctx.job.output_revision,
+            "report_key": f"job-{ctx.job.pk}",
+            "kind": DBOS_KIND,
+        }
+        request = urllib.request.Request(
+            f"{p['provider']}/notices",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                "Idempotency-Key": key,
+                "Authorization": f"Bearer {PROVIDER_TOKEN}",
+            },
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            sent = json.loads(answer.read())
+        if ctx.job.attempts == 1:
+            _hold(p["go_file"], p["runs_file"])
+        return {"send_id": sent["id"]}
+
+    rendered = ctx.step("render", render)
+    sent = ctx.step("send", send)
+    body = f"pages={rendered['pages']} send={sent['send_id']}\n".encode()
+    ctx.store_artifact(body, content_type="text/plain", extension="txt")
+    return [EffectSpec("done", "inapp", str(p["recipient"]), {"title": "Report ready"})]
+
+
+def register_durable_steps() -> None:
+    register_kind(DBOS_KIND, dbos_steps, max_attempts=3)
