@@ -313,7 +313,8 @@ def tick_of(job: Any) -> datetime:
     return datetime.strptime(job.subject_id, _TICK_FORMAT).replace(tzinfo=UTC)
 
 
-def _zone(name: str | None) -> ZoneInfo:
+def zone(name: str | None) -> ZoneInfo:
+    """The named IANA time zone (None: TIME_ZONE); ScheduleError when there is none."""
     from django.conf import settings
 
     name = name or settings.TIME_ZONE or "UTC"
@@ -347,7 +348,7 @@ def make_schedule(
             f"a schedule is a cron expression (str) or an interval (timedelta), "
             f"not {type(schedule).__name__}"
         )
-    made = Schedule(kind, cron, every, _zone(tz), catch_up, source)
+    made = Schedule(kind, cron, every, zone(tz), catch_up, source)
     if cron is not None and made.next_after(datetime(2000, 1, 1, tzinfo=UTC)) is None:
         raise ScheduleError(f"cron {schedule!r} matches no date: it would never fire")
     return made
@@ -373,7 +374,7 @@ def _from_setting(kind: str, entry: object) -> Schedule:
     for name, value in (("tz", entry.get("tz")), ("catch_up", entry.get("catch_up", "latest"))):
         try:
             if name == "tz":
-                _zone(value)
+                zone(value)
             elif value not in CATCH_UP:
                 raise ScheduleError(f"one of {', '.join(CATCH_UP)}, not {str(value)[:20]!r}")
         except ScheduleError as exc:
