@@ -104,6 +104,7 @@ class JobKind:
     catch_up: str = "latest"
 
 
+CATCH_UP = ("latest", "all")  # a periodic kind's ticks missed while down: the newest, or each
 PRIORITY_RANGE = (-100, 100)  # Django's tasks contract: higher runs first
 QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -149,12 +150,12 @@ def register_kind(
     ``redact_errors``: the kind's exception messages may carry private values;
     True (or a predicate returning True for an exception) keeps only the class
     and the traceback's frames of its failures. ``schedule`` makes it periodic
-    (``jobs.schedules``): ValueError here when it cannot be read.
+    (``jobs.schedules``; its cron and time zone are read by check jobs.E040 at start-up).
     """
-    if schedule is not None:
-        from jobs.schedules import make_schedule
-
-        make_schedule(name, schedule, tz=schedule_tz, catch_up=catch_up)
+    if schedule is not None and not isinstance(schedule, str | timedelta):
+        raise ValueError(f"schedule must be a cron string or a timedelta, not {schedule!r}")
+    if catch_up not in CATCH_UP:
+        raise ValueError(f"catch_up must be one of {', '.join(CATCH_UP)}, not {catch_up!r}")
     if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
     kind = JobKind(

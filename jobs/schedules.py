@@ -36,12 +36,13 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.core import checks
 
+from jobs.registry import CATCH_UP
+
 if TYPE_CHECKING:
     from jobs.api import JobHandle
 
 log = logging.getLogger("jobs.schedules")
 
-CATCH_UP = ("latest", "all")
 CATCH_UP_MAX = 100  # ticks one "all" catch-up requests at most: the newest ones
 SUBJECT_TYPE = "jobs.tick"
 SETTING = "JOBS_SCHEDULES"
