@@ -9,6 +9,7 @@ passes only if all of them hold.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import tempfile
@@ -27,7 +28,7 @@ import jobs
 from jobs import artifacts
 from jobs.delivery.runner import JobContext, run_delivery
 from jobs.exceptions import TemporaryFailure
-from jobs.models import Artifact, Attempt, Effect, Job, Notice
+from jobs.models import Artifact, Attempt, Effect, Job, JobStep, Notice
 from jobs.registry import EffectSpec, register_kind
 from jobs.retry import POLICY, ErrorClass
 from jobs.tasks import release_effect
@@ -39,6 +40,9 @@ from permits.services import report_request, revoke_reviewer
 
 DEADLOCK_KIND = "drill.deadlock"
 RENDERED_KIND = "drill.rendered_report"
+TWO_STEP_KIND = "drill.two_step_report"
+# How often each durable step's fn ran, per job (the drill runs its workers in one process).
+STEP_RUNS: dict[tuple[int, str], int] = {}
 
 
 @dataclass
@@ -159,9 +163,52 @@ def rendered_handler(ctx: JobContext) -> list[EffectSpec]:
     return []
 
 
+def _seal(data: bytes) -> str:
+    """The separate expensive stage: a slow digest of the rendered bytes (a stand-in for
+    a signing service or a heavy post-processing pass)."""
+    return hashlib.pbkdf2_hmac("sha256", data, b"drill-seal", 20_000).hex()
+
+
+def two_step_handler(ctx: JobContext) -> list[EffectSpec]:
+    """The permit report in two durable steps: ``render`` stores the bytes as the artifact
+    file and records a reference to it; ``seal`` runs the expensive stage on those bytes.
+    An attempt that finds ``render`` done reads its bytes back by that reference."""
+    permit = PermitRequest.objects.select_related("tenant").get(pk=int(ctx.job.subject_id))
+
+    def count(name: str) -> None:
+        STEP_RUNS[ctx.job.pk, name] = STEP_RUNS.get((ctx.job.pk, name), 0) + 1
+
+    rendered_now: dict[str, bytes] = {}
+
+    def render() -> dict:
+        count("render")
+        pdf = reports.render_report(permit, ctx.job)
+        art = ctx.store_artifact(pdf, content_type="application/pdf", extension="pdf")
+        rendered_now["pdf"] = pdf
+        return {"file": art.storage_name, "sha256": art.sha256}
+
+    rendered = ctx.step("render", render)
+    ctx.stage("between_steps")
+    pdf = rendered_now.get("pdf")
+    if pdf is None:  # an earlier attempt rendered: its file, verified, is this one's artifact
+        with artifacts.get_storage().open(rendered["file"], "rb") as f:
+            pdf = f.read()
+        if artifacts.sha256_hex(pdf) != rendered["sha256"]:
+            raise RuntimeError("the rendered file does not match its step's sha256")
+        ctx.store_artifact(pdf, content_type="application/pdf", extension="pdf")
+
+    def seal() -> dict:
+        count("seal")
+        return {"seal": _seal(pdf)}
+
+    ctx.step("seal", seal)
+    return []
+
+
 def register() -> None:
     register_kind(DEADLOCK_KIND, deadlock_handler, max_attempts=3)
     register_kind(RENDERED_KIND, rendered_handler, max_attempts=3)
+    register_kind(TWO_STEP_KIND, two_step_handler, max_attempts=3)
 
 
 # --- the steps ---------------------------------------------------------------------------
@@ -337,6 +384,92 @@ def step_stale_bytes(d: Drill) -> None:
     )
 
 
+def step_two_steps(d: Drill) -> None:
+    """A two-step report: worker 1 renders (step 1 recorded), pauses between the steps and
+    loses its lease; worker 2 skips the done render and runs the expensive stage; worker 1
+    resumes and publishes nothing. Each step's fn ran once in all."""
+    permit = PermitRequest.objects.select_related("tenant").get(pk=1)
+    job = jobs.request(
+        TWO_STEP_KIND,
+        ("permits.permitrequest", permit.pk),
+        revision=permit.output_revision,
+        tenant=permit.tenant.key,
+    ).job
+    first, second = _identity("worker-1"), _identity("worker-2")
+    between, resume = threading.Event(), threading.Event()
+    seen: dict = {}
+
+    def pause_between_steps(stage: str, ctx: JobContext) -> None:
+        seen.setdefault("first_stages", []).append(stage)
+        if stage == "between_steps":
+            between.set()
+            resume.wait(60)
+
+    def run_first():
+        try:
+            seen["first"] = run_delivery(job.pk, worker=first, on_stage=pause_between_steps)
+        finally:
+            connections.close_all()
+
+    def note_second(stage: str, ctx: JobContext) -> None:
+        seen.setdefault("second_stages", []).append(stage)
+
+    thread = threading.Thread(target=run_first)
+    thread.start()
+    d.check("worker 1 recorded step 1 (render)", between.wait(30))
+    d.row("11a render, pause", "worker-1", "step render recorded; paused between steps", job)
+    time.sleep(float(settings.JOBS_LEASE_SECONDS) + 0.3)
+    try:
+        second_result = run_delivery(job.pk, worker=second, on_stage=note_second)
+    finally:
+        resume.set()
+        thread.join(30)
+    stages = seen.get("second_stages", [])
+    d.check("worker 2 publishes", second_result.outcome == "succeeded", second_result.outcome)
+    skipped = "step_reused:render" in stages and "step_started:render" not in stages
+    d.check("worker 2 skipped the done render step", skipped)
+    d.row(
+        "11b reclaim, skip render",
+        "worker-2",
+        ("render skipped (done by attempt 1)" if skipped else "render ran again")
+        + f"; seal ran -> {second_result.outcome}",
+        job,
+    )
+    first_result = seen.get("first")
+    d.check(
+        "late worker 1 publishes nothing",
+        first_result is not None and first_result.outcome == "lease_lost",
+    )
+    late = seen.get("first_stages", [])
+    late = late[late.index("between_steps") + 1 :] if "between_steps" in late else []
+    d.check("late worker 1 did not run the seal", "step_started:seal" not in late)
+    d.row(
+        "11c resume",
+        "worker-1",
+        ("seal found done" if "step_reused:seal" in late else "seal refused")
+        + "; publish CAS lost -> "
+        + (first_result.outcome if first_result else "?"),
+        job,
+    )
+    runs = {name: STEP_RUNS.get((job.pk, name), 0) for name in ("render", "seal")}
+    d.check(
+        "each step's fn ran once in all",
+        runs == {"render": 1, "seal": 1},
+        ", ".join(f"{name} ran {n}x" for name, n in runs.items()),
+    )
+    steps = {s.name: s for s in JobStep.objects.filter(job=job)}
+    d.check(
+        "one recorded step each: render by worker 1, seal by worker 2",
+        set(steps) == {"render", "seal"}
+        and (steps["render"].worker, steps["seal"].worker) == (first, second),
+    )
+    rows = list(Artifact.objects.filter(job=job))
+    d.check(
+        "one artifact row, the rendered bytes",
+        len(rows) == 1 and rows[0].sha256 == steps["render"].output["sha256"],
+    )
+
+
 def step_provider_timeout(d: Drill, server) -> None:
     """The provider accepts a send and stalls past our read timeout: same key, one notice."""
     permit = PermitRequest.objects.get(pk=1)
@@ -457,6 +590,7 @@ def run(write: Callable[[str], None]) -> bool:
             step_deadlock,
             step_malformed,
             step_revoked,
+            step_two_steps,
         ):
             try:
                 step(d)

@@ -29,6 +29,8 @@ def assert_passed(proc: subprocess.CompletedProcess, vendor: str) -> None:
     assert f"Practice drill on {vendor}" in out
     for step in ("reclaim, verify, publish", "publish CAS lost", "same key", "malformed payload"):
         assert step in out
+    assert "render skipped (done by attempt 1)" in out  # the two-step report's second attempt
+    assert "[ok] each step's fn ran once in all" in out
     assert "provider_timeout" in out and "safe to retry" in out and "operator review" in out
     assert "[FAIL]" not in out
 
