@@ -514,10 +514,10 @@ def fire_kind(schedule: Schedule, now: datetime) -> list[JobHandle]:
     ScheduleState.objects.filter(kind=schedule.kind, last_tick__lt=due[-1]).update(
         last_tick=due[-1], updated_at=timezone.now()
     )
-    fresh = sum(h.created for h in handles)
-    if fresh:
-        newest = tick_id(due[-1])
-        log.info("schedule %s: %d tick(s) requested, newest %s", schedule.kind, fresh, newest)
+    fresh = [tick_id(tick) for tick, h in zip(due, handles, strict=True) if h.created]
+    if fresh:  # which dispatcher created which tick: the drill reads it
+        shown = " ".join(fresh) if len(fresh) <= 5 else f"{fresh[0]} .. {fresh[-1]} ({len(fresh)})"
+        log.info("schedule %s: created tick(s) %s", schedule.kind, shown)
     return handles
 
 
