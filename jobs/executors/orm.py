@@ -16,6 +16,7 @@ from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
+from django.db.models import OuterRef, Subquery
 from django.db.models.functions import Coalesce, Now
 
 from jobs import clock, queue, rules
@@ -43,8 +44,9 @@ def claim(job_id: int, worker: str, *, lease: float, bound: int) -> Claim:
     with clock.worker_transaction():
         # The server's clock, read with the row: every decision and write below uses it.
         # ``flow_ruled``: an active flow rule on its kind or tenant (read in the same query).
+        # ``top_id``/``oldest_id``: its queue's candidates (``choose``), in the same query.
         job = (
-            Job.objects.annotate(db_now=Now(), flow_ruled=rules.flow_ruled_q())
+            Job.objects.annotate(db_now=Now(), flow_ruled=rules.flow_ruled_q(), **_candidate_ids())
             .filter(pk=job_id)
             .first()
         )
@@ -80,10 +82,10 @@ def choose(named: Job, now) -> Job:
     claimable and its queue has a due job (docs/app/scheduling.md).
 
     A named job that needs its own verdict (``rules.OWN_VERDICT``: an expired lease, a
-    spent budget) keeps the delivery. On PostgreSQL the job taken instead is locked or
-    skipped (``SKIP LOCKED``): concurrent claims take different jobs, and none waits
-    for a row another claim is deciding about. The same choice as the PostgreSQL
-    statement's (``tests/jobs/test_executor_contract.py``).
+    spent budget) keeps the delivery. On PostgreSQL the job taken is held by its claim
+    lock, tried, never waited for (``_claim_lock``): a job another claim is deciding
+    about is passed over, so concurrent claims take different jobs. The same choice as
+    the PostgreSQL statement's (``tests/jobs/test_executor_contract.py``).
     """
     if rules.holds(rules.OWN_VERDICT, named, now=now):
         return named
@@ -91,16 +93,29 @@ def choose(named: Job, now) -> Job:
     claimable = rules.holds(rules.CLAIMABLE, named, now=now)
     margin = rules.effective_priority(named, now, aging) + rules.SWAP_MARGIN
     passed: set[int] = set()
-    for _ in range(8):  # a candidate another claim holds is passed over (8 claims at once)
+    for attempt in range(9):  # a job another claim holds is passed over (8 at once)
+        if attempt == 0:
+            # The two ids read with the named job: nothing more to read when it is the one.
+            ids = {getattr(named, "top_id", None), getattr(named, "oldest_id", None)}
+            ids -= {None, named.pk}
+            found = list(Job.objects.filter(rules.to_q(rules.CLAIMABLE), pk__in=ids)) if ids else []
+            if len(found) < len(ids):  # one was taken meanwhile: look at the queue again
+                continue
+        else:
+            found = [c for c in _candidates(named.queue, exclude=passed) if c.pk != named.pk]
         best, best_key = None, None
-        for candidate in _candidates(named.queue, exclude=passed):
+        for candidate in found:
             key = -rules.effective_priority(candidate, now, aging)
             key = (key, rules.waiting_since(candidate), candidate.pk)
             if best_key is None or key < best_key:
                 best, best_key = candidate, key
-        if best is None or best.pk == named.pk:
-            return named
-        if claimable and -best_key[0] < margin:
+        if claimable and (best is None or -best_key[0] < margin):
+            if _claim_lock(named.pk):
+                return named
+            claimable = False  # another claim is deciding about it: the queue's next
+            passed.add(named.pk)
+            continue
+        if best is None:
             return named
         taken = _take_candidate(best.pk)
         if taken is not None:
@@ -110,24 +125,52 @@ def choose(named: Job, now) -> Job:
     return named
 
 
+_BY_PRIORITY = ("-priority", Coalesce("next_attempt_at", "created_at"), "pk")
+_BY_WAIT = (Coalesce("next_attempt_at", "created_at"), "pk")
+
+
+def _candidate_ids() -> dict:
+    """The named job's queue's candidates as subqueries on its row: the due job best by
+    priority and the one waiting longest (two index scans, in the claim's first read)."""
+    due = Job.objects.filter(rules.to_q(rules.CLAIMABLE), queue=OuterRef("queue"))
+    return {
+        "top_id": Subquery(due.order_by(*_BY_PRIORITY).values("pk")[:1]),
+        "oldest_id": Subquery(due.order_by(*_BY_WAIT).values("pk")[:1]),
+    }
+
+
 def _candidates(queue_name: str, *, exclude: set[int]) -> list[Job]:
     """The queue's due job best by priority and its longest waiting one (two index scans)."""
     base = Job.objects.filter(rules.to_q(rules.CLAIMABLE), queue=queue_name)
     if exclude:
         base = base.exclude(pk__in=exclude)
-    since = Coalesce("next_attempt_at", "created_at")
     found = {}
-    for order in (("-priority", since, "pk"), (since, "pk")):
+    for order in (_BY_PRIORITY, _BY_WAIT):
         for job in base.order_by(*order)[:1]:
             found[job.pk] = job
     return list(found.values())
 
 
+def _claim_lock(pk: int) -> bool:
+    """PostgreSQL: try the job's own advisory claim lock (the one the claim statement
+    tries), held to this transaction's end; False when another claim holds it. Never a
+    row lock: a claim holding a job's row while it waits for a scope's lock that a
+    statement holds, whose update waits for that row, would deadlock. SQLite: True
+    (``transaction_mode=IMMEDIATE`` serializes every writer)."""
+    if connection.vendor != "postgresql":
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))", [rules.CLAIM_LOCK_CLASS, str(pk)]
+        )
+        return bool(cursor.fetchone()[0])
+
+
 def _take_candidate(pk: int) -> Job | None:
-    """The candidate, still claimable and (PostgreSQL) locked by this transaction, or None."""
+    """The candidate under its claim lock and still claimable, or None."""
+    if not _claim_lock(pk):
+        return None
     rows = Job.objects.filter(rules.to_q(rules.CLAIMABLE), pk=pk)
-    if connection.vendor == "postgresql":
-        rows = rows.select_for_update(skip_locked=True, of=("self",))
     return rows.annotate(flow_ruled=rules.flow_ruled_q()).first()
 
 

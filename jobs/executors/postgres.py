@@ -156,11 +156,13 @@ def _claim_statement() -> tuple[str, rules.Rendered]:
     ruled = rules.flow_ruled_sql(job_t, quote=_q)
     assert not ruled.slots, "the flow-rule condition has no parameters"
     # Admission runs once, in a CTE of its own, never in the UPDATE's WHERE (which the
-    # server may evaluate again after a concurrent update). A ruled job's admission may
-    # take rate starts: the job's own advisory lock (tried, never waited for) keeps a
-    # racing delivery of the same job from taking starts it cannot use; it finds the
-    # lock taken and leaves the job to the ORM claim. (Locking the row itself would cost
-    # every claim a second write of the tuple: measured +0.3 ms a claim.)
+    # server may evaluate again after a concurrent update). The chosen job's own advisory
+    # claim lock is tried first (never waited for): a racing delivery of the same job
+    # finds it taken and leaves the job to the ORM claim, so a ruled job's admission
+    # never takes rate starts it cannot use, and an ORM claim deciding about this job
+    # (it holds the same lock, ``orm._claim_lock``) is never waited for here while this
+    # statement holds a scope's lock that claim waits for (no deadlock). (Locking the
+    # row itself would cost every claim a second write of the tuple: +0.3 ms a claim.)
     # The job to claim (docs/app/scheduling.md): the named job, unless its queue has a
     # due job at least SWAP_MARGIN levels more urgent by effective priority (two index
     # scans: the best by priority, the longest waiting); a named job that must have its
@@ -196,13 +198,13 @@ def _claim_statement() -> tuple[str, rules.Rendered]:
         ), admitted AS MATERIALIZED (
             SELECT id FROM {job_t}
             WHERE id = (SELECT id FROM chosen) AND {claimable.text}
-              AND NOT {queue_ruled.text} AND CASE WHEN {ruled.text}
-                THEN CASE WHEN pg_try_advisory_xact_lock(
-                        {rules.CLAIM_LOCK_CLASS}, hashtext(id::text))
+              AND NOT {queue_ruled.text}
+              AND CASE WHEN pg_try_advisory_xact_lock({rules.CLAIM_LOCK_CLASS}, hashtext(id::text))
+                THEN CASE WHEN {ruled.text}
                     THEN jobs_flow_admits_v2(kind, tenant_key, id, %s::integer)
-                    ELSE false END
-                ELSE tenant_key = '' OR jobs_tenant_admits_v2(tenant_key, id, %s::integer)
-            END
+                    ELSE tenant_key = '' OR jobs_tenant_admits_v2(tenant_key, id, %s::integer)
+                    END
+                ELSE false END
         ), claimed AS (
             UPDATE {job_t} SET
                 state = %s, attempts = attempts + 1, lease_owner = %s,
