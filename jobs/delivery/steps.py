@@ -72,8 +72,7 @@ def run(ctx: JobContext, name: str, fn: Callable[[], Any]) -> Any:
     ctx.check_owner()
     started = timezone.now()
     ctx.stage(f"step_started:{name}")
-    output = fn()
-    _check_output(name, output)
+    output = _stored_form(name, fn())
     ctx.stage(f"step_done:{name}")
     recorded = _record(ctx, name, output, started)
     if recorded is None:
@@ -113,17 +112,21 @@ def _check_name(name: object) -> None:
         raise PayloadInvalid(f"ctx.step: a step name is 1-{NAME_MAX} printable characters")
 
 
-def _check_output(name: str, output: Any) -> None:
-    """A step output that cannot be stored fails the job once, naming the step, never
-    quoting the value."""
+def _stored_form(name: str, output: Any) -> Any:
+    """The output as every later attempt will read it back (a JSON round trip: tuples
+    become lists, keys strings), so the first attempt gets the same value; an output that
+    cannot be stored (not JSON, NaN or infinity, which PostgreSQL's jsonb refuses, too big)
+    fails the job once, naming the step, never quoting the value."""
     try:
-        size = len(json.dumps(output).encode())
+        text = json.dumps(output, allow_nan=False)
     except (TypeError, ValueError):
         raise PayloadInvalid(
-            f"ctx.step {name!r}: the output must be JSON (dicts, lists, strings, numbers)"
+            f"ctx.step {name!r}: the output must be JSON (dicts, lists, strings, finite numbers)"
         ) from None
+    size = len(text.encode())
     if size > OUTPUT_MAX_BYTES:
         raise PayloadInvalid(
             f"ctx.step {name!r}: the output is {size} bytes of JSON, more than "
             f"{OUTPUT_MAX_BYTES}; store bytes with ctx.store_artifact"
         )
+    return json.loads(text)

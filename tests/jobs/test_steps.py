@@ -55,12 +55,26 @@ def _handler(ctx):
 def _bad_output(ctx):
     if ctx.params["bad"] == "object":
         return ctx.step("render", lambda: object())
+    if ctx.params["bad"] == "nan":
+        return ctx.step("render", lambda: {"ratio": float("nan")})
     return ctx.step("render", lambda: "x" * (OUTPUT_MAX_BYTES + 1))
+
+
+SEEN: dict[tuple[str, int], object] = {}  # (subject, attempt) -> what ctx.step returned
+
+
+def _json_shapes(ctx):
+    out = ctx.step("render", lambda: {1: (2, 3), "page": 4})
+    SEEN[ctx.job.subject_id, ctx.job.attempts] = out
+    if ctx.job.attempts == 1:
+        raise jobs.TemporaryFailure("the test's dependency is away", code="test_unavailable")
+    return []
 
 
 if KIND not in kinds():
     register_kind(KIND, _handler, max_attempts=3)
     register_kind("test.bad_step_output", _bad_output)
+    register_kind("test.step_json_shapes", _json_shapes, max_attempts=3)
     # The same two steps under a kind timeout (far off: the test moves the deadline).
     register_kind("test.two_steps_timed", _handler, max_attempts=3, timeout=60)
 
@@ -152,7 +166,7 @@ def test_step__a_cancel_during_a_step_records_nothing_and_ends_cancelled(make_us
     assert not Effect.objects.filter(job=job).exists()
 
 
-@pytest.mark.parametrize("bad", ["object", "too_big"])
+@pytest.mark.parametrize("bad", ["object", "nan", "too_big"])
 def test_step__an_output_that_cannot_be_stored_fails_once_naming_the_step(bad):
     job, _ = request_job(
         "test.bad_step_output", subject_type="test", subject_id=bad, params={"bad": bad}
@@ -215,3 +229,15 @@ def test_step__no_step_starts_past_the_kinds_timeout(make_user):
     make_due(job)
     assert run_delivery(job.pk, worker="w-2").outcome == Attempt.Outcome.SUCCEEDED
     assert (RUNS["timeout", "render"], RUNS["timeout", "expensive"]) == (1, 1)
+
+
+def test_step__the_first_attempt_gets_the_value_a_later_attempt_reads_back():
+    """A tuple or an int key does not survive JSON: the attempt that ran the fn gets the
+    stored form too, so code after the step sees one value on every attempt."""
+    job, _ = request_job(
+        "test.step_json_shapes", subject_type="test", subject_id="shapes", params={}
+    )
+    assert run_delivery(job.pk, worker="w-1").outcome == Attempt.Outcome.RETRY
+    make_due(Job.objects.get(pk=job.pk))
+    assert run_delivery(job.pk, worker="w-2").outcome == Attempt.Outcome.SUCCEEDED
+    assert SEEN["shapes", 1] == SEEN["shapes", 2] == {"1": [2, 3], "page": 4}
