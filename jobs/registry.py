@@ -7,11 +7,11 @@ looks them up by name, so ``jobs`` never imports the project.
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from jobs.exceptions import PayloadInvalid, UnknownKind
@@ -99,7 +99,7 @@ class JobKind:
     timeout: float | None = None
     # A periodic kind (docs/app/schedules.md): a cron expression or an interval, the cron's
     # time zone (None: TIME_ZONE) and which ticks missed while down to request.
-    schedule: str | timedelta | None = None
+    schedule: str | datetime.timedelta | None = None
     schedule_tz: str | None = None
     catch_up: str = "latest"
 
@@ -141,7 +141,7 @@ def register_kind(
     priority: int = 0,
     queue: str = "default",
     timeout: float | None = None,
-    schedule: str | timedelta | None = None,
+    schedule: str | datetime.timedelta | None = None,
     schedule_tz: str | None = None,
     catch_up: str = "latest",
 ) -> JobKind:
@@ -152,7 +152,7 @@ def register_kind(
     and the traceback's frames of its failures. ``schedule`` makes it periodic
     (``jobs.schedules``; its cron and time zone are read by check jobs.E040 at start-up).
     """
-    if schedule is not None and not isinstance(schedule, str | timedelta):
+    if schedule is not None and not isinstance(schedule, str | datetime.timedelta):
         raise ValueError(f"schedule must be a cron string or a timedelta, not {schedule!r}")
     if catch_up not in CATCH_UP:
         raise ValueError(f"catch_up must be one of {', '.join(CATCH_UP)}, not {catch_up!r}")
