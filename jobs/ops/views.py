@@ -13,7 +13,7 @@ from django.views.decorators.cache import never_cache
 
 from jobs import conf, stats
 from jobs.hooks import subject_labels
-from jobs.ops import console, flowview
+from jobs.ops import console, flowview, trends
 from jobs.ops.error_detail import can_view_error_detail
 
 # What /metrics says when the Prometheus client is not installed: a 404 that names the
@@ -81,6 +81,7 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
         "failures": failures,
         "retrying": retrying_rows,
         "window": console.window_words(snap.window),
+        "trends": trends.trends(snap.now),
         "stats": stats.collect(),
         "chart": console.chart(rows),
         "first_minute": rows[0]["minute"],

@@ -214,3 +214,21 @@ def test_health__a_queue_no_worker_claims_from_is_named():
     assert [(q.name, q.due, q.claimed_recently) for q in console.snapshot().queues] == [
         ("reports", 1, False)
     ]
+
+
+def test_trends__failed_tries_and_the_first_wait_per_minute(client, admin_user):
+    from jobs.ops import trends
+
+    job = failing_job(1)
+    _deliver(job)  # one failed try this minute
+    waiting = failing_job(2)  # never tried: it waits for a first try
+    Job.objects.filter(pk=waiting.pk).update(created_at=Now() - timedelta(minutes=3))
+    found = {t.key: t for t in trends.trends()}
+    assert found["failed-tries"].values[-1] == 1 and sum(found["failed-tries"].values) == 1
+    assert found["queue-depth"].values[-1] == 1, "the tried job no longer waits for a first try"
+    assert found["queue-depth"].values[-5] == 0, "it did not exist yet four minutes ago"
+    assert found["oldest-wait"].values[-1] >= 180
+    assert len(found["oldest-wait"].points.split()) == trends.TREND_MINUTES
+    client.force_login(admin_user)
+    page = client.get("/admin/jobs/job/dashboard/?part=live").content.decode()
+    assert 'data-trend="queue-depth"' in page and "Jobs waiting for a first try" in page
