@@ -464,6 +464,9 @@ def is_paused(kind: str) -> bool:
     return bool(rule is not None and rule.paused)
 
 
+_warned: set[tuple[str, str]] = set()
+
+
 def fire_due(now: datetime | None = None) -> list[JobHandle]:
     """Request every tick due since the last one requested, per periodic kind.
 
@@ -473,11 +476,18 @@ def fire_due(now: datetime | None = None) -> list[JobHandle]:
     a new schedule fires from its next tick on.
     """
     from django.db import DatabaseError
+    from django.utils import timezone
 
-    now = now or server_now()
+    if now is not None and timezone.is_naive(now):
+        raise ValueError("now must be an aware datetime")
     schedules, problems = collect()
-    for where, message in problems:
-        log.warning("schedule not read: %s: %s", where, message)
+    for problem in problems:
+        if problem not in _warned:  # once per process: the check names it at start-up
+            _warned.add(problem)
+            log.warning("schedule not read: %s: %s", *problem)
+    if not schedules:
+        return []  # no periodic kinds: no query
+    now = now or server_now()
     handles: list[JobHandle] = []
     for schedule in schedules.values():
         try:

@@ -213,6 +213,22 @@ def test_fire_due__a_new_schedule_starts_at_its_next_tick_then_one_job_per_tick(
 
 
 @in_transaction
+def test_fire_due__a_round_with_nothing_due_is_one_query_per_kind_and_none_without_kinds(
+    scheduled, django_assert_num_queries
+):
+    with django_assert_num_queries(0):
+        assert fire_due() == []  # no periodic kind: not even the server's clock is read
+    kind = scheduled("test.cheap_rounds", timedelta(minutes=1))
+    fire_due(now=T0)
+    flow.cached_rules()  # the flow rules' copy (read at most once a second)
+    with django_assert_num_queries(1):  # the kind's state row
+        assert fire_due(now=T0 + timedelta(seconds=30)) == []
+    with pytest.raises(ValueError, match="aware"):
+        fire_due(now=datetime(2027, 1, 4, 8, 0))
+    assert ScheduleState.objects.get(kind=kind).last_tick == T0
+
+
+@in_transaction
 @pytest.mark.parametrize(
     ("catch_up", "expected"),
     [
