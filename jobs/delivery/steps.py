@@ -90,19 +90,29 @@ def run(ctx: JobContext, name: str, fn: Callable[[], Any]) -> Any:
 def _record(ctx: JobContext, name: str, output: Any, started) -> JobStep | None:
     """The fenced swap and the step's row in one transaction: the row that stands for the
     step, or None when the fence failed (nothing written)."""
-    with ctx._shield(), transaction.atomic():
-        if not job_machine.heartbeat(ctx.job, ctx.worker):
-            return None
-        step, _ = JobStep.objects.get_or_create(
-            job_id=ctx.job.pk,
-            name=name,
-            defaults={
-                "output": output,
-                "attempt": ctx.job.attempts,
-                "worker": ctx.worker,
-                "started_at": started,
-            },
-        )
+    job = ctx.job
+    # The swap mirrors itself on ctx.job; if the transaction then fails (the database went
+    # away mid-insert), it is rolled back, and so is the mirror: the failure is recorded
+    # against the version the row still has, not reported as a lost lease.
+    before = (job.version, job.state, job.lease_expires_at)
+    with ctx._shield():  # a hard stop inside waits for the commit, then raises
+        try:
+            with transaction.atomic():
+                if not job_machine.heartbeat(job, ctx.worker):
+                    return None
+                step, _ = JobStep.objects.get_or_create(
+                    job_id=job.pk,
+                    name=name,
+                    defaults={
+                        "output": output,
+                        "attempt": job.attempts,
+                        "worker": ctx.worker,
+                        "started_at": started,
+                    },
+                )
+        except BaseException:
+            job.version, job.state, job.lease_expires_at = before
+            raise
     ctx._lease_extended_at = time.monotonic()
     return step
 

@@ -241,3 +241,31 @@ def test_step__the_first_attempt_gets_the_value_a_later_attempt_reads_back():
     make_due(Job.objects.get(pk=job.pk))
     assert run_delivery(job.pk, worker="w-2").outcome == Attempt.Outcome.SUCCEEDED
     assert SEEN["shapes", 1] == SEEN["shapes", 2] == {"1": [2, 3], "page": 4}
+
+
+def test_step__a_database_error_in_the_record_is_a_retry_not_a_lost_lease(make_user, monkeypatch):
+    """The record's transaction fails after its swap (the database went away mid-insert):
+    both are rolled back, the attempt is recorded as a temporary failure against the
+    version the row still has, and the retry reuses step 1 and runs step 2 again."""
+    from django.db import OperationalError
+
+    user = make_user()
+    job = _job(user, "db_error")
+    real = JobStep.objects.get_or_create
+    failures = ["expensive"]
+
+    def flaky(**kwargs):
+        if kwargs["name"] in failures:
+            failures.remove(kwargs["name"])
+            raise OperationalError("server closed the connection unexpectedly")
+        return real(**kwargs)
+
+    monkeypatch.setattr(JobStep.objects, "get_or_create", flaky)
+    first = run_delivery(job.pk, worker="w-1")
+    assert first.outcome == Attempt.Outcome.RETRY, first.outcome
+    job.refresh_from_db()
+    assert job.state == Job.State.RETRY_WAIT and job.last_error_class == "temporary"
+    assert list(JobStep.objects.filter(job=job).values_list("name", flat=True)) == ["render"]
+    make_due(job)
+    assert run_delivery(job.pk, worker="w-2").outcome == Attempt.Outcome.SUCCEEDED
+    assert (RUNS["db_error", "render"], RUNS["db_error", "expensive"]) == (1, 2)
