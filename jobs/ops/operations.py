@@ -166,9 +166,7 @@ def preview(op: Operation, obj) -> str:
             ).count()
             words = " ".join(x for x in (cls, message) if x and x != "—")
             # The tries as the job page counts them (attempts of its budget), so the two agree.
-            error = (
-                f", {words} on {same} of its tries; tries {obj.attempts} of {obj.max_attempts}"
-            )
+            error = f", {words} on {same} of its tries; tries {obj.attempts} of {obj.max_attempts}"
         again = same_error_as_before_requeue(obj)
         tail = (
             " — the same error as before its last requeue: the cause may still be there"
