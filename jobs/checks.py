@@ -24,6 +24,7 @@ runserver) stops on an Error, so a project learns what to fix before a job runs.
 | jobs.I001 | which path the hot path takes on this database, and why (database tag) |
 | jobs.W015 | the jobs' SQLite database runs without ``transaction_mode="IMMEDIATE"`` and WAL |
 | jobs.W016 | the metrics URL is routed but ``prometheus_client`` (``[metrics]``) is missing |
+| jobs.E040 | every schedule (``jobs.kind(schedule=)``, ``JOBS_SCHEDULES``) can be read |
 
 Checks of one part live in that part's module (the storage's in ``jobs.artifacts``, the
 broker's in ``jobs.queue``, the e-mail provider's in ``jobs.providers.email``, the
@@ -44,7 +45,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError, connections, router
 
-from jobs import artifacts, conf, executors, queue, registry
+from jobs import artifacts, conf, executors, queue, registry, schedules
 from jobs.providers import email
 
 
@@ -451,4 +452,5 @@ register()(artifacts.check_exclusive_create)
 register()(queue.check_django_q)
 register()(queue.check_broker)
 register()(email.check_email_timing)
+register()(schedules.check_schedules)
 register(Tags.database)(executors.check_hot_path)

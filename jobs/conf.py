@@ -30,6 +30,25 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("JOBS_MAX_ATTEMPTS", 5, "Attempt budget of a job whose kind sets none."),
     Setting(
+        "JOBS_PRIORITY_AGING_SECONDS",
+        60.0,
+        "Waiting that raises a job's effective priority by one level (the claim's "
+        "anti-starvation aging, docs/app/scheduling.md).",
+    ),
+    Setting(
+        "JOBS_SCHEDULES",
+        {},
+        "Periodic kinds declared elsewhere: kind name -> {'cron' or 'every' (seconds), 'tz', "
+        "'catch_up': 'latest'|'all'}; wins over the kind's own schedule= "
+        "(docs/app/schedules.md, check jobs.E040).",
+    ),
+    Setting(
+        "JOBS_CONSOLE_WINDOW_SECONDS",
+        300.0,
+        "The window of the console's verdict: failed tries are judged over it; 'Recovering' "
+        "once a try succeeds after the last failure, 'Healthy' when the window has passed it.",
+    ),
+    Setting(
         "JOBS_TIMEOUT_GRACE_SECONDS",
         5.0,
         "How long a handler past its kind's timeout has to reach its next check or return "

@@ -18,7 +18,7 @@ import logging
 
 from django.db import transaction
 
-from jobs import rules
+from jobs import rules, schedules
 from jobs.models import Effect, Job
 from jobs.services import enqueue_effect, enqueue_job, mark_enqueued, needs_message
 
@@ -28,6 +28,8 @@ log = logging.getLogger("jobs.dispatch")
 def dispatch_once(*, limit: int = 500) -> dict[str, int]:
     """Enqueue what is due now by the server's clock; returns how many messages were sent."""
     sent = {"due_jobs": 0, "expired_leases": 0, "effects": 0}
+    # Periodic kinds: each due tick is one job, created with its message (jobs.schedules).
+    sent["ticks"] = sum(handle.created for handle in schedules.fire_due())
     plans = [
         ("due_jobs", Job, rules.JOB_DUE, "next_attempt_at", enqueue_job),
         ("expired_leases", Job, rules.JOB_LEASE_EXPIRED, "lease_expires_at", enqueue_job),

@@ -356,7 +356,7 @@ def _publish(ctx: JobContext, specs: list) -> list | None:
 
 def _handle_failure(ctx: JobContext, exc: BaseException) -> DeliveryResult:
     job, worker, attempt = ctx.job, ctx.worker, ctx.attempt
-    c = classify(exc)
+    c = classify(exc, redact=_redacts(job.kind))
     error = failures.capture(exc, redact=_redacts(job.kind))
     fields = {"error_class": c.error_class.value, "error_code": c.code, **error.attempt_fields()}
     # The outcome and its attempt row commit together: a crash cannot leave a blank attempt.

@@ -26,9 +26,9 @@ DEFAULT_WINDOW_SECONDS = 300
 
 def health_window() -> timedelta:
     """The verdict's window: ``JOBS_CONSOLE_WINDOW_SECONDS`` (default 300 s, at least 1 s)."""
-    from django.conf import settings
+    from jobs import conf
 
-    seconds = float(getattr(settings, "JOBS_CONSOLE_WINDOW_SECONDS", DEFAULT_WINDOW_SECONDS))
+    seconds = float(conf.get("JOBS_CONSOLE_WINDOW_SECONDS"))
     return timedelta(seconds=max(1.0, seconds))
 
 

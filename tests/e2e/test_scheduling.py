@@ -16,6 +16,7 @@ import itertools
 from datetime import timedelta
 
 import pytest
+from django.db import transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
@@ -63,8 +64,11 @@ def test_priority_with_one_real_worker__first_claims_and_the_starvation_bound(pr
     # Starvation: one low job behind a backlog of high ones. It waits while they run;
     # once it has waited past the bound (11 levels at the default 60 s: moved back 13
     # levels here) it is claimed next, ahead of the high jobs still waiting.
-    starved = ask("starved", priority=0).pk
-    stream = [ask(f"stream-{i}", priority=10, stages=1, stage_sleep=0.2).pk for i in range(30)]
+    # One commit for the low job and the stream: an idle worker handed the low job's
+    # message before the stream existed would rightly run it at once (seen on a loaded run).
+    with transaction.atomic():
+        starved = ask("starved", priority=0).pk
+        stream = [ask(f"stream-{i}", priority=10, stages=1, stage_sleep=0.2).pk for i in range(30)]
     wait_until(
         procs,
         "five of the stream to succeed",

@@ -161,11 +161,6 @@ def test_payload_invalid_quoting_contacts__in_no_log_line_or_error_column(
     assert not _leaks(serializers.serialize("json", Notice.objects.all())), "notices"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="jobs/delivery/runner.py must classify with the kind's redaction: "
-    "classify(exc, redact=_redacts(job.kind)) (issue 32, item 5; the integrator's change)",
-)
 def test_payload_invalid_quoting_contacts__not_in_the_job_row(make_user, monkeypatch):
     permit = factories.permit(reviewer=make_user())
     _quoting_payload_invalid(monkeypatch, permit)

@@ -25,7 +25,7 @@ import pytest
 
 from jobs.testing import scratchdb
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.drill, pytest.mark.e2e]
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
