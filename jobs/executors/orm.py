@@ -10,13 +10,14 @@ PostgreSQL executor gives way to these for its documented refusals.
 
 from __future__ import annotations
 
+import functools
 import logging
 from contextlib import nullcontext
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
-from django.db.models import OuterRef, Subquery
+from django.db.models import Q, Subquery
 from django.db.models.functions import Coalesce, Now
 
 from jobs import clock, queue, rules
@@ -44,17 +45,14 @@ def claim(job_id: int, worker: str, *, lease: float, bound: int) -> Claim:
     with clock.worker_transaction():
         # The server's clock, read with the row: every decision and write below uses it.
         # ``flow_ruled``: an active flow rule on its kind or tenant (read in the same query).
-        # ``top_id``/``oldest_id``: its queue's candidates (``choose``), in the same query.
-        job = (
-            Job.objects.annotate(db_now=Now(), flow_ruled=rules.flow_ruled_q(), **_candidate_ids())
-            .filter(pk=job_id)
-            .first()
-        )
+        # Its queue's two candidates (``choose``) come whole in the same query.
+        rows = list(_first_read(job_id))
+        job = next((row for row in rows if row.pk == job_id), None)
         if job is None:
             log.warning("job=%s delivery for a job that does not exist", job_id)
             return Claim("missing")
         now = job.db_now
-        job = choose(job, now)
+        job = choose(job, now, [row for row in rows if row.pk != job_id])
         live = rules.holds(rules.LIVE_RUNNING, job, now=now)
         early = rules.holds(rules.WAITING, job, now=now) and not rules.holds(
             rules.DUE, job, now=now
@@ -76,16 +74,18 @@ def claim(job_id: int, worker: str, *, lease: float, bound: int) -> Claim:
         return _admit_and_start(job, worker, now, lease=lease, bound=bound, reclaiming=reclaiming)
 
 
-def choose(named: Job, now) -> Job:
+def choose(named: Job, now, candidates: list[Job] | None = None) -> Job:
     """The job this delivery claims: ``named``, unless its queue has a due job at least
     ``rules.SWAP_MARGIN`` levels more urgent by effective priority, or ``named`` is not
     claimable and its queue has a due job (docs/app/scheduling.md).
 
-    A named job that needs its own verdict (``rules.OWN_VERDICT``: an expired lease, a
-    spent budget) keeps the delivery. On PostgreSQL the job taken is held by its claim
-    lock, tried, never waited for (``_claim_lock``): a job another claim is deciding
-    about is passed over, so concurrent claims take different jobs. The same choice as
-    the PostgreSQL statement's (``tests/jobs/test_executor_contract.py``).
+    ``candidates``: the queue's due job best by priority and its longest waiting one, read
+    with ``named`` (``_first_read``); None reads them here. A named job that needs its
+    own verdict (``rules.OWN_VERDICT``: an expired lease, a spent budget) keeps the
+    delivery. On PostgreSQL the job taken is held by its claim lock, tried, never waited
+    for (``_claim_lock``): a job another claim is deciding about is passed over, so
+    concurrent claims take different jobs. The same choice as the PostgreSQL statement's
+    (``tests/jobs/test_executor_contract.py``).
     """
     if rules.holds(rules.OWN_VERDICT, named, now=now):
         return named
@@ -94,13 +94,9 @@ def choose(named: Job, now) -> Job:
     margin = rules.effective_priority(named, now, aging) + rules.SWAP_MARGIN
     passed: set[int] = set()
     for attempt in range(9):  # a job another claim holds is passed over (8 at once)
-        if attempt == 0:
-            # The two ids read with the named job: nothing more to read when it is the one.
-            ids = {getattr(named, "top_id", None), getattr(named, "oldest_id", None)}
-            ids -= {None, named.pk}
-            found = list(Job.objects.filter(rules.to_q(rules.CLAIMABLE), pk__in=ids)) if ids else []
-            if len(found) < len(ids):  # one was taken meanwhile: look at the queue again
-                continue
+        if attempt == 0 and candidates is not None:
+            # Read with the named job: nothing more to read when it is the one.
+            found = candidates
         else:
             found = [c for c in _candidates(named.queue, exclude=passed) if c.pk != named.pk]
         best, best_key = None, None
@@ -117,7 +113,7 @@ def choose(named: Job, now) -> Job:
             continue
         if best is None:
             return named
-        taken = _take_candidate(best.pk)
+        taken = _take_candidate(best)
         if taken is not None:
             taken.db_now = now
             return taken
@@ -129,14 +125,20 @@ _BY_PRIORITY = ("-priority", Coalesce("next_attempt_at", "created_at"), "pk")
 _BY_WAIT = (Coalesce("next_attempt_at", "created_at"), "pk")
 
 
-def _candidate_ids() -> dict:
-    """The named job's queue's candidates as subqueries on its row: the due job best by
-    priority and the one waiting longest (two index scans, in the claim's first read)."""
-    due = Job.objects.filter(rules.to_q(rules.CLAIMABLE), queue=OuterRef("queue"))
-    return {
-        "top_id": Subquery(due.order_by(*_BY_PRIORITY).values("pk")[:1]),
-        "oldest_id": Subquery(due.order_by(*_BY_WAIT).values("pk")[:1]),
-    }
+def _first_read(job_id: int):
+    """The named job and its queue's two candidates, whole, in one query: the due job
+    best by priority and the one waiting longest (two index scans on the named job's
+    queue, each run once), each row with the server's clock and ``flow_ruled``.
+
+    A swap then costs no ORM query: the candidate's row is already here.
+    """
+    named_queue = Subquery(Job.objects.filter(pk=job_id).values("queue")[:1])
+    due = Job.objects.filter(rules.to_q(rules.CLAIMABLE), queue=named_queue)
+    top = Subquery(due.order_by(*_BY_PRIORITY).values("pk")[:1])
+    oldest = Subquery(due.order_by(*_BY_WAIT).values("pk")[:1])
+    return Job.objects.annotate(db_now=Now(), flow_ruled=rules.flow_ruled_q()).filter(
+        Q(pk=job_id) | Q(pk=top) | Q(pk=oldest)
+    )
 
 
 def _candidates(queue_name: str, *, exclude: set[int]) -> list[Job]:
@@ -166,12 +168,44 @@ def _claim_lock(pk: int) -> bool:
         return bool(cursor.fetchone()[0])
 
 
-def _take_candidate(pk: int) -> Job | None:
-    """The candidate under its claim lock and still claimable, or None."""
-    if not _claim_lock(pk):
+def _take_candidate(candidate: Job) -> Job | None:
+    """The candidate under its claim lock and still claimable, or None.
+
+    SQLite: the row as read (the claim's ``BEGIN IMMEDIATE`` has held the only write lock
+    since the read). PostgreSQL: after the lock, its version is read again (a statement
+    of its own, so its snapshot is newer than the lock): the row read before stands when
+    the version did not move; a row written since is read again whole.
+    """
+    if connection.vendor != "postgresql":
+        if getattr(candidate, "flow_ruled", None) is None:  # from ``_candidates``
+            return _reread(candidate.pk)
+        return candidate
+    if not _claim_lock(candidate.pk):
         return None
+    if getattr(candidate, "flow_ruled", None) is None:
+        return _reread(candidate.pk)
+    with connection.cursor() as cursor:
+        cursor.execute(_STILL_CLAIMABLE_SQL(), [*_CLAIMABLE_SQL().params(), candidate.pk])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return candidate if row[0] == candidate.version else _reread(candidate.pk)
+
+
+def _reread(pk: int) -> Job | None:
     rows = Job.objects.filter(rules.to_q(rules.CLAIMABLE), pk=pk)
     return rows.annotate(flow_ruled=rules.flow_ruled_q()).first()
+
+
+@functools.cache
+def _CLAIMABLE_SQL() -> rules.Rendered:
+    return rules.to_sql(rules.CLAIMABLE, Job)
+
+
+@functools.cache
+def _STILL_CLAIMABLE_SQL() -> str:
+    table = connection.ops.quote_name(Job._meta.db_table)
+    return f'SELECT "version" FROM {table} WHERE {_CLAIMABLE_SQL().text} AND "id" = %s'
 
 
 def _admit_and_start(
