@@ -154,3 +154,31 @@ def test_concurrent_claims_take_different_jobs_best_first(settings):
     assert len(set(taken)) == 8, taken
     assert sorted(taken) == sorted(j.pk for j in high)
     assert Job.objects.filter(pk__in=[j.pk for j in high], attempts=1).count() == 8
+
+
+# The ORM claim's round trips, swapping or not (issue 30's bench bar): the queue's two
+# candidates come whole with the named job's row, so taking one of them reads nothing
+# more. PostgreSQL: BEGIN; SET LOCAL fences; the read; the claim lock (of the named job,
+# or of the candidate taken, then its version again in a statement of its own, whose
+# snapshot is newer than the lock); UPDATE (the CAS); INSERT attempt; COMMIT.
+# SQLite: BEGIN IMMEDIATE; the read; UPDATE; INSERT; COMMIT (the write lock is held
+# since the read: a recheck could see nothing new).
+ORM_CLAIM_QUERIES = {"postgresql": (7, 8), "sqlite": (5, 5)}  # (keeps its job, swaps)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("swaps", [False, True], ids=["keeps", "swaps"])
+def test_orm_claim__a_swap_costs_at_most_one_round_trip(swaps):
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs import conf
+    from jobs.executors import orm
+
+    named = ask("named", priority=0)
+    other = ask("other", priority=5 if swaps else -5)
+    with CaptureQueriesContext(connection) as captured:
+        got = orm.claim(named.pk, "w1", lease=60.0, bound=conf.tenant_concurrency())
+    sqls = [q["sql"] for q in captured]
+    assert got.won and got.job.pk == (other.pk if swaps else named.pk)
+    assert Job.objects.get(pk=got.job.pk).state == Job.State.RUNNING
+    assert len(sqls) == ORM_CLAIM_QUERIES[connection.vendor][swaps], sqls
