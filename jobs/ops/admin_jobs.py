@@ -13,7 +13,7 @@ from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html
 
 from jobs.hooks import SUBJECTS, subject_labels
-from jobs.models import Artifact, Attempt, Effect, Job, JobEvent
+from jobs.models import Artifact, Attempt, Effect, Job, JobEvent, JobStep
 from jobs.ops import words
 from jobs.ops.admin_common import (
     EngineAdmin,
@@ -159,6 +159,21 @@ class ArtifactInline(ReadOnlyInline):
     fields = readonly_fields = ("key", "sha256", "size", "content_type", "created_at", "rewrites")
 
 
+class StepInline(ReadOnlyInline):
+    """The job's durable steps (``ctx.step``): which attempt did each, and when. The
+    outputs stay off the page: they are the handler's references, read by its code."""
+
+    model = JobStep
+    fk_name = "job"
+    fields = readonly_fields = ("name", "attempt", "worker", "started_at", "finished_at", "took")
+    show_change_link = False
+    verbose_name_plural = "Steps (each done once; later attempts reuse its output)"
+
+    @admin.display(description="took")
+    def took(self, obj):
+        return words.duration(obj.finished_at - obj.started_at)
+
+
 @admin.register(Job)
 class JobAdmin(LastErrorColumn, EngineAdmin):
     operations = JOB_OPERATIONS
@@ -235,7 +250,7 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
             },
         ),
     ]
-    inlines = [AttemptInline, JobEventInline, ArtifactInline, EffectInline]
+    inlines = [AttemptInline, StepInline, JobEventInline, ArtifactInline, EffectInline]
 
     def get_fieldsets(self, request, obj=None):
         fieldsets = super().get_fieldsets(request, obj)

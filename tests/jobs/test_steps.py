@@ -102,6 +102,20 @@ def test_step__a_retry_reuses_the_done_step_and_runs_only_the_rest(make_user):
     assert Effect.objects.filter(job=job).count() == 1
 
 
+def test_step__the_job_page_lists_each_step_with_its_attempt(make_user, admin_client):
+    user = make_user()
+    job = _job(user, "page", fail_after_render=1)
+    run_delivery(job.pk, worker="w-1")
+    make_due(Job.objects.get(pk=job.pk))
+    run_delivery(job.pk, worker="w-2")
+    page = admin_client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    assert "Steps (each done once; later attempts reuse its output)" in page
+    rows = page.split("Steps (each done once")[1]
+    assert rows.index("render") < rows.index("expensive")
+    assert "w-1" in rows and "w-2" in rows
+    assert f"job-{job.pk}-r1-step-expensive" not in page  # outputs stay off the page
+
+
 def test_step__a_stale_worker_cannot_record_its_step_or_publish(make_user, settings):
     """Worker A pauses inside step 2 after its outside call; its lease runs out; B claims,
     reuses step 1, runs step 2 and publishes; then A goes on: refused, nothing written."""
