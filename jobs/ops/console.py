@@ -17,7 +17,7 @@ from django.db.models import Count, Max, Q
 from django.db.models.functions import Now, TruncMinute
 from django.utils import timezone
 
-from jobs import clock, failures, rules, stats
+from jobs import clock, failures, rules, schedules, stats
 from jobs.models import EFFECT_STATES, JOB_STATES, Attempt, Effect, EffectEvent, Job
 from jobs.ops import verdict
 from jobs.ops.error_detail import shown_detail
@@ -240,6 +240,7 @@ def snapshot(now: datetime | None = None) -> Snapshot:
         last_succeeded_at=last_succeeded,
         succeeded_since_failure=since_failure,
         retrying_same=verdict.retrying_on_the_same_error(LIST_LIMIT),
+        schedules=schedules.overview()[0],
     )
 
 

@@ -147,6 +147,8 @@ class Snapshot:
     last_succeeded_at: datetime | None = None
     succeeded_since_failure: int = 0
     retrying_same: list[tuple[Job, int]] = field(default_factory=list)
+    # Periodic kinds (jobs.schedules.overview): last requested and next tick, paused.
+    schedules: list = field(default_factory=list)
 
     @property
     def oldest_due_age(self) -> timedelta | None:

@@ -410,3 +410,20 @@ def test_jobs_schedules_command__lists_each_schedule_with_last_and_next_tick(sch
     assert rows[minutely]["paused"] is True and rows[minutely]["last_tick"] == (
         "2027-03-27T12:00:00Z"
     )
+
+
+def test_console__lists_each_schedule_with_its_ticks_and_pause(scheduled, admin_client):
+    nightly = scheduled("test.console_nightly", "30 2 * * *", schedule_tz="Europe/Vienna")
+    minutely = scheduled("test.console_minutely", timedelta(minutes=1))
+    fire_due(now=datetime(2027, 3, 27, 12, tzinfo=UTC))
+    flow.pause(f"kind:{minutely}", actor="test")
+    flow.forget()
+    page = admin_client.get("/admin/jobs/job/dashboard/").content.decode()
+    table = page.split('id="schedules"')[1].split("</table>")[0]
+    nightly_row = table.split(f'data-schedule="{nightly}"')[1].split("</tr>")[0]
+    assert "30 2 * * *" in nightly_row and "Europe/Vienna" in nightly_row
+    assert "2027-03-27 01:30 UTC" in nightly_row  # the last tick requested
+    assert "2027-03-28 01:00 UTC" in nightly_row  # the next: the end of the DST gap
+    assert nightly_row.rstrip().endswith("<td>no</td>")
+    paused_row = table.split(f'data-schedule="{minutely}"')[1].split("</tr>")[0]
+    assert paused_row.rstrip().endswith("<td>yes</td>")
