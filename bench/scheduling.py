@@ -8,6 +8,8 @@ claims take another job of the named job's queue (the swap, docs/app/scheduling.
 Each claim is the executor's whole claim (the PostgreSQL statement, or the ORM claim's
 transaction); the jobs stay running (nothing is published). Variants alternate within
 each round and swap order every other round; the figure is the median of the rounds.
+Apart from the timed runs, a few claims per executor and variant are traced for their
+round trips per claim (``CaptureQueriesContext``: it slows them, so never timed).
 """
 
 from __future__ import annotations
@@ -69,6 +71,18 @@ def _claim_all(executor: str, ids: list[int]) -> tuple[float, int, int]:
     return time.perf_counter() - started, swapped, won
 
 
+def _queries_per_claim(executor: str, variant: str, n: int = 40) -> float:
+    """Round trips per claim over ``n`` claims of ``variant`` (traced, not timed)."""
+    from django.db import connection, reset_queries
+    from django.test.utils import CaptureQueriesContext
+
+    ids = _prepare(variant, n, f"trace-{executor}")
+    reset_queries()  # a full query log (DEBUG) would leave the capture empty
+    with CaptureQueriesContext(connection) as captured:
+        _claim_all(executor, ids)
+    return len(captured) / len(ids)
+
+
 def run(n: int = 1500, rounds: int = 3, progress: Callable[[str], None] = print) -> dict:
     """Claims per second per executor and variant (median of ``rounds``), and the ratios."""
     runs: list[dict] = []
@@ -94,6 +108,11 @@ def run(n: int = 1500, rounds: int = 3, progress: Callable[[str], None] = print)
                     f"scheduling: round {r} {executor:8} {variant:20} {rate:7.1f} claims/s "
                     f"({swapped} of {len(ids)} took another job of the queue)"
                 )
+    queries = {
+        f"{executor}/{variant}": _queries_per_claim(executor, variant)
+        for executor in ("postgres", "orm")
+        for variant in VARIANTS
+    }
     Attempt.objects.filter(job__kind=KIND).delete()
     Job.objects.filter(kind=KIND).delete()
     medians = {}
@@ -106,7 +125,12 @@ def run(n: int = 1500, rounds: int = 3, progress: Callable[[str], None] = print)
         executor: medians[f"{executor}/{VARIANTS[1]}"] / medians[f"{executor}/{VARIANTS[0]}"]
         for executor in ("postgres", "orm")
     }
-    return {"runs": runs, "median_claims_s": medians, "ratio_with_to_without": ratios}
+    return {
+        "runs": runs,
+        "median_claims_s": medians,
+        "queries_per_claim": queries,
+        "ratio_with_to_without": ratios,
+    }
 
 
 def report_lines(res: dict) -> tuple[list[str], list[str]]:
@@ -114,8 +138,10 @@ def report_lines(res: dict) -> tuple[list[str], list[str]]:
     if not res:
         return [], []
     lines = ["", "claim throughput with priorities and queues in use (in process, one claimer)"]
+    queries = res.get("queries_per_claim", {})
     for key, rate in res["median_claims_s"].items():
-        lines.append(f"  {key:32} {rate:8.1f} claims/s (median)")
+        per = f", {queries[key]:.2f} round trips per claim" if key in queries else ""
+        lines.append(f"  {key:32} {rate:8.1f} claims/s (median){per}")
     ratios = res["ratio_with_to_without"]
     summary = "claim with priorities+queues / plain: " + ", ".join(
         f"{executor} {ratio:.3f}" for executor, ratio in ratios.items()
