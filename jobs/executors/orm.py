@@ -185,7 +185,7 @@ def _take_candidate(candidate: Job) -> Job | None:
     if getattr(candidate, "flow_ruled", None) is None:
         return _reread(candidate.pk)
     with connection.cursor() as cursor:
-        cursor.execute(_STILL_CLAIMABLE_SQL(), [*_CLAIMABLE_SQL().params(), candidate.pk])
+        cursor.execute(_still_claimable_sql(), [*_claimable_sql().params(), candidate.pk])
         row = cursor.fetchone()
     if row is None:
         return None
@@ -198,14 +198,15 @@ def _reread(pk: int) -> Job | None:
 
 
 @functools.cache
-def _CLAIMABLE_SQL() -> rules.Rendered:
+def _claimable_sql() -> rules.Rendered:
+    """``CLAIMABLE`` as SQL, rendered once: the recheck compiles no ORM query."""
     return rules.to_sql(rules.CLAIMABLE, Job)
 
 
 @functools.cache
-def _STILL_CLAIMABLE_SQL() -> str:
+def _still_claimable_sql() -> str:
     table = connection.ops.quote_name(Job._meta.db_table)
-    return f'SELECT "version" FROM {table} WHERE {_CLAIMABLE_SQL().text} AND "id" = %s'
+    return f'SELECT "version" FROM {table} WHERE {_claimable_sql().text} AND "id" = %s'
 
 
 def _admit_and_start(
