@@ -76,7 +76,8 @@ if KIND not in kinds():
     register_kind("test.bad_step_output", _bad_output)
     register_kind("test.step_json_shapes", _json_shapes, max_attempts=3)
     # The same two steps under a kind timeout (far off: the test moves the deadline).
-    register_kind("test.two_steps_timed", _handler, max_attempts=3, timeout=60)
+    # 4 s: below the suite's Q_CLUSTER timeout (5), or jobs.E007 fails every `check` here.
+    register_kind("test.two_steps_timed", _handler, max_attempts=3, timeout=4)
 
 
 def _job(user, subject: str, **params) -> Job:
