@@ -199,12 +199,17 @@ def test_make_demo__as_printed_banner_login_page_figures_and_ctrl_c(tmp_path):
         assert re.search(r"^jobs\s+\d+$", done.stdout, re.M), done.stdout
     finally:
         os.killpg(demo.pid, signal.SIGINT)  # Ctrl-C
+        stopping = time.monotonic()
         try:
-            demo.wait(timeout=60)
+            # 11 s alone; over 60 s once in CI's drills, with the soak and the scale-out
+            # on the same two cores (each process's graceful stop has 30 s before its
+            # group is killed). The promise is that Ctrl-C stops all of it.
+            demo.wait(timeout=150)
         except subprocess.TimeoutExpired:
             os.killpg(demo.pid, signal.SIGKILL)
             demo.wait()
-            pytest.fail("Ctrl-C did not stop make demo within 60 s")
+            pytest.fail("Ctrl-C did not stop make demo within 150 s")
+        print(f"\nmake demo stopped {time.monotonic() - stopping:.1f} s after Ctrl-C")
     time.sleep(1)
     left = subprocess.run(
         ["pgrep", "-g", str(demo.pid)], capture_output=True, text=True, check=False
