@@ -213,29 +213,35 @@ GCRA_NEXT_SQL = (
 )
 
 
-def flow_ruled_sql(job_alias: str = "", quote: Callable[[str], str] = lambda n: f'"{n}"'):
-    """``EXISTS`` an active flow rule on the job's kind or tenant, as SQL on the job row."""
+def _active_rule_sql(scopes: Callable[[str], str], quote: Callable[[str], str]) -> Rendered:
+    """``EXISTS`` an active flow rule whose scope column meets ``scopes(column)``."""
     active = to_sql(FLOW_RULE_ACTIVE, FlowRule, alias="r", quote=quote)
-    prefix = f"{job_alias}." if job_alias else ""
     scope = quote(FlowRule._meta.get_field("scope").column)
     text = (
-        f"EXISTS (SELECT 1 FROM {quote(FlowRule._meta.db_table)} r WHERE r.{scope} IN "
-        f"('{FLOW_KIND_PREFIX}' || {prefix}{quote('kind')}, "
-        f"'{FLOW_TENANT_PREFIX}' || {prefix}{quote('tenant_key')}) AND {active.text})"
+        f"EXISTS (SELECT 1 FROM {quote(FlowRule._meta.db_table)} r WHERE "
+        f"{scopes(f'r.{scope}')} AND {active.text})"
     )
     return Rendered(text, active.slots)
+
+
+def flow_ruled_sql(job_alias: str = "", quote: Callable[[str], str] = lambda n: f'"{n}"'):
+    """``EXISTS`` an active flow rule on the job's kind or tenant, as SQL on the job row."""
+    prefix = f"{job_alias}." if job_alias else ""
+    return _active_rule_sql(
+        lambda column: (
+            f"{column} IN ('{FLOW_KIND_PREFIX}' || {prefix}{quote('kind')}, "
+            f"'{FLOW_TENANT_PREFIX}' || {prefix}{quote('tenant_key')})"
+        ),
+        quote,
+    )
 
 
 def queue_ruled_sql(job_alias: str = "", quote: Callable[[str], str] = lambda n: f'"{n}"'):
     """``EXISTS`` an active flow rule on the job's queue (``queue:<name>``), as SQL."""
-    active = to_sql(FLOW_RULE_ACTIVE, FlowRule, alias="r", quote=quote)
     prefix = f"{job_alias}." if job_alias else ""
-    scope = quote(FlowRule._meta.get_field("scope").column)
-    text = (
-        f"EXISTS (SELECT 1 FROM {quote(FlowRule._meta.db_table)} r WHERE r.{scope} = "
-        f"'{FLOW_QUEUE_PREFIX}' || {prefix}{quote('queue')} AND {active.text})"
+    return _active_rule_sql(
+        lambda column: f"{column} = '{FLOW_QUEUE_PREFIX}' || {prefix}{quote('queue')}", quote
     )
-    return Rendered(text, active.slots)
 
 
 def flow_ruled_q():
@@ -263,7 +269,7 @@ def aging_seconds() -> float:
     """Seconds of waiting that raise a job's effective priority by one level."""
     from jobs import conf
 
-    return float(conf.get("JOBS_PRIORITY_AGING_SECONDS", 60.0))
+    return float(conf.get("JOBS_PRIORITY_AGING_SECONDS"))
 
 
 def waiting_since(job: Job):

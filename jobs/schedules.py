@@ -412,7 +412,7 @@ def collect() -> tuple[dict[str, Schedule], list[tuple[str, str]]]:
             )
         except ScheduleError as exc:
             problems.append((f"kind {name!r}", str(exc)))
-    entries = conf.get(SETTING, {}) or {}
+    entries = conf.get(SETTING) or {}
     if not isinstance(entries, dict):
         return found, [*problems, (SETTING, "must be a dict: kind name -> schedule")]
     for name, entry in entries.items():
