@@ -165,7 +165,7 @@ class StepInline(ReadOnlyInline):
 
     model = JobStep
     fk_name = "job"
-    fields = readonly_fields = ("name", "attempt", "worker", "started_at", "finished_at", "took")
+    fields = readonly_fields = ("name", "attempt", "worker", "started_at", "took")
     show_change_link = False
     verbose_name_plural = "Steps (each done once; later attempts reuse its output)"
 
