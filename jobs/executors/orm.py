@@ -10,7 +10,6 @@ PostgreSQL executor gives way to these for its documented refusals.
 
 from __future__ import annotations
 
-import functools
 import logging
 from contextlib import nullcontext
 from datetime import timedelta
@@ -51,30 +50,54 @@ def claim(job_id: int, worker: str, *, lease: float, bound: int) -> Claim:
         if job is None:
             log.warning("job=%s delivery for a job that does not exist", job_id)
             return Claim("missing")
-        now = job.db_now
-        job = choose(job, now, [row for row in rows if row.pk != job_id])
-        live = rules.holds(rules.LIVE_RUNNING, job, now=now)
-        early = rules.holds(rules.WAITING, job, now=now) and not rules.holds(
-            rules.DUE, job, now=now
-        )
-        if job.is_terminal or live or early:
-            job_machine.log_arrow(job, "duplicate_delivery", worker, state=job.state)
+        now, named = job.db_now, job
+        candidates: list[Job] | None = [row for row in rows if row.pk != job_id]
+        passed: set[int] = set()
+        for _ in range(SWAP_RACES + 1):
+            job = choose(named, now, candidates, passed=passed)
+            verdict = _verdict(job, worker, now, lease=lease, bound=bound, swapped=job is not named)
+            if verdict is not None:
+                return verdict
+            # The swapped job was started by another claim since the first read (its
+            # start's CAS failed): this delivery chooses again without it.
+            passed.add(job.pk)
+            candidates = None
+        return _verdict(named, worker, now, lease=lease, bound=bound, swapped=False)
+
+
+# Swapped jobs a claim may find taken at its start before it keeps its named job.
+SWAP_RACES = 3
+
+
+def _verdict(
+    job: Job, worker: str, now, *, lease: float, bound: int, swapped: bool
+) -> Claim | None:
+    """What this delivery does with ``job``; None when ``job`` was swapped in and another
+    claim started it first (its version moved since the read)."""
+    live = rules.holds(rules.LIVE_RUNNING, job, now=now)
+    early = rules.holds(rules.WAITING, job, now=now) and not rules.holds(rules.DUE, job, now=now)
+    if job.is_terminal or live or early:
+        job_machine.log_arrow(job, "duplicate_delivery", worker, state=job.state)
+        return _duplicate(job, worker, now)
+    reclaiming = job.state == Job.State.RUNNING
+    if reclaiming and job.cancel_requested_at is not None:
+        # Its worker died after a cancel was asked for: the job ends here, not rerun.
+        if not job_machine.stop_cancelled(job.pk, worker):
             return _duplicate(job, worker, now)
-        reclaiming = job.state == Job.State.RUNNING
-        if reclaiming and job.cancel_requested_at is not None:
-            # Its worker died after a cancel was asked for: the job ends here, not rerun.
-            if not job_machine.stop_cancelled(job.pk, worker):
-                return _duplicate(job, worker, now)
-            return Claim("cancelled", job, _record(job, worker, now, Outcome.CANCELLED))
-        if not rules.holds(rules.HAS_BUDGET, job, now=now):
-            won, error_class, code = job_machine.bury_spent(job, now=now, reclaiming=reclaiming)
-            if not won:
-                return _duplicate(job, worker, now)
-            return Claim("buried", job, _record(job, worker, now, Outcome.DEAD, error_class, code))
-        return _admit_and_start(job, worker, now, lease=lease, bound=bound, reclaiming=reclaiming)
+        return Claim("cancelled", job, _record(job, worker, now, Outcome.CANCELLED))
+    if not rules.holds(rules.HAS_BUDGET, job, now=now):
+        won, error_class, code = job_machine.bury_spent(job, now=now, reclaiming=reclaiming)
+        if not won:
+            return _duplicate(job, worker, now)
+        return Claim("buried", job, _record(job, worker, now, Outcome.DEAD, error_class, code))
+    return _admit_and_start(
+        job, worker, now, lease=lease, bound=bound, reclaiming=reclaiming, swapped=swapped
+    )
 
 
-def choose(named: Job, now, candidates: list[Job] | None = None) -> Job:
+def choose(
+    named: Job, now, candidates: list[Job] | None = None, *, passed: set[int] | None = None
+) -> Job:
     """The job this delivery claims: ``named``, unless its queue has a due job at least
     ``rules.SWAP_MARGIN`` levels more urgent by effective priority, or ``named`` is not
     claimable and its queue has a due job (docs/app/scheduling.md).
@@ -92,7 +115,7 @@ def choose(named: Job, now, candidates: list[Job] | None = None) -> Job:
     aging = rules.aging_seconds()
     claimable = rules.holds(rules.CLAIMABLE, named, now=now)
     margin = rules.effective_priority(named, now, aging) + rules.SWAP_MARGIN
-    passed: set[int] = set()
+    passed = set(passed or ())
     for attempt in range(9):  # a job another claim holds is passed over (8 at once)
         if attempt == 0 and candidates is not None:
             # Read with the named job: nothing more to read when it is the one.
@@ -169,27 +192,19 @@ def _claim_lock(pk: int) -> bool:
 
 
 def _take_candidate(candidate: Job) -> Job | None:
-    """The candidate under its claim lock and still claimable, or None.
+    """The candidate under its claim lock, or None when another claim holds that lock.
 
     SQLite: the row as read (the claim's ``BEGIN IMMEDIATE`` has held the only write lock
-    since the read). PostgreSQL: after the lock, its version is read again (a statement
-    of its own, so its snapshot is newer than the lock): the row read before stands when
-    the version did not move; a row written since is read again whole.
+    since the read). PostgreSQL: the row read before the lock is taken as it was; a claim
+    that started it in between moved its version, so this claim's start (a CAS on that
+    version) fails and ``claim`` chooses again without it (``_verdict``). A row from
+    ``_candidates`` (without ``flow_ruled``) is read again whole under the lock.
     """
-    if connection.vendor != "postgresql":
-        if getattr(candidate, "flow_ruled", None) is None:  # from ``_candidates``
-            return _reread(candidate.pk)
-        return candidate
-    if not _claim_lock(candidate.pk):
+    if connection.vendor == "postgresql" and not _claim_lock(candidate.pk):
         return None
-    if getattr(candidate, "flow_ruled", None) is None:
+    if getattr(candidate, "flow_ruled", None) is None:  # from ``_candidates``
         return _reread(candidate.pk)
-    with connection.cursor() as cursor:
-        cursor.execute(_still_claimable_sql(), [*_claimable_sql().params(), candidate.pk])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    return candidate if row[0] == candidate.version else _reread(candidate.pk)
+    return candidate
 
 
 def _reread(pk: int) -> Job | None:
@@ -197,21 +212,9 @@ def _reread(pk: int) -> Job | None:
     return rows.annotate(flow_ruled=rules.flow_ruled_q()).first()
 
 
-@functools.cache
-def _claimable_sql() -> rules.Rendered:
-    """``CLAIMABLE`` as SQL, rendered once: the recheck compiles no ORM query."""
-    return rules.to_sql(rules.CLAIMABLE, Job)
-
-
-@functools.cache
-def _still_claimable_sql() -> str:
-    table = connection.ops.quote_name(Job._meta.db_table)
-    return f'SELECT "version" FROM {table} WHERE {_claimable_sql().text} AND "id" = %s'
-
-
 def _admit_and_start(
-    job: Job, worker: str, now, *, lease: float, bound: int, reclaiming: bool
-) -> Claim:
+    job: Job, worker: str, now, *, lease: float, bound: int, reclaiming: bool, swapped: bool
+) -> Claim | None:
     # A savepoint when a flow rule may take rate starts: they stand only with the claim's
     # swap. Without one, admission writes nothing (the tenant's count under its lock).
     try:
@@ -222,6 +225,8 @@ def _admit_and_start(
             if not job_machine.start(job, worker, lease=lease, now=now):
                 raise _NotStarted(None)
     except _NotStarted as refused:
+        if refused.hold is None and swapped:
+            return None  # another claim started it since the read: choose again
         if refused.hold is None:
             job_machine.log_arrow(job, "duplicate_delivery", worker, reason="claim_race")
             return _duplicate(job, worker, now)
