@@ -120,3 +120,49 @@ def test_three_dispatchers__one_job_per_tick_each_run_once(procs):
         f"\n{TICKS} ticks every {EVERY} s with 3 dispatchers: {len(window)} jobs, each run once; "
         f"created by {share} (the issue's 5 min at one a minute is the same promise: 5 jobs)"
     )
+
+
+OUTAGE_EVERY = 3  # seconds between ticks in the outage drill
+OUTAGE_TICKS = 2  # ticks the database is away for
+
+
+@pytest.mark.drill
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_three_dispatchers__database_away_across_two_ticks__catch_up_policy_holds(procs):
+    """The issue's second promise at a 3 s period, through tests.chaos.schedule_drill's
+    phases: two healthy ticks, then the database away (a relay refusing and cutting
+    connections) across two ticks. ``catch_up="latest"``: one job, for the newer missed
+    tick; ``catch_up="all"``: one per missed tick; then the next tick as usual. Each job
+    run once, each created by one dispatcher. ``python -m tests.chaos.schedule_drill``
+    runs the same at one a minute, for five minutes."""
+    from tests.chaos import schedule_drill as drill
+    from tests.chaos.dbproxy import DatabaseProxy
+    from tests.e2e.processes import database_address, subprocess_env
+
+    relay = DatabaseProxy(*database_address()).start()
+    try:
+        children = drill.child_processes(
+            subprocess_env(port=relay.port), procs.log_dir, OUTAGE_EVERY
+        )
+        procs.procs.extend(drill.start_hosts(children, OUTAGE_EVERY))
+        wait_until(
+            procs, "all three dispatchers to sweep", lambda: drill.sweeping(children), timeout=60
+        )
+        tallies = drill.healthy_phase(children, OUTAGE_EVERY, 2)
+        outage_tallies, outage = drill.outage_phase(children, relay, OUTAGE_EVERY, OUTAGE_TICKS)
+        tallies += outage_tallies
+        procs.check_alive()  # the dispatchers and the worker lived through it
+        print("\n" + "\n".join(drill.table(tallies)))
+        print(
+            f"database away {outage.seconds:.1f} s across {outage.missed}; catch-up created "
+            f"{outage.catch_up_after} s after it came back; relay cut {relay.cut} connections"
+        )
+        failed = [f"{c.name}: {c.detail}" for c in drill.all_checks(tallies) if not c.ok]
+        assert not failed, "\n".join(failed)
+        latest, each = outage_tallies  # drill.KINDS' order: "latest", then "all"
+        assert (latest.catch_up, each.catch_up) == ("latest", "all")
+        assert latest.created == [outage.missed[-1], outage.resumed], latest
+        assert each.created == [*outage.missed, outage.resumed], each
+    finally:
+        relay.close()
