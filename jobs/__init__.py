@@ -27,6 +27,9 @@ _EXPORTS = {
     "cancel": "jobs.api",
     "request": "jobs.api",
     "request_many": "jobs.api",
+    "then": "jobs.chains",
+    "group": "jobs.chains",
+    "result": "jobs.chains",
     "JobRequest": "jobs.api",
     "JobHandle": "jobs.api",
     "JobFailure": "jobs.api",
@@ -63,12 +66,15 @@ __all__ = [
     "Provider",
     "TemporaryFailure",
     "cancel",
+    "group",
     "kind",
     "register_kind",
     "register_provider",
     "register_subject",
     "request",
     "request_many",
+    "result",
+    "then",
 ]
 assert sorted(__all__) == sorted(_EXPORTS)
 
@@ -84,6 +90,7 @@ if TYPE_CHECKING:
         request,
         request_many,
     )
+    from jobs.chains import group, result, then
     from jobs.delivery.runner import JobContext
     from jobs.exceptions import (
         JobCancelled,

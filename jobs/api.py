@@ -56,6 +56,7 @@ def kind(
     schedule: str | timedelta | None = None,
     schedule_tz: str | None = None,
     catch_up: str = "latest",
+    on_child_failure: str = "fail",
 ) -> Callable[[Handler], Handler]:
     """Register the decorated function as the handler of job kind ``name``.
 
@@ -67,6 +68,8 @@ def kind(
     ``timeout`` is how many seconds one attempt may run. ``schedule`` (a cron
     expression read in ``schedule_tz``, or a ``timedelta``) makes it periodic: one job
     per tick, ``catch_up`` ``"latest"`` or ``"all"`` after downtime (docs/app/schedules.md).
+    ``on_child_failure`` (``"fail"``, ``"skip"`` or ``"run"``): what a group's child that
+    did not succeed does to this kind's join (docs/app/chains.md).
     """
 
     def register(handler: Handler) -> Handler:
@@ -88,6 +91,7 @@ def kind(
             schedule=schedule,
             schedule_tz=schedule_tz,
             catch_up=catch_up,
+            on_child_failure=on_child_failure,
         )
         return handler
 
@@ -274,6 +278,16 @@ class JobHandle:
     def effects(self) -> list[Effect]:
         """The job's ledger rows: one per effect identity, in the order they were recorded."""
         return list(self.job.effects.order_by("id"))
+
+    @property
+    def result(self) -> Any:
+        """The job's ``jobs.result`` value (read now), or None if it returned none."""
+        return Job.objects.values_list("result", flat=True).get(pk=self.job.pk)
+
+    @property
+    def follow_ups(self) -> list[Job]:
+        """The jobs its publish requested (``jobs.then``, group children, joins), in order."""
+        return list(Job.objects.filter(parent=self.job).order_by("pk"))
 
     @property
     def progress(self) -> JobProgress | None:
@@ -501,7 +515,9 @@ def cancel(job_id: int, *, actor: str = "") -> str:
     its next ``check_owner()``/``heartbeat()`` (or reads ``ctx.cancelled``) and the job
     ends ``cancelled``. A handler that never looks still cannot publish: the request
     moved the version its publish is fenced on. ``already_finished``: it had ended
-    (effects already applied are never undone); ``missing``: no such job.
+    (effects already applied are never undone); ``follow_ups_cancelled``: it had ended
+    and requested follow-up jobs, and those not running were cancelled (with theirs; a
+    running one finishes, docs/app/chains.md); ``missing``: no such job.
     """
     job = Job.objects.filter(pk=job_id).first()
     if job is None:
@@ -510,5 +526,7 @@ def cancel(job_id: int, *, actor: str = "") -> str:
         return "cancelled" if job.state == Job.State.CANCELLED else "requested"
     job.refresh_from_db()
     if job.is_terminal:
+        if job_machine.cancel_follow_ups(job, actor=actor or "api"):
+            return "follow_ups_cancelled"
         return "already_finished"
     return "requested"  # asked for already (by this call's race or an earlier one)

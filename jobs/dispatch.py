@@ -19,6 +19,7 @@ import logging
 from django.db import transaction
 
 from jobs import rules, schedules
+from jobs.engine import groups
 from jobs.models import Effect, Job
 from jobs.services import enqueue_effect, enqueue_job, mark_enqueued, needs_message
 
@@ -30,6 +31,8 @@ def dispatch_once(*, limit: int = 500) -> dict[str, int]:
     sent = {"due_jobs": 0, "expired_leases": 0, "effects": 0}
     # Periodic kinds: each due tick is one job, created with its message (jobs.schedules).
     sent["ticks"] = sum(handle.created for handle in schedules.fire_due())
+    # Group children ended outside an arrow (an operator's edit): counted, joins requested.
+    sent["group_ends"] = groups.sweep()
     plans = [
         ("due_jobs", Job, rules.JOB_DUE, "next_attempt_at", enqueue_job),
         ("expired_leases", Job, rules.JOB_LEASE_EXPIRED, "lease_expires_at", enqueue_job),

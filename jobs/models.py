@@ -87,6 +87,34 @@ class Job(models.Model):
     progress_note = models.CharField(max_length=120, blank=True, default="", db_default="")
     progress_at = models.DateTimeField(null=True, blank=True)
 
+    # Follow-up work (docs/app/chains.md): the job whose publish requested this one, the
+    # group it is a child of, how it counted in that group (once, by its first end), and
+    # the small JSON result a handler returned (``jobs.result``), which a join reads.
+    parent = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="follow_ups",
+        help_text="the job whose publish requested this one",
+    )
+    group = models.ForeignKey(
+        "JobGroup",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="children",
+        help_text="the group this job is a child of",
+    )
+    group_outcome = models.CharField(
+        max_length=16,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="how this child counted in its group ('' until it ended)",
+    )
+    result = models.JSONField(null=True, blank=True, help_text="small JSON; references only")
+
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -113,6 +141,12 @@ class Job(models.Model):
             models.Index(fields=["state", "next_attempt_at"], name="jobs_job_due_idx"),
             models.Index(fields=["state", "lease_expires_at"], name="jobs_job_lease_idx"),
             models.Index(fields=["tenant_key", "state"], name="jobs_job_tenant_state_idx"),
+            # The dispatcher's backstop: group children that ended and were not counted.
+            models.Index(
+                fields=["group"],
+                name="jobs_job_group_uncounted_idx",
+                condition=Q(group__isnull=False, group_outcome=""),
+            ),
         ]
         ordering = ["-id"]
         permissions = [
@@ -190,6 +224,57 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} of job {self.job_id} by {self.actor}"
+
+
+class JobGroup(models.Model):
+    """N child jobs and the one join job requested when the last of them ended.
+
+    Born with the parent's publish, with the join's request resolved then (kind, params,
+    scheduling, the join kind's rule for a child that did not succeed). Each child's end
+    bumps ``ended`` by a compare-and-swap on ``version`` in that end's own transaction
+    (``jobs.engine.groups``); the swap that makes ``ended == size`` requests the join.
+    """
+
+    class Rule(models.TextChoices):
+        FAIL = "fail", "fail the join"  # the join is born failed: it never runs
+        SKIP = "skip", "skip the join"  # the join is born cancelled: it never runs
+        RUN = "run", "run the join"  # the join runs and reads each child's outcome
+
+    parent = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="groups"
+    )
+    name = models.CharField(max_length=40)
+    size = models.PositiveIntegerField()
+    ended = models.PositiveIntegerField(default=0)
+    not_succeeded = models.PositiveIntegerField(default=0)
+    version = models.PositiveBigIntegerField(default=0)
+    rule = models.CharField(max_length=8, choices=Rule.choices, default=Rule.FAIL)
+    join_kind = models.CharField(max_length=64)
+    join_params = models.JSONField(default=dict, blank=True)
+    join_priority = models.SmallIntegerField(default=0)
+    join_queue = models.CharField(max_length=64, default="default")
+    join_max_attempts = models.PositiveIntegerField(default=5)
+    tenant_key = models.CharField(max_length=64, default="", blank=True)
+    join = models.OneToOneField(
+        Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="joined_group"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    joined_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(
+        null=True, blank=True, help_text="its parent was cancelled: the join does not run"
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["parent", "name"], name="jobs_group_one_per_name"),
+            models.CheckConstraint(
+                condition=Q(ended__lte=F("size")), name="jobs_group_ended_bounded"
+            ),
+        ]
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"group {self.name} of job {self.parent_id}: {self.ended}/{self.size} ended"
 
 
 class JobStep(models.Model):

@@ -72,6 +72,156 @@ class EffectSpec:
             raise PayloadInvalid(f"{where}: data must be JSON-serialisable") from None
 
 
+@dataclass(frozen=True)
+class FollowUp:
+    """A job to request when this one succeeds (``jobs.then``): it is written in the
+    publish's transaction, so it exists exactly when the parent succeeded, once."""
+
+    kind: str
+    params: dict[str, Any] = field(default_factory=dict)  # references only
+    name: str = ""  # unique among the parent's follow-ups ("" : its position)
+    priority: int | None = None  # None: the kind's
+    queue: str | None = None
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Children run side by side; the join is requested once, when the last one ended
+    (``jobs.group``). The join kind's ``on_child_failure`` rule decides what a child that
+    did not succeed does to the join."""
+
+    children: tuple[FollowUp, ...]
+    join: FollowUp
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class ResultSpec:
+    """The job's small JSON result (``jobs.result``): stored with the publish; a join reads
+    its children's (``ctx.joined()``). References and counts, never private data."""
+
+    value: Any
+
+
+@dataclass
+class Output:
+    """What a handler returned, sorted and validated before the publish."""
+
+    effects: list[EffectSpec] = field(default_factory=list)
+    follow_ups: list[FollowUp] = field(default_factory=list)  # named
+    groups: list[GroupSpec] = field(default_factory=list)  # named, children named
+    result: Any = None
+    has_result: bool = False
+
+
+ON_CHILD_FAILURE = ("fail", "skip", "run")
+FOLLOW_UP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,23}")
+RESULT_MAX_BYTES = 32 * 1024
+GROUP_MAX_CHILDREN = 1000
+
+
+def validate_output(produced: object) -> Output:
+    """Sort what a handler returned into effects, follow-ups, groups and its result, and
+    raise PayloadInvalid (the job fails once, as ``validation``) for anything that could
+    not be published. Reasons name fields and kinds, never values."""
+    if produced is None:
+        return Output()
+    if not isinstance(produced, list | tuple):
+        raise PayloadInvalid(
+            f"a job handler returns a list (effects, jobs.then, jobs.group, jobs.result), "
+            f"not {type(produced).__name__}"
+        )
+    out = Output()
+    for item in produced:
+        if isinstance(item, EffectSpec):
+            out.effects.append(item)
+        elif isinstance(item, FollowUp):
+            out.follow_ups.append(item)
+        elif isinstance(item, GroupSpec):
+            out.groups.append(item)
+        elif isinstance(item, ResultSpec):
+            if out.has_result:
+                raise PayloadInvalid("a job handler returned jobs.result twice")
+            out.result, out.has_result = _checked_result(item.value), True
+        else:
+            raise PayloadInvalid(
+                f"a job handler must return EffectSpec, jobs.then, jobs.group or jobs.result "
+                f"objects, not {type(item).__name__}"
+            )
+    validate_effects(out.effects)
+    out.follow_ups = _named(out.follow_ups, "then", "a follow-up")
+    groups = []
+    for position, group in enumerate(out.groups):
+        name = group.name or f"group-{position}"
+        _check_name(name, "a group")
+        children = tuple(_named(list(group.children), "", f"group {name!r}'s child"))
+        if not children:
+            raise PayloadInvalid(f"group {name!r} has no children: a join needs at least one")
+        if len(children) > GROUP_MAX_CHILDREN:
+            raise PayloadInvalid(f"group {name!r} has more than {GROUP_MAX_CHILDREN} children")
+        if not isinstance(group.join, FollowUp):
+            raise PayloadInvalid(f"group {name!r}: join must be a jobs.then(...)")
+        _check_follow_up(group.join, f"group {name!r}'s join")
+        groups.append(GroupSpec(children, group.join, name))
+    names = [g.name for g in groups]
+    if len(set(names)) != len(names):
+        raise PayloadInvalid("two groups of one job have the same name")
+    out.groups = groups
+    return out
+
+
+def _named(items: list[FollowUp], prefix: str, where: str) -> list[FollowUp]:
+    named = []
+    for position, item in enumerate(items):
+        if not isinstance(item, FollowUp):
+            raise PayloadInvalid(f"{where} must be a jobs.then(...), not {type(item).__name__}")
+        name = item.name or (f"{prefix}-{position}" if prefix else str(position))
+        _check_name(name, where)
+        _check_follow_up(item, f"{where} {name!r}")
+        named.append(FollowUp(item.kind, item.params, name, item.priority, item.queue))
+    names = [item.name for item in named]
+    for name in names:
+        if names.count(name) > 1:
+            raise PayloadInvalid(f"{where}: two have the name {name!r}")
+    return named
+
+
+def _check_name(name: object, where: str) -> None:
+    if not isinstance(name, str) or not FOLLOW_UP_NAME.fullmatch(name):
+        raise PayloadInvalid(
+            f"{where}: a name is 1-24 letters, digits, '_' or '-' (starting with a letter or digit)"
+        )
+
+
+def _check_follow_up(item: FollowUp, where: str) -> None:
+    if item.kind not in _kinds:
+        raise PayloadInvalid(f"{where}: job kind {str(item.kind)[:64]!r} is not registered")
+    if not isinstance(item.params, dict):
+        raise PayloadInvalid(f"{where}: params must be a dict of references")
+    try:
+        json.dumps(item.params, allow_nan=False)
+        if item.priority is not None:
+            check_priority(item.priority)
+        if item.queue is not None:
+            check_queue(item.queue)
+    except (TypeError, ValueError) as exc:
+        what = "params must be JSON-serialisable" if isinstance(exc, TypeError) else str(exc)
+        raise PayloadInvalid(f"{where}: {what}") from None
+
+
+def _checked_result(value: object) -> object:
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        raise PayloadInvalid("jobs.result: the value must be JSON-serialisable") from None
+    if len(text.encode()) > RESULT_MAX_BYTES:
+        raise PayloadInvalid(
+            f"jobs.result: at most {RESULT_MAX_BYTES} bytes of JSON (this one has "
+            f"{len(text.encode())}); store a large output as the job's artifact"
+        )
+    return json.loads(text)
+
+
 def validate_effects(specs: list[EffectSpec]) -> list[EffectSpec]:
     """Validate what a handler returned (see ``EffectSpec.validate``); returns it."""
     for spec in specs:
@@ -102,6 +252,9 @@ class JobKind:
     schedule: str | datetime.timedelta | None = None
     schedule_tz: str | None = None
     catch_up: str = "latest"
+    # As the join of a group (docs/app/chains.md): what a child that did not succeed does
+    # to this join: "fail" or "skip" it (it never runs), or "run" it anyway.
+    on_child_failure: str = "fail"
 
 
 CATCH_UP = ("latest", "all")  # a periodic kind's ticks missed while down: the newest, or each
@@ -144,6 +297,7 @@ def register_kind(
     schedule: str | datetime.timedelta | None = None,
     schedule_tz: str | None = None,
     catch_up: str = "latest",
+    on_child_failure: str = "fail",
 ) -> JobKind:
     """Register a job kind (idempotent, so ``ready()`` may run twice in tests).
 
@@ -156,6 +310,11 @@ def register_kind(
         raise ValueError(f"schedule must be a cron string or a timedelta, not {schedule!r}")
     if catch_up not in CATCH_UP:
         raise ValueError(f"catch_up must be one of {', '.join(CATCH_UP)}, not {catch_up!r}")
+    if on_child_failure not in ON_CHILD_FAILURE:
+        raise ValueError(
+            f"on_child_failure must be one of {', '.join(ON_CHILD_FAILURE)}, "
+            f"not {on_child_failure!r}"
+        )
     if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
     kind = JobKind(
@@ -170,6 +329,7 @@ def register_kind(
         schedule=schedule,
         schedule_tz=schedule_tz,
         catch_up=catch_up,
+        on_child_failure=on_child_failure,
     )
     _kinds[name] = kind
     return kind

@@ -80,8 +80,11 @@ def cancel_job(job: Job, *, operator: str = "") -> bool:
     one to stop (it ends ``cancelled`` at its worker's next check and publishes nothing).
 
     Each of these arrows writes its history row (``JobEvent``, naming ``operator``)
-    in the transaction of its compare-and-swap.
+    in the transaction of its compare-and-swap. A finished job's follow-ups that are
+    not running are cancelled instead (docs/app/chains.md).
     """
+    if job.is_terminal:
+        return job_machine.cancel_follow_ups(job, actor=_actor(operator)) > 0
     return job_machine.cancel(job, actor=_actor(operator))
 
 

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from jobs import conf, executors, registry
 from jobs.delivery import policy
-from jobs.engine import effect_machine, job_machine
+from jobs.engine import effect_machine, groups, job_machine
 from jobs.engine.plan import Plan, Result, Status
 from jobs.models import Artifact, Attempt, Effect, Job
 from jobs.registry import EffectSpec
@@ -43,13 +43,17 @@ def build(
     worker: str,
     attempt: Attempt,
     artifact: Artifact | None,
-    specs: list,
+    output: registry.Output,
     *,
     refused: Mapping[str, str] | None = None,
 ) -> Plan:
     """The plan of one publish. ``refused``: recipients the release rule refused at
     an earlier try (withheld now, with the rule's reason)."""
-    rows = prepare(job, specs, refused=refused or {})
+    rows = prepare(job, output.effects, refused=refused or {})
+    changes = job_machine.publish_changes()
+    if output.has_result:
+        changes["result"] = output.result
+    follow_ups, groups_ = groups.rows_for(job, output)
     notices, events, accounts, applies, enqueues = [], [], [], [], []
     for effect in rows:
         provider = registry.get_provider(effect.provider)
@@ -79,7 +83,7 @@ def build(
         worker=worker,
         attempt=attempt,
         margin=conf.transaction_idle_seconds(),
-        changes=tuple(job_machine.publish_changes().items()),
+        changes=tuple(changes.items()),
         artifact=artifact,
         effects=tuple(rows),
         notices=tuple(notices),
@@ -87,6 +91,8 @@ def build(
         accounts=tuple(dict.fromkeys(accounts)),
         applies=tuple(applies),
         enqueues=tuple(enqueues),
+        follow_ups=tuple(follow_ups),
+        groups=tuple((group, tuple(children)) for group, children in groups_),
     )
 
 

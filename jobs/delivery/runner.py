@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from jobs import artifacts, clock, conf, executors, failures, registry
 from jobs.delivery import publish, steps
-from jobs.engine import job_machine
+from jobs.engine import groups, job_machine
 from jobs.engine.plan import Claim
 from jobs.exceptions import JobCancelled, JobError, JobTimeout, LeaseLost
 from jobs.models import Artifact, Attempt, Job
@@ -170,6 +170,11 @@ class JobContext:
         under this worker's fence and returned to every later attempt (jobs.delivery.steps)."""
         return steps.run(self, name, fn)
 
+    def joined(self) -> list[groups.JoinedChild]:
+        """The children of the group this job is the join of, in the order their parent
+        listed them: name, job id, kind, how each ended and its ``jobs.result``."""
+        return groups.joined(self.job)
+
     def step_key(self, name: str) -> str:
         """The idempotency key for an outside call made inside step ``name``: the same
         for every attempt, so a repeated call is the same request."""
@@ -224,7 +229,7 @@ def run_delivery(
         with _time_limit(ctx, kind.timeout):
             produced = kind.handler(ctx)
         ctx._write_progress()  # the last call of the handler's final second
-        specs = registry.validate_effects(produced or [])
+        output = registry.validate_output(produced)
         ctx.stage("before_publish")
         # A lease more than a third spent is extended before the fenced publish (the
         # engine's own step: a handler that returned inside its grace period publishes).
@@ -236,7 +241,7 @@ def run_delivery(
     except BaseException as exc:  # SystemExit too: the retry table decides; the worker lives
         return _handle_failure(ctx, exc)
 
-    effects = _publish(ctx, specs)
+    effects = _publish(ctx, output)
     if effects is None:
         return _lost(ctx, "publish lost: another worker owns the job")
     ctx.stage("published")
@@ -333,7 +338,7 @@ def _lost(ctx: JobContext, why: str) -> DeliveryResult:
     return DeliveryResult(job.pk, Outcome.LEASE_LOST, worker)
 
 
-def _publish(ctx: JobContext, specs: list) -> list | None:
+def _publish(ctx: JobContext, output: registry.Output) -> list | None:
     """running → succeeded with the artifact row, the effects and the attempt's outcome.
 
     One plan (``jobs.delivery.publish``), carried out by one statement where it can and by
@@ -344,7 +349,9 @@ def _publish(ctx: JobContext, specs: list) -> list | None:
     """
     refused: dict[str, str] = {}
     while True:
-        plan = publish.build(ctx.job, ctx.worker, ctx.attempt, ctx.artifact, specs, refused=refused)
+        plan = publish.build(
+            ctx.job, ctx.worker, ctx.attempt, ctx.artifact, output, refused=refused
+        )
         result = publish.carry_out(plan)
         if result.status == publish.Status.WON:
             return result.effects

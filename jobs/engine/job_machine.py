@@ -25,6 +25,7 @@ from django.db.models import F
 from django.db.models.functions import Coalesce, Now
 
 from jobs import clock, conf, registry, rules
+from jobs.engine import groups
 from jobs.engine.cas import compare_and_swap, mirror
 from jobs.engine.plan import Hold
 from jobs.exceptions import UnknownKind
@@ -92,6 +93,7 @@ def bury_spent(job: Job, *, now, reclaiming: bool) -> tuple[bool, str, str]:
     if won:
         close_open_attempts(job, now)
         log_arrow(job, "bury", "", error_class=error_class, code=code)
+        groups.child_ended(job, State.DEAD)
     return won, error_class, code
 
 
@@ -167,7 +169,9 @@ def publish_changes() -> dict:
     }
 
 
-def publish(job: Job, worker: str, *, margin: float | None = None) -> bool:
+def publish(
+    job: Job, worker: str, *, margin: float | None = None, changes: dict | None = None
+) -> bool:
     """running → succeeded; call inside the transaction that records the effects.
 
     The lease must outlast the transaction's idle timeout, so this transaction can
@@ -176,9 +180,10 @@ def publish(job: Job, worker: str, *, margin: float | None = None) -> bool:
     same ``publish_changes`` and the same fence.
     """
     margin = conf.transaction_idle_seconds() if margin is None else margin
-    won = _cas(job, owner=worker, margin=margin, **publish_changes())
+    won = _cas(job, owner=worker, margin=margin, **(changes or publish_changes()))
     if won:
         log_arrow(job, "publish", worker)
+        groups.child_ended(job, State.SUCCEEDED)
     return won
 
 
@@ -252,6 +257,7 @@ def _finish(
     )
     if won:
         log_arrow(job, state, worker, error_class=error_class, code=code)
+        groups.child_ended(job, state)
     return won
 
 
@@ -310,7 +316,34 @@ def cancel(job: Job, *, actor: str = "operator", note: str = "") -> bool:
             cancel_requested_at=Now(),
             cancel_requested_by=actor[:200],
         )
-    return _operator(job, "cancel", actor, note, state=State.CANCELLED, finished_at=Now())
+    with transaction.atomic():
+        won = _operator(job, "cancel", actor, note, state=State.CANCELLED, finished_at=Now())
+        if won:
+            groups.child_ended(job, State.CANCELLED)
+    return won
+
+
+def cancel_follow_ups(job: Job, *, actor: str = "operator") -> int:
+    """Operator: cancel the follow-ups of a finished ``job`` (and theirs) that are not
+    running, and mark its groups so their joins do not run; returns how many it cancelled.
+
+    Each cancel is its own transaction (a lock is never held while another child's is
+    waited for). A running follow-up is left to finish; one already ended stays as it is.
+    """
+    from jobs.models import JobGroup
+
+    cancelled, parents = 0, [job.pk]
+    note = f"its parent job {job.pk} was cancelled"
+    while parents:
+        JobGroup.objects.filter(parent_id__in=parents, cancelled_at__isnull=True).update(
+            cancelled_at=Now()
+        )
+        follow_ups = list(Job.objects.filter(parent_id__in=parents).order_by("pk"))
+        for follow_up in follow_ups:
+            if follow_up.state in (State.QUEUED, State.RETRY_WAIT):
+                cancelled += cancel(follow_up, actor=actor, note=note)
+        parents = [f.pk for f in follow_ups]
+    return cancelled
 
 
 def stop_cancelled(job_id: int, worker: str) -> bool:
@@ -319,19 +352,22 @@ def stop_cancelled(job_id: int, worker: str) -> bool:
     job = Job.objects.filter(rules.to_q(rules.CANCEL_REQUESTED), pk=job_id).first()
     if job is None:
         return False
-    won = _cas(
-        job,
-        state=State.CANCELLED,
-        lease_expires_at=None,
-        finished_at=Now(),
-        last_error_class="",
-        last_error_code="cancelled",
-        last_error_detail=f"cancelled at the request of {job.cancel_requested_by}"[:300],
-    )
-    if won:
-        Attempt.objects.filter(job=job, outcome="").update(
-            outcome=Outcome.CANCELLED, finished_at=Now()
+    with transaction.atomic():
+        won = _cas(
+            job,
+            state=State.CANCELLED,
+            lease_expires_at=None,
+            finished_at=Now(),
+            last_error_class="",
+            last_error_code="cancelled",
+            last_error_detail=f"cancelled at the request of {job.cancel_requested_by}"[:300],
         )
+        if won:
+            Attempt.objects.filter(job=job, outcome="").update(
+                outcome=Outcome.CANCELLED, finished_at=Now()
+            )
+            groups.child_ended(job, State.CANCELLED)
+    if won:
         log_arrow(job, "cancelled", worker, requested_by=job.cancel_requested_by)
     return won
 

@@ -8,7 +8,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, Notice
+from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, JobGroup, Notice
 
 
 @dataclass
@@ -56,6 +56,9 @@ class Plan:
     accounts: tuple[str, ...]  # recipients of applied notices: the release rule checks them
     applies: tuple[str, ...]  # effect_ids a transactional provider applies (its own code)
     enqueues: tuple[str, ...]  # effect_ids that leave with a queue message
+    # Follow-up work (``jobs.engine.groups``): unsaved jobs, and groups with their children.
+    follow_ups: tuple[Job, ...] = ()
+    groups: tuple[tuple[JobGroup, tuple[Job, ...]], ...] = ()
 
     def statement_refusal(self) -> str:
         """Why the one-statement executor cannot take this plan ("" if it can)."""
@@ -63,6 +66,12 @@ class Plan:
             return "effects that need a queue message"
         if self.applies:
             return "a transactional provider's own apply"
+        if self.follow_ups or self.groups:
+            return "follow-up jobs"
+        if self.job.group_id is not None:
+            return "a group's child: its end is counted in the group"
+        if any(name == "result" for name, _ in self.changes):
+            return "a result value"
         return ""
 
 

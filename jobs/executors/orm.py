@@ -20,7 +20,7 @@ from django.db.models import Q, Subquery
 from django.db.models.functions import Coalesce, Now
 
 from jobs import clock, queue, rules
-from jobs.engine import effect_machine, job_machine
+from jobs.engine import effect_machine, groups, job_machine
 from jobs.engine.admission import admit
 from jobs.engine.plan import Claim, Hold, Plan, Result, Status
 from jobs.models import Attempt, Effect, EffectEvent, Job, Notice
@@ -306,8 +306,9 @@ def publish(plan: Plan) -> Result:
         refused = refused_accounts(plan.accounts)
         if refused:
             return Result(Status.ACCOUNTS_REFUSED, name, refused)
-        if not job_machine.publish(job, worker, margin=plan.margin):
+        if not job_machine.publish(job, worker, margin=plan.margin, changes=dict(plan.changes)):
             return Result(Status.LOST, name)
+        groups.write(plan.follow_ups, plan.groups)
         job_machine.finish_attempt(plan.attempt, Attempt.Outcome.SUCCEEDED)
         if plan.artifact is not None:
             plan.artifact.save(force_insert=True)

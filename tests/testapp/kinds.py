@@ -146,3 +146,59 @@ def dbos_steps(ctx: JobContext) -> list[EffectSpec]:
 
 def register_durable_steps() -> None:
     register_kind(DBOS_KIND, dbos_steps, max_attempts=3)
+
+
+# --- chains and groups under real processes (tests/e2e/test_chains_processes.py) --------
+
+CHAIN_PARENT, CHAIN_CHILD, CHAIN_JOIN = "test.e2e_parent", "test.e2e_child", "test.e2e_join"
+CHAIN_DYING_CHILD = "test.e2e_child_dies"  # its own kind: a budget of 2 runs out soon
+
+
+def chain_parent(ctx: JobContext) -> list:
+    """A group of ``params.modes`` children and a join; a line per run in the runs file."""
+    import jobs
+
+    p = ctx.params
+    _append(p["runs_file"], f"parent job={ctx.job.pk} attempt={ctx.job.attempts}")
+    time.sleep(p.get("sleep", 0.0))
+    children = [
+        jobs.then(
+            CHAIN_DYING_CHILD if mode == "die" else CHAIN_CHILD,
+            params={**p, "n": n, "mode": mode},
+            name=f"c{n}",
+        )
+        for n, mode in enumerate(p["modes"])
+    ]
+    return [jobs.group(children, join=jobs.then(CHAIN_JOIN, params=p), name="g")]
+
+
+def chain_child(ctx: JobContext) -> list:
+    """Works ``params.sleep`` seconds in small heartbeated slices (a SIGKILL lands mid-work);
+    mode ``die`` kills its own worker process on every attempt, so its budget runs out."""
+    import jobs
+
+    p = ctx.params
+    _append(p["runs_file"], f"child job={ctx.job.pk} n={p['n']} attempt={ctx.job.attempts}")
+    if p["mode"] == "die":
+        os.kill(os.getpid(), 9)
+    deadline = time.monotonic() + p.get("sleep", 0.0)
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        ctx.heartbeat()
+    return [jobs.result({"n": p["n"], "square": p["n"] * p["n"]})]
+
+
+def chain_join(ctx: JobContext) -> list:
+    """Writes what ``ctx.joined()`` gave it (names, states, results) to the runs file."""
+    import jobs
+
+    seen = [[c.name, c.state, c.result] for c in ctx.joined()]
+    _append(ctx.params["runs_file"], f"join job={ctx.job.pk} joined={json.dumps(seen)}")
+    return [jobs.result({"squares": sum(c.result["square"] for c in ctx.joined() if c.result)})]
+
+
+def register_chains() -> None:
+    register_kind(CHAIN_PARENT, chain_parent, max_attempts=6)
+    register_kind(CHAIN_CHILD, chain_child, max_attempts=6)
+    register_kind(CHAIN_DYING_CHILD, chain_child, max_attempts=2)
+    register_kind(CHAIN_JOIN, chain_join, max_attempts=6)  # on_child_failure "fail"
