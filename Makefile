@@ -23,7 +23,7 @@ DRILL_WORKERS ?= 3
 # tests are deselected (CI turns their skip into a failure).
 SQLITE_TESTS ?= tests/jobs tests/permits/test_drill.py
 
-.PHONY: install install-runtime demo serve test test-main test-sqlite drills lint format clean bench soak docs package
+.PHONY: install install-runtime demo serve test test-main test-sqlite drills lint format clean bench soak schedule-drill docs package
 
 $(VENV)/bin/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -85,6 +85,11 @@ bench: $(STAMP)
 K ?= 300
 soak: $(STAMP)
 	$(PY) -m tests.chaos.soak --jobs $(K) $(SOAK_ARGS)
+
+## make schedule-drill: 3 dispatchers, two periodic kinds every minute for 5 minutes, then
+## the database away across 2 ticks (PostgreSQL from DATABASE_URL; about 8 minutes).
+schedule-drill: $(STAMP)
+	$(PY) -m tests.chaos.schedule_drill $(SCHEDULE_DRILL_ARGS)
 
 ## make scaleout: 3 worker hosts, one PostgreSQL, an S3 server on loopback; one host killed.
 scaleout: $(STAMP)
