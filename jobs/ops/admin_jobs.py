@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from django.apps import apps
 from django.contrib import admin
-from django.db.models import Case, F, IntegerField, QuerySet, Sum, Value, When, Window
+from django.db.models import Case, F, IntegerField, Q, QuerySet, Sum, Value, When, Window
 from django.urls import NoReverseMatch, path, reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
+from jobs.engine import groups
 from jobs.hooks import SUBJECTS, subject_labels
-from jobs.models import Artifact, Attempt, Effect, Job, JobEvent, JobStep
+from jobs.models import Artifact, Attempt, Effect, Job, JobEvent, JobGroup, JobStep
 from jobs.ops import words
 from jobs.ops.admin_common import (
     EngineAdmin,
@@ -43,6 +44,11 @@ def subject_admin_url(subject_type: str, subject_id: str) -> str | None:
         return reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[subject_id])
     except NoReverseMatch:
         return None
+
+
+def _job_link(job_id: int) -> str:
+    url = reverse("admin:jobs_job_change", args=[job_id])
+    return format_html('<a href="{}">job {}</a>', url, job_id)
 
 
 def numbered_attempts(queryset: QuerySet) -> QuerySet:
@@ -174,6 +180,27 @@ class StepInline(ReadOnlyInline):
         return words.duration(obj.finished_at - obj.started_at)
 
 
+class FollowUpInline(ReadOnlyInline):
+    """The jobs this job's publish requested (``jobs.then``, group children, joins)."""
+
+    model = Job
+    fk_name = "parent"
+    fields = readonly_fields = ("name", "kind", "state_word", "finished_at")
+    show_change_link = True
+    verbose_name = "follow-up"
+    verbose_name_plural = "Follow-ups (requested when this job succeeded)"
+
+    @admin.display(description="name")
+    def name(self, obj):
+        if obj.subject_type == groups.JOIN_SUBJECT:
+            return "join"
+        return obj.subject_id.split(".", 1)[-1]
+
+    @admin.display(description="state")
+    def state_word(self, obj):
+        return state_tag_of(obj)
+
+
 @admin.register(Job)
 class JobAdmin(LastErrorColumn, EngineAdmin):
     operations = JOB_OPERATIONS
@@ -200,6 +227,7 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
     readonly_fields = (
         "subject",
         "progress",
+        "chain",
         "tries",
         "state_word",
         "error_class",
@@ -211,7 +239,7 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
     # actions above the form); the engine's bookkeeping is folded and comes last
     # (admin/jobs/job/change_form.html renders folded fieldsets after the inlines).
     fieldsets = [
-        (None, {"fields": ("state_word", "subject", "kind", "tries", "progress")}),
+        (None, {"fields": ("state_word", "subject", "kind", "tries", "progress", "chain")}),
         ("Error", {"fields": ("error_class", "error_message")}),
         (
             "Times",
@@ -250,7 +278,14 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
             },
         ),
     ]
-    inlines = [AttemptInline, StepInline, JobEventInline, ArtifactInline, EffectInline]
+    inlines = [
+        AttemptInline,
+        StepInline,
+        FollowUpInline,
+        JobEventInline,
+        ArtifactInline,
+        EffectInline,
+    ]
 
     def get_fieldsets(self, request, obj=None):
         fieldsets = super().get_fieldsets(request, obj)
@@ -262,8 +297,16 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
             elif name == "Engine detail" and not (detail and obj and not kind_redacts(obj.kind)):
                 kept = tuple(f for f in options["fields"] if f != "last_error_detail")
                 options = {**options, "fields": kept}
+            elif name is None and not (obj and self._in_a_chain(obj)):
+                options = {**options, "fields": tuple(f for f in options["fields"] if f != "chain")}
             shown.append((name, options))
         return shown
+
+    @staticmethod
+    def _in_a_chain(obj: Job) -> bool:
+        if obj.parent_id is not None or obj.group_id is not None:
+            return True
+        return JobGroup.objects.filter(Q(join=obj) | Q(parent=obj)).exists()
 
     def get_search_fields(self, request):
         fields = super().get_search_fields(request)
@@ -333,6 +376,51 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
             counts += f" ({min(100, round(100 * done / total))}%)"
         note = f": {obj.progress_note}" if obj.progress_note else ""
         return f"{counts}{note}, at {shown_time(obj.progress_at)}"
+
+    @admin.display(description="chain")
+    def chain(self, obj):
+        """Where the job stands in a chain or group: who requested it, its group's count,
+        or the group it joins (docs/app/chains.md)."""
+        parts = []
+        if obj.parent_id is not None:
+            parts.append(format_html("requested by {}", _job_link(obj.parent_id)))
+        if obj.group_id is not None:
+            group = obj.group
+            counted = f"counted {obj.group_outcome}" if obj.group_outcome else "not ended yet"
+            parts.append(
+                format_html(
+                    "child of group {} ({} of {} ended; this one {})",
+                    group.name,
+                    group.ended,
+                    group.size,
+                    counted,
+                )
+            )
+        for group in JobGroup.objects.filter(parent=obj).order_by("pk"):
+            join = _job_link(group.join_id) if group.join_id else "not requested yet"
+            parts.append(
+                format_html(
+                    "requested group {}: {} of {} ended, {} did not succeed; its join: {}",
+                    group.name,
+                    group.ended,
+                    group.size,
+                    group.not_succeeded,
+                    join,
+                )
+            )
+        joined = JobGroup.objects.filter(join=obj).first()
+        if joined is not None:
+            parts.append(
+                format_html(
+                    "the join of group {}: {} children, {} did not succeed",
+                    joined.name,
+                    joined.size,
+                    joined.not_succeeded,
+                )
+            )
+        if not parts:
+            return "—"
+        return format_html_join("; ", "{}", ((p,) for p in parts))
 
     @admin.display(description="subject and kind", ordering="kind")
     def subject_and_kind(self, obj):

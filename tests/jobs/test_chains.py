@@ -339,3 +339,31 @@ def test_publish__a_plan_with_follow_ups_or_a_groups_child_is_the_orm_transactio
     plan = publish.build(job, "w", attempt, None, validate_output([jobs.result(1)]))
     assert plan.statement_refusal() == "a result value"
     assert publish.build(job, "w", attempt, None, validate_output([])).statement_refusal() == ""
+
+
+def test_job_page__shows_where_a_job_stands_in_its_chain(admin_client):
+    job = parent("page", modes=["ok", "fail"])
+    run_delivery(job.pk, worker="w-1")
+    group = JobGroup.objects.get(parent=job)
+    first, second = group.children.order_by("pk")
+    run_job(first.pk)
+
+    page = admin_client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    assert "Follow-ups (requested when this job succeeded)" in page
+    assert "<label>Chain:</label>" in page
+    assert (
+        "requested group parts: 1 of 2 ended, 0 did not succeed; its join: not requested yet"
+        in (page)
+    )
+    child = admin_client.get(f"/admin/jobs/job/{second.pk}/change/").content.decode()
+    assert f'requested by <a href="/admin/jobs/job/{job.pk}/change/">job {job.pk}</a>' in child
+    assert "child of group parts (1 of 2 ended; this one not ended yet)" in child
+
+    run_job(second.pk)
+    group.refresh_from_db()
+    join = admin_client.get(f"/admin/jobs/job/{group.join_id}/change/").content.decode()
+    assert "the join of group parts: 2 children, 1 did not succeed" in join
+    assert "1 of 2 children did not succeed (part-1 failed)" in join  # its error, shown
+    plain = jobs.request("test.chain_child", ("test", "alone")).job
+    alone = admin_client.get(f"/admin/jobs/job/{plain.pk}/change/").content.decode()
+    assert "Follow-ups (" not in alone and "<label>Chain:</label>" not in alone
