@@ -33,6 +33,8 @@ from jobs.ops.views import dashboard_view
 
 def subject_admin_url(subject_type: str, subject_id: str) -> str | None:
     """The subject's admin page when its model is registered there (by app label and model)."""
+    if subject_type in (groups.FOLLOW_UP_SUBJECT, groups.JOIN_SUBJECT):
+        return None  # "<parent id>.<name>" is no row's key: the chain line links the parent
     try:
         model = apps.get_model(subject_type)
     except (LookupError, ValueError):
@@ -185,10 +187,13 @@ class FollowUpInline(ReadOnlyInline):
 
     model = Job
     fk_name = "parent"
-    fields = readonly_fields = ("name", "kind", "state_word", "finished_at")
+    fields = readonly_fields = ("name", "state_word", "finished_at")  # its kind heads the row
     show_change_link = True
     verbose_name = "follow-up"
     verbose_name_plural = "Follow-ups (requested when this job succeeded)"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).order_by("pk")  # in the order requested
 
     @admin.display(description="name")
     def name(self, obj):

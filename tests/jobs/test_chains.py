@@ -358,6 +358,8 @@ def test_job_page__shows_where_a_job_stands_in_its_chain(admin_client):
     child = admin_client.get(f"/admin/jobs/job/{second.pk}/change/").content.decode()
     assert f'requested by <a href="/admin/jobs/job/{job.pk}/change/">job {job.pk}</a>' in child
     assert "child of group parts (1 of 2 ended; this one not ended yet)" in child
+    assert f"jobs.job:{job.pk}.parts.part-1 r1" in child  # its subject, not a link
+    assert "Fix the subject" not in child
 
     run_job(second.pk)
     group.refresh_from_db()
