@@ -126,13 +126,13 @@ def validate_output(produced: object) -> Output:
     not be published. Reasons name fields and kinds, never values."""
     if produced is None:
         return Output()
-    if not isinstance(produced, list | tuple):
+    if isinstance(produced, str | bytes | dict) or not hasattr(produced, "__iter__"):
         raise PayloadInvalid(
             f"a job handler returns a list (effects, jobs.then, jobs.group, jobs.result), "
             f"not {type(produced).__name__}"
         )
     out = Output()
-    for item in produced:
+    for item in list(produced):
         if isinstance(item, EffectSpec):
             out.effects.append(item)
         elif isinstance(item, FollowUp):
