@@ -31,6 +31,9 @@ RELEASE_SLACK_SECONDS = 2.0
 # The recorded instants around a commit (see ``attempt_slots``) are log lines with
 # millisecond resolution: overlaps shorter than twice this are not counted.
 CLOCK_SKEW_SECONDS = 0.005
+# A tick's job is made by a round that read the server's clock at or after the tick; its
+# created_at is this host's clock (the same host in the soak), read a moment later.
+TICK_SLACK_SECONDS = 0.05
 
 
 @dataclass
@@ -49,6 +52,9 @@ class Inputs:
     # What each jobs_worker logged about restarting its qcluster: "exited", "stalled".
     restarts: dict[str, list[str]] = field(default_factory=dict)
     outages: list[Outage] = field(default_factory=list)
+    # Periodic kind -> (last tick when the dispatcher began, last tick when the run ended):
+    # the ticks in between are held to one job each and the kind's catch-up policy.
+    tick_window: dict[str, tuple[datetime | None, datetime | None]] = field(default_factory=dict)
 
 
 @dataclass
@@ -94,6 +100,20 @@ class Report:
                 f"by state: {kv(f['jobs']['by_state'])}",
             ),
             ("kills (SIGKILL)", f"{f['kills']['total']} ({kv(f['kills']['by_what'])})"),
+            ("kills mid-job by kind", kv(f["kills"].get("mid_job_by_kind", {}))),
+            (
+                "ticks",
+                "; ".join(
+                    f"{kind} ({t['policy']}): {t['jobs']} jobs for {t['ticks']} ticks "
+                    f"{t['window'][0]}..{t['window'][1]}, {t['missing']} skipped; "
+                    f"{t['due_during_outage']} due while the database was away, "
+                    f"{t['made_for_those']} made {t['first_made_after_outage_s']} s after; "
+                    f"{t['late_excluded']} after the window left out"
+                    for kind, t in sorted(f.get("ticks", {}).items())
+                )
+                or "none",
+            ),
+            ("chains", _chains_line(f.get("chains", {}))),
             (
                 "qclusters restarted by jobs_worker",
                 f"{f['cluster_restarts']['exited']} after exiting, "
@@ -103,7 +123,8 @@ class Report:
                 "outages",
                 "; ".join(
                     f"{o['what']} {o['seconds']} s, open jobs settled {o['settled_seconds']} s "
-                    "after it ended"
+                    f"after it ended (open then: {o.get('jobs_open_when_it_began', '?')}, "
+                    f"{kv(o.get('open_by_soak_kind', {}))} of the soak's kinds)"
                     for o in f["outages"]
                 )
                 or "none",
@@ -151,6 +172,16 @@ class Report:
             + (f"; broken promises: {', '.join(self.broken)}" if failed else "")
         )
         return out
+
+
+def _chains_line(c: dict) -> str:
+    if not c:
+        return "none"
+    return (
+        f"{c['parents']} parents, {c['groups']} groups, {c['children']} children "
+        f"({c['children_not_succeeded']} did not succeed), {c['joins']} joins "
+        f"({c['joins_ran']} ran)"
+    )
 
 
 def _ts(value: datetime | None) -> float | None:
@@ -284,6 +315,11 @@ class History:
     sends_by_effect: dict[str, list[dict]]
     # The site's follow-up notice jobs (``permits.notices``), apart from the soak's requests.
     follow_ups: list = field(default_factory=list)
+    # Jobs the engine made of the soak's kinds (ticks, parts, joins): in ``jobs``, not in
+    # the expectations; ``ticks_follow_their_schedule`` and ``chains_follow_up_once``
+    # account for each. Ticks after the run's window are left out of ``jobs`` (``late``).
+    engine_made: set[int] = field(default_factory=set)
+    late_ticks: list = field(default_factory=list)
     # What a promise found that the figures report too (dead_by_kills, retried, ...).
     found: dict[str, Any] = field(default_factory=dict)
 
@@ -300,14 +336,23 @@ class History:
 def read_history(inp: Inputs) -> History:
     from jobs import stats
     from jobs.models import Attempt, Effect, Job, Notice
+    from jobs.schedules import tick_of
     from jobs.testing.fakeprovider import Record
     from permits import notices
+    from tests.chaos import soak_kinds
 
     # The site's follow-up notices (a new assignment, a report that could not be built)
     # are jobs of their own kinds, asked for by the site, not by the soak: they are held to
     # their own promise (``follow_up_notices_once``), the rest to the soak's requests.
     follow_ups = (notices.ASSIGNED, notices.STOPPED)
-    jobs = {j.pk: j for j in Job.objects.exclude(kind__in=follow_ups)}
+    jobs, late = {}, []
+    for j in Job.objects.exclude(kind__in=follow_ups):
+        if j.kind in soak_kinds.PERIODIC:
+            end = inp.tick_window.get(j.kind, (None, None))[1]
+            if end is None or tick_of(j) > end:
+                late.append(j)  # the dispatcher ran on after the window: not held to it
+                continue
+        jobs[j.pk] = j
     by_job: dict[int, list] = defaultdict(list)
     for a in Attempt.objects.order_by("id"):
         by_job[a.job_id].append(a)
@@ -326,6 +371,8 @@ def read_history(inp: Inputs) -> History:
         requests=record.requests(),
         sends_by_effect=record.sends_by_effect(),
         follow_ups=list(Job.objects.filter(kind__in=follow_ups)),
+        engine_made={pk for pk, j in jobs.items() if j.kind in soak_kinds.ENGINE_MADE},
+        late_ticks=late,
     )
 
 
@@ -352,7 +399,8 @@ def no_job_is_lost_or_made_twice(h: History, r: Report) -> None:
     from jobs.models import Job
 
     missing = sorted(set(h.expects) - set(h.jobs))
-    extra = sorted(set(h.jobs) - set(h.expects))
+    # Ticks, parts and joins are the engine's: their own promises account for each.
+    extra = sorted(set(h.jobs) - set(h.expects) - h.engine_made)
     h.found["missing"] = missing
     twins = (
         Job.objects.values("kind", "subject_type", "subject_id", "output_revision")
@@ -365,7 +413,8 @@ def no_job_is_lost_or_made_twice(h: History, r: Report) -> None:
         not missing and not extra and twins == 0,
         f"missing {missing[:5]} extra {extra[:5]} twins {twins}"
         if missing or extra or twins
-        else f"{len(h.expects)} jobs",
+        else f"{len(h.expects)} jobs requested, {len(h.engine_made)} made by the engine "
+        "(ticks, parts, joins)",
     )
     world = h.inp.world
     r.check(
@@ -433,7 +482,8 @@ def every_job_ends_as_expected(h: History, r: Report) -> None:
             )
     h.found["dead_by_kills"] = dead_by_kills
     r.check(
-        "jobs ended as expected (reports, summaries and deadlocks succeeded, malformed failed; "
+        "jobs ended as expected (reports, summaries, deadlocks and chains succeeded, malformed "
+        "failed; "
         "dead only when kills spent the attempt budget)",
         not unexpected,
         _few(unexpected) or (f"dead by kills: {dead_by_kills}" if dead_by_kills else ""),
@@ -534,6 +584,7 @@ def one_artifact_per_job(h: History, r: Report) -> None:
     """Invariant 1 for artifacts: one per succeeded job, intact, and no second file."""
     from jobs import artifacts
     from jobs.models import Artifact, Job
+    from tests.chaos import soak_kinds
 
     arts = defaultdict(list)
     for art in Artifact.objects.all():
@@ -541,6 +592,10 @@ def one_artifact_per_job(h: History, r: Report) -> None:
     art_problems = []
     for pk, job in h.jobs.items():
         mine = arts.get(pk, [])
+        if job.kind in soak_kinds.KINDS:  # ticks and chains store nothing
+            if mine:
+                art_problems.append(f"job {pk} ({job.kind}) stored {[a.key for a in mine]}")
+            continue
         if job.state == Job.State.SUCCEEDED:
             if len(mine) != 1 or mine[0].key != artifacts.artifact_key(job):
                 art_problems.append(f"job {pk}: {[a.key for a in mine]}")
@@ -619,6 +674,10 @@ def each_job_asks_for_its_notices(h: History, r: Report) -> None:
             if have:
                 mismatch.append(f"job {pk} ({e.kind}, {job and job.state}) has effects")
             continue
+        if e.kind == "chain":  # its publish asks for follow-up jobs, no effect
+            if have:
+                mismatch.append(f"job {pk} (chain): has effects {sorted(have)}")
+            continue
         if e.kind in ("deadlock", "summary"):
             want = {(reports.NOTICE, "inapp", str(u)) for u in e.recipients}
             if have != want:
@@ -633,9 +692,14 @@ def each_job_asks_for_its_notices(h: History, r: Report) -> None:
         absent_ok = {w for w in want if (e.permit, w[2]) in h.revoked}
         if not have <= want or (want - have) - absent_ok:
             mismatch.append(f"job {pk}: have {sorted(have)} want {sorted(want)}")
+    mismatch += [
+        f"job {pk} ({h.jobs[pk].kind}): has effects {sorted(by_job_fx[pk])}"
+        for pk in sorted(h.engine_made)
+        if by_job_fx.get(pk)
+    ]
     r.check(
         "2 each succeeded report asked for one in-app and one webhook notice per reviewer "
-        "(a summary job for one in-app notice)",
+        "(a summary job for one in-app notice; chains, parts, joins and ticks for none)",
         not mismatch,
         _few(mismatch),
     )
@@ -992,6 +1056,332 @@ def the_dispatcher_lives_through_outages(h: History, r: Report) -> None:
     )
 
 
+# --- the soak's own kinds: periodic ticks and chains (tests.chaos.soak_kinds) ----------
+
+
+def _ran_to_one_outcome(job, claims: list) -> str | None:
+    """Why ``job`` did not run to one outcome (None: it did): terminal, at most one
+    succeeded attempt, and succeeded, or dead with its budget spent by kills."""
+    from jobs.models import Attempt, Job
+
+    wins = sum(a.outcome == Attempt.Outcome.SUCCEEDED for a in claims)
+    if not job.is_terminal:
+        return f"job {job.pk} ({job.kind}) still {job.state}"
+    if wins > 1:
+        return f"job {job.pk} ({job.kind}): {wins} succeeded attempts"
+    if job.state == Job.State.SUCCEEDED:
+        return None if wins == 1 else f"job {job.pk} ({job.kind}) succeeded with no attempt"
+    outcomes = {a.outcome for a in claims}
+    if (
+        job.state == Job.State.DEAD
+        and job.attempts == job.max_attempts
+        and outcomes <= {"crashed", "lease_lost", "retry"}
+    ):
+        return None  # the kills spent its budget: dead for an operator, as a report can be
+    return f"job {job.pk} ({job.kind}) {job.state} {job.last_error_class}/{job.last_error_code}"
+
+
+def _dead_by_kills(jobs) -> list[int]:
+    return [j.pk for j in jobs if j.state == "dead"]
+
+
+def ticks_follow_their_schedule(h: History, r: Report) -> None:
+    """Periodic kinds: one job per tick of the run's window, none before its tick, each
+    run to one outcome; the ticks due while the database was away follow the kind's
+    catch-up policy ("all": each gets its job when it is back; "latest": the newest only).
+    """
+    from jobs.schedules import tick_id, tick_of
+    from tests.chaos import soak_kinds
+
+    db = next((o for o in h.inp.outages if o.what == "database" and o.began and o.ended), None)
+    found: dict[str, Any] = {}
+    for kind, (policy, step) in soak_kinds.PERIODIC.items():
+        what = f"{kind} (every {step} s, catch_up {policy})"
+        start, end = h.inp.tick_window.get(kind, (None, None))
+        if start is None or end is None:
+            r.check(f"ticks of {what}: its schedule state read at both ends", False, "not read")
+            continue
+        mine = sorted((j for j in h.jobs.values() if j.kind == kind), key=tick_of)
+        at = {int(tick_of(j).timestamp()): j for j in mine}
+        first, last = int(start.timestamp()), int(end.timestamp())
+        expected = list(range(first + step, last + 1, step))
+        problems = []
+        per_tick = Counter(tick_of(j) for j in mine)
+        problems += [f"tick {tick_id(t)}: {n} jobs" for t, n in per_tick.items() if n > 1]
+        for j in mine:
+            tick = tick_of(j).timestamp()
+            if j.subject_type != "jobs.tick" or j.output_revision != 1 or tick % step:
+                problems.append(f"job {j.pk}: {j.subject_type} {j.subject_id} is not a tick")
+            if _ts(j.created_at) < tick - TICK_SLACK_SECONDS:
+                problems.append(f"job {j.pk}: created {tick - _ts(j.created_at):.2f}s early")
+            why = _ran_to_one_outcome(j, h.claimed[j.pk])
+            if why:
+                problems.append(why)
+            elif j.state == "succeeded" and j.result != {"tick": j.subject_id}:
+                problems.append(f"job {j.pk}: result {j.result!r} names another tick")
+        lags = sorted(_ts(j.created_at) - tick_of(j).timestamp() for j in mine)
+        r.check(
+            f"ticks of {what}: one job per tick, none created before its tick, each ran to "
+            "one outcome (one succeeded attempt, or dead by kills)",
+            not problems,
+            _few(problems)
+            or f"{len(mine)} jobs for ticks {tick_id(start)}..{tick_id(end)}; created "
+            f"{lags[len(lags) // 2]:.2f}s after the tick (median), {lags[-1]:.2f}s at most"
+            if lags
+            else "no ticks in the window",
+        )
+        missing = [t for t in expected if t not in at]
+        # The ticks due while the dispatcher could not reach the database: after the
+        # outage began, up to the one the first job made after it was for.
+        missed, made, back = [], [], None
+        if db is not None:
+            after = [j for j in mine if tick_of(j).timestamp() > db.began]
+            if after:
+                back = min(_ts(j.created_at) for j in after)
+                missed = [t for t in expected if db.began < t <= back]
+                made = [t for t in missed if t in at]
+        during = [t for t in missed if db is not None and t <= db.ended]
+        skipped = [t for t in missed if t not in at]
+        iso = [tick_id(_epoch(t)) for t in missed]
+        found[kind] = {
+            "policy": policy,
+            "window": [tick_id(start), tick_id(end)],
+            "ticks": len(expected),
+            "jobs": len(mine),
+            "missing": len(missing),
+            "due_during_outage": len(missed),
+            "made_for_those": len(made),
+            "first_made_after_outage_s": round(back - db.ended, 1) if back and db else None,
+            "late_excluded": sum(1 for j in h.late_ticks if j.kind == kind),
+            "dead_by_kills": _dead_by_kills(mine),
+        }
+        if policy == "all":
+            caught_late = [
+                tick_id(_epoch(t))
+                for t in missed
+                if t in at and _ts(at[t].created_at) < db.ended - TICK_SLACK_SECONDS
+            ]
+            r.check(
+                f"ticks of {what}: every tick of the window has its job; those due while the "
+                "database was away were each created once it was back",
+                not missing and not caught_late and (db is None or bool(during)),
+                f"missing {_few(tick_id(_epoch(t)) for t in missing)}"
+                if missing
+                else f"created during the outage: {caught_late}"
+                if caught_late
+                else "no tick fell in the database outage"
+                if db is not None and not during
+                else f"{len(expected)} ticks; {len(missed)} due while the database was away "
+                f"({_few(iso)}), all made {found[kind]['first_made_after_outage_s']}s after "
+                "it came back",
+            )
+            continue
+        # latest: a tick is skipped only when a newer one was due when its job was made,
+        # and no round ran while it was the newest: a round fires every kind with one
+        # clock reading, so another kind's tick u >= t made before t + step is such a
+        # round (one the outage cut between the two kinds, just before it began, aside).
+        unexplained = []
+        rounds = [
+            (tick_of(j).timestamp(), _ts(j.created_at))
+            for j in h.jobs.values()
+            if j.kind in soak_kinds.PERIODIC and j.kind != kind
+        ]
+        for t in missing:
+            newer = next((u for u in expected if u > t and u in at), None)
+            if newer is None or _ts(at[newer].created_at) < t + step - TICK_SLACK_SECONDS:
+                unexplained.append(f"{tick_id(_epoch(t))} (its successor was made too early)")
+                continue
+            ran = [
+                c
+                for u, c in rounds
+                if u >= t
+                and c < t + step - TICK_SLACK_SECONDS
+                and not (db is not None and db.began - 1.0 <= c <= db.began)
+            ]
+            if ran:
+                unexplained.append(
+                    f"{tick_id(_epoch(t))} (a round made another kind's tick "
+                    f"{ran[0] - t:.2f}s after it)"
+                )
+        r.check(
+            f"ticks of {what}: a tick without a job was skipped for a newer one already due; "
+            "of the ticks due while the database was away only the newest got a job",
+            not unexplained and (db is None or (bool(during) and len(made) == 1)),
+            f"skipped while it was the newest: {_few(unexplained)}"
+            if unexplained
+            else f"due while the database was away {iso}, jobs for "
+            f"{[tick_id(_epoch(t)) for t in made]}"
+            if db is not None and (not during or len(made) != 1)
+            else f"{len(expected)} ticks, {len(missing)} skipped; due while the database was "
+            f"away {_few(iso)}: {len(skipped)} skipped, one job for "
+            f"{tick_id(_epoch(made[0])) if made else '-'}",
+        )
+    h.found["ticks"] = found
+
+
+def chains_follow_up_once(h: History, r: Report) -> None:
+    """Chains: each parent's publish made its group once (``size`` children under their
+    identities), each child's end counted once, one join per group that ended once, and
+    a join that ran saw every child's end and result."""
+    from jobs.models import JobGroup
+    from tests.chaos import soak_kinds
+
+    chains = {pk: h.jobs[pk] for pk, e in h.expects.items() if e.kind == "chain" and pk in h.jobs}
+    groups = list(JobGroup.objects.order_by("pk"))
+    by_parent = defaultdict(list)
+    for g in groups:
+        by_parent[g.parent_id].append(g)
+    members = defaultdict(list)
+    for j in sorted(h.jobs.values(), key=lambda j: j.pk):
+        if j.group_id is not None:
+            members[j.group_id].append(j)
+    parts = [j for j in h.jobs.values() if j.kind == soak_kinds.PART]
+    joins = [j for j in h.jobs.values() if j.kind == soak_kinds.JOIN]
+
+    made = []
+    for pk, parent in chains.items():
+        mine = by_parent.get(pk, [])
+        size = parent.params["parts"]
+        why = _ran_to_one_outcome(parent, h.claimed[pk])
+        if why:
+            made.append(why)
+        if parent.state != "succeeded":
+            if mine:
+                made.append(f"chain {pk} {parent.state} made {len(mine)} group(s)")
+            continue
+        if len(mine) != 1:
+            made.append(f"chain {pk}: {len(mine)} groups")
+            continue
+        g = mine[0]
+        children = members.get(g.pk, [])
+        want = sorted(f"{pk}.{soak_kinds.GROUP_NAME}.p{n}" for n in range(size))
+        have = sorted(c.subject_id for c in children)
+        if g.size != size or g.name != soak_kinds.GROUP_NAME or have != want:
+            made.append(f"chain {pk}: group {g.pk} {g.name} size {g.size}, children {have}")
+        for c in children:
+            if (c.kind, c.subject_type, c.output_revision, c.parent_id) != (
+                soak_kinds.PART,
+                "jobs.job",
+                1,
+                pk,
+            ) or c.tenant_key != parent.tenant_key:
+                made.append(f"chain {pk}: child {c.pk} {c.kind} {c.subject_type} {c.subject_id}")
+    stray_groups = [g.pk for g in groups if g.parent_id not in chains]
+    stray_parts = [j.pk for j in parts if j.group_id is None or j.parent_id not in chains]
+    r.check(
+        "chains: each succeeded parent's publish made one group of its 2-3 children, once "
+        "(identities <parent>.parts.p<n>, its tenant); no group or child without its parent",
+        not made and not stray_groups and not stray_parts,
+        _few(
+            made
+            + [f"stray group {g}" for g in stray_groups]
+            + [f"stray part {j}" for j in stray_parts]
+        )
+        or f"{len(chains)} parents, {len(groups)} groups, {len(parts)} children",
+    )
+
+    counted = []
+    for g in groups:
+        children = members.get(g.pk, [])
+        not_succeeded = sum(c.group_outcome != "succeeded" for c in children)
+        if (g.ended, g.version, g.not_succeeded, len(children)) != (
+            g.size,
+            g.size,
+            not_succeeded,
+            g.size,
+        ):
+            counted.append(
+                f"group {g.pk}: ended {g.ended} version {g.version} of size {g.size} with "
+                f"{len(children)} children, not succeeded {g.not_succeeded} (children say "
+                f"{not_succeeded})"
+            )
+        for c in children:
+            why = _ran_to_one_outcome(c, h.claimed[c.pk])
+            if why:
+                counted.append(why)
+            if c.group_outcome != c.state:
+                counted.append(f"child {c.pk} {c.state} counted as {c.group_outcome!r}")
+    r.check(
+        "groups: every child's end counted once (ended == size == version at the end); each "
+        "child ran to one outcome",
+        not counted,
+        _few(counted)
+        or f"{sum(g.size for g in groups)} ends counted in {len(groups)} groups; "
+        f"{sum(g.not_succeeded for g in groups)} children did not succeed",
+    )
+
+    one_join = []
+    by_subject = defaultdict(list)
+    for j in joins:
+        by_subject[(j.subject_type, j.subject_id)].append(j)
+    for g in groups:
+        mine = by_subject.get(("jobs.group", str(g.pk)), [])
+        if len(mine) != 1 or g.join_id != mine[0].pk:
+            one_join.append(f"group {g.pk}: joins {[j.pk for j in mine]}, group says {g.join_id}")
+            continue
+        why = _ran_to_one_outcome(mine[0], h.claimed[mine[0].pk])
+        if why:
+            one_join.append(why)
+    known = {("jobs.group", str(g.pk)) for g in groups}
+    stray_joins = [j.pk for key, js in by_subject.items() if key not in known for j in js]
+    r.check(
+        "joins: exactly one per group by identity (soak.join, jobs.group, <group>), the "
+        "group's own, and it ended once",
+        not one_join and not stray_joins,
+        _few(one_join + [f"stray join {j}" for j in stray_joins])
+        or f"{len(joins)} joins for {len(groups)} groups",
+    )
+
+    saw = []
+    ran = 0
+    by_pk = {g.pk: g for g in groups}
+    for j in joins:
+        g = by_pk.get(int(j.subject_id)) if j.subject_id.isdigit() else None
+        if g is None or j.state != "succeeded":
+            continue
+        ran += 1
+        children = members.get(g.pk, [])
+        want = [
+            [
+                c.subject_id.rsplit(".", 1)[-1],
+                c.pk,
+                c.group_outcome,
+                c.result if c.group_outcome == "succeeded" else None,
+            ]
+            for c in children
+        ]
+        total = sum(c.result["value"] for c in children if c.group_outcome == "succeeded")
+        if j.result != {"seen": want, "total": total}:
+            saw.append(f"join {j.pk}: saw {j.result!r}, children {want}")
+        for c in children:
+            if c.group_outcome == "succeeded" and c.result != {
+                "part": c.params["part"],
+                "value": soak_kinds.part_value(c.params["chain"], c.params["part"]),
+            }:
+                saw.append(f"child {c.pk}: result {c.result!r}")
+    r.check(
+        "a join that ran saw every child's end and result (its result against the children's)",
+        not saw,
+        _few(saw) or f"{ran} joins ran and each saw all its children",
+    )
+    kinds_of = {pk: j.kind for pk, j in h.jobs.items()}
+    hit = Counter(
+        kinds_of.get(int(k.subject.split()[1]), "?")
+        for k in h.inp.kills
+        if k.subject.startswith("job ") and k.subject.split()[1].isdigit()
+    )
+    h.found["chains"] = {
+        "parents": len(chains),
+        "groups": len(groups),
+        "children": len(parts),
+        "children_not_succeeded": sum(g.not_succeeded for g in groups),
+        "joins": len(joins),
+        "joins_ran": ran,
+        "dead_by_kills": _dead_by_kills([*chains.values(), *parts, *joins]),
+    }
+    h.found["kills_mid_job_by_kind"] = dict(hit)
+
+
 PROMISES = (
     no_job_is_lost_or_made_twice,
     every_job_ends_as_expected,
@@ -1015,6 +1405,8 @@ PROMISES = (
     every_message_is_acknowledged,
     only_killed_processes_die,
     the_dispatcher_lives_through_outages,
+    ticks_follow_their_schedule,
+    chains_follow_up_once,
 )
 
 
@@ -1042,7 +1434,10 @@ def _figures(h: History, r: Report) -> None:
             "total": sum(1 for k in inp.kills if not k.what.startswith("pause")),
             "by_what": dict(Counter(k.what for k in inp.kills)),
             "pauses": sum(1 for k in inp.kills if k.what.startswith("pause")),
+            "mid_job_by_kind": found.get("kills_mid_job_by_kind", {}),
         },
+        ticks=found.get("ticks", {}),
+        chains=found.get("chains", {}),
         deliveries=figures["deliveries"],
         deliveries_by_outcome=figures["deliveries_by_outcome"],
         duplicate_deliveries=figures["duplicate_deliveries"],
@@ -1101,6 +1496,8 @@ def _dispatcher_outage_lines(log_dir: Path) -> tuple[int, int]:
 
 def _outages(inp: Inputs, jobs: dict) -> list[dict]:
     """Each outage, and when the jobs open as it began had all ended (time to settle)."""
+    from tests.chaos.soak_kinds import KINDS as soak
+
     out = []
     for o in inp.outages:
         if o.began is None or o.ended is None:
@@ -1121,10 +1518,18 @@ def _outages(inp: Inputs, jobs: dict) -> list[dict]:
                 "what": o.what,
                 "seconds": round(o.ended - o.began, 1),
                 "jobs_open_when_it_began": len(caught),
+                # the soak's own kinds among them: ticks, chains, parts, joins
+                "open_by_soak_kind": dict(Counter(j.kind for j in caught if j.kind in soak)),
                 "settled_seconds": settled,
             }
         )
     return out
+
+
+def _epoch(seconds: float) -> datetime:
+    from datetime import UTC
+
+    return datetime.fromtimestamp(seconds, tz=UTC)
 
 
 def _now() -> float:

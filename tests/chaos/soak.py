@@ -11,9 +11,15 @@ Jepsen-style: inject the faults, record everything, then check the history.
    ``drill.deadlock`` jobs that provoke a real PostgreSQL deadlock on their first
    attempt, and ``demo.summary`` jobs whose one in-app notice makes them publish in
    the one-statement publish (``jobs.sql``; reports, with a webhook notice, take the
-   ORM publish). Half of the reports wait in the queue before the workers start; the
-   rest, and the deadlocks, arrive while the chaos runs, with a few reviewers
-   revoked on the way (chosen while their notice is still on its way).
+   ORM publish), and ``soak.chain`` jobs (K/15) whose publish writes a group of two
+   or three ``soak.part`` children and the group's one ``soak.join``
+   (``tests.chaos.soak_kinds``). Half of the reports and chains wait in the queue
+   before the workers start; the rest, and the deadlocks, arrive while the chaos
+   runs, with a few reviewers revoked on the way (chosen while their notice is still
+   on its way). Two periodic kinds tick from the dispatcher's first round to the
+   end (``soak.tick`` every 5 s with ``catch_up="all"``, ``soak.digest`` every 3 s
+   with ``"latest"``); the soak reads their ``ScheduleState`` at both ends, the window
+   the checker holds the ticks to.
 3. Three real ``manage.py jobs_worker`` processes (each runs and supervises a
    ``manage.py qcluster``) and ``manage.py jobs_dispatcher``, connected to the
    database through a relay that can go down (``tests.chaos.dbproxy``), and the
@@ -62,7 +68,7 @@ from jobs.testing.proctree import children, groups_of, process_table
 from tests.chaos.dbproxy import DatabaseProxy
 
 ROOT = Path(__file__).resolve().parents[2]
-SETTINGS_MODULE = "tests.chaos.settings"
+SETTINGS_MODULE = "tests.chaos.soak_settings"  # the soak's timers and its own kinds
 POSTGRES_SCHEMES = ("postgres", "postgresql", "pgsql")
 TENANTS = [
     # springfield and shelbyville first: drill.deadlock locks those two rows.
@@ -94,6 +100,7 @@ class Config:
     effect_lease: float = 4.0
     deadlock_fraction: float = 0.08
     summary_fraction: float = 0.1  # demo.summary jobs: in-app notice only
+    chain_fraction: float = 1 / 15  # soak.chain jobs: a group of parts and a join each
     malformed_fraction: float = 0.02
     revision_fraction: float = 0.15
     revoke_fraction: float = 0.04
@@ -560,7 +567,7 @@ class Expect:
     """What the checker expects of one job."""
 
     job: int
-    kind: str  # report | revision | malformed | deadlock | summary
+    kind: str  # report | revision | malformed | deadlock | summary | chain
     tenant: str
     permit: int | None
     revision: int
@@ -667,6 +674,10 @@ def seed(cfg: Config, rng: random.Random) -> tuple[World, list[Action]]:
         tenant = rng.choice(tenants)
         user = rng.choice(reviewers[tenant.key])
         plan.append(Action(when(), next(seq), "summary", (i, tenant.key, user.pk)))
+    for i in range(max(2, round(cfg.jobs * cfg.chain_fraction))):
+        # The engine requests the parts and the join: the soak asks only for the parent.
+        tenant = rng.choice(tenants)
+        plan.append(Action(when(), next(seq), "chain", (i, tenant.key, rng.choice((2, 3)))))
     for _ in range(max(1, round(first * cfg.revoke_fraction))):
         # The target is chosen when the time comes (see ``perform``).
         plan.append(Action(rng.uniform(1.0, cfg.arrival), next(seq), "revoke", ()))
@@ -719,6 +730,7 @@ def perform(action: Action, world: World, rng: random.Random) -> None:
     from permits.drill import DEADLOCK_KIND
     from permits.models import PermitRequest
     from permits.services import report_request, request_new_revision, revoke_reviewer
+    from tests.chaos import soak_kinds
     from tests.jobs.helpers import request_job
 
     now = time.time()
@@ -755,6 +767,16 @@ def perform(action: Action, world: World, rng: random.Random) -> None:
             params={"notify_user_id": user_id},
         )
         world.expects[job.pk] = Expect(job.pk, "summary", tenant, None, 1, [user_id], now)
+    elif action.kind == "chain":
+        i, tenant, parts = action.arg
+        job, _ = request_job(
+            soak_kinds.CHAIN,
+            subject_type=soak_kinds.CHAIN_SUBJECT,
+            subject_id=f"soak-chain-{i}",
+            tenant_key=tenant,
+            params={"chain": i, "parts": parts},
+        )
+        world.expects[job.pk] = Expect(job.pk, "chain", tenant, None, 1, [], now)
     elif action.kind == "deadlock":
         (i,) = action.arg
         job, _ = request_job(DEADLOCK_KIND, subject_type="drill", subject_id=f"deadlock-{i}")
@@ -1032,6 +1054,22 @@ def progress() -> tuple[bool, bool, str]:
     return open_jobs == 0, open_effects == 0, text
 
 
+def tick_marks() -> dict:
+    """The last tick requested per periodic soak kind (its ``ScheduleState.last_tick``).
+
+    Read once the dispatcher's first round made the rows (a new schedule starts there,
+    with no job) and again just before each ``progress``: the ticks after the first read
+    up to the read before the last ``progress`` are the window the checker holds to
+    one job each and the catch-up policy. Later ticks (the dispatcher runs on while the
+    queue drains) are left out.
+    """
+    from jobs.models import ScheduleState
+    from tests.chaos import soak_kinds
+
+    rows = ScheduleState.objects.filter(kind__in=list(soak_kinds.PERIODIC))
+    return dict(rows.values_list("kind", "last_tick"))
+
+
 def queue_left() -> int:
     """Job and effect messages not yet acknowledged (the dispatcher's schedule aside)."""
     from django_q.models import OrmQ
@@ -1074,7 +1112,10 @@ def run(cfg: Config) -> int:
     try:
         create_database(url, name)
         created = True
-        _say(f"soak {name}: {cfg.jobs} report jobs, scratch database {name}, folder {work}")
+        _say(
+            f"soak {name}: {cfg.jobs} report jobs (and deadlocks, summaries, chains, ticks), "
+            f"scratch database {name}, folder {work}"
+        )
         env = {
             k: v
             for k, v in os.environ.items()
@@ -1172,6 +1213,18 @@ def run(cfg: Config) -> int:
         # The clock starts once the dispatcher sweeps: an early outage must find it running
         # (a slow start under load would otherwise begin after the outage ended).
         _wait_for_log(dispatcher, "jobs_dispatcher: sweeping every", timeout=90)
+        from tests.chaos import soak_kinds
+
+        tick_start = tick_marks()
+        waited = time.monotonic() + 10
+        while set(tick_start) != set(soak_kinds.PERIODIC) and time.monotonic() < waited:
+            time.sleep(0.1)
+            tick_start = tick_marks()
+        tick_end = dict(tick_start)
+        _say(
+            "periodic kinds start after "
+            + ", ".join(f"{k} {v:%H:%M:%S}" for k, v in sorted(tick_start.items()))
+        )
         for n in range(cfg.clusters):
             fleet.start_cluster(f"qcluster-{'abcdefgh'[n]}")
         t0 = time.monotonic()
@@ -1205,7 +1258,9 @@ def run(cfg: Config) -> int:
                 _say(f"  restarted {what}")
             report_due = time.monotonic() >= next_report
             if not plan or report_due:
+                marks = tick_marks()  # before progress: every tick up to it was in its count
                 jobs_done, effects_done, status = progress()
+                tick_end = marks
                 if report_due:
                     next_report += 5
                     _say(f"  {elapsed:5.0f}s kills={len(kills)} {status}")
@@ -1265,6 +1320,7 @@ def run(cfg: Config) -> int:
             restarts=fleet.restarts(),
             outages=list(outages.plan),
             chaos_seconds=chaos_seconds,
+            tick_window={k: (tick_start.get(k), tick_end.get(k)) for k in soak_kinds.PERIODIC},
         )
         report = checker.check(inputs)
         flow_checks.check_flow(inputs, report)
@@ -1316,6 +1372,12 @@ def parse(argv: list[str] | None = None) -> Config:
     p.add_argument("--provider-in-flight", type=int, default=d.provider_in_flight)
     p.add_argument("--deadlock-fraction", type=float, default=d.deadlock_fraction)
     p.add_argument("--summary-fraction", type=float, default=d.summary_fraction)
+    p.add_argument(
+        "--chain-fraction",
+        type=float,
+        default=d.chain_fraction,
+        help="soak.chain jobs per report job (each a group of 2-3 parts and a join)",
+    )
     p.add_argument("--stall", type=float, default=d.stall, help="fraction of sends stalled")
     p.add_argument("--unavailable", type=float, default=d.unavailable, help="fraction of 503s")
     p.add_argument(
@@ -1373,6 +1435,7 @@ def parse(argv: list[str] | None = None) -> Config:
         provider_in_flight=a.provider_in_flight,
         deadlock_fraction=a.deadlock_fraction,
         summary_fraction=a.summary_fraction,
+        chain_fraction=a.chain_fraction,
         stall=a.stall,
         unavailable=a.unavailable,
         chaos_interval=a.chaos_interval,
