@@ -106,7 +106,8 @@ class Report:
                 "; ".join(
                     f"{kind} ({t['policy']}): {t['jobs']} jobs for {t['ticks']} ticks "
                     f"{t['window'][0]}..{t['window'][1]}, {t['missing']} skipped; "
-                    f"{t['due_during_outage']} due while the database was away, "
+                    f"{t['due_during_outage']} due from the database outage until the "
+                    "dispatcher was back, "
                     f"{t['made_for_those']} made {t['first_made_after_outage_s']} s after; "
                     f"{t['late_excluded']} after the window left out"
                     for kind, t in sorted(f.get("ticks", {}).items())
@@ -1141,6 +1142,8 @@ def ticks_follow_their_schedule(h: History, r: Report) -> None:
                 missed = [t for t in expected if db.began < t <= back]
                 made = [t for t in missed if t in at]
         during = [t for t in missed if db is not None and t <= db.ended]
+        # An outage as long as the interval always spans a tick; a shorter one may not.
+        spans = db is not None and (bool(during) or db.ended - db.began < step)
         skipped = [t for t in missed if t not in at]
         iso = [tick_id(_epoch(t)) for t in missed]
         found[kind] = {
@@ -1164,14 +1167,15 @@ def ticks_follow_their_schedule(h: History, r: Report) -> None:
             r.check(
                 f"ticks of {what}: every tick of the window has its job; those due while the "
                 "database was away were each created once it was back",
-                not missing and not caught_late and (db is None or bool(during)),
+                not missing and not caught_late and (db is None or spans),
                 f"missing {_few(tick_id(_epoch(t)) for t in missing)}"
                 if missing
                 else f"created during the outage: {caught_late}"
                 if caught_late
                 else "no tick fell in the database outage"
-                if db is not None and not during
-                else f"{len(expected)} ticks; {len(missed)} due while the database was away "
+                if db is not None and not spans
+                else f"{len(expected)} ticks; {len(missed)} due from the outage until the "
+                "dispatcher was back "
                 f"({_few(iso)}), all made {found[kind]['first_made_after_outage_s']}s after "
                 "it came back",
             )
@@ -1206,14 +1210,14 @@ def ticks_follow_their_schedule(h: History, r: Report) -> None:
         r.check(
             f"ticks of {what}: a tick without a job was skipped for a newer one already due; "
             "of the ticks due while the database was away only the newest got a job",
-            not unexplained and (db is None or (bool(during) and len(made) == 1)),
+            not unexplained and (db is None or (spans and len(made) == (1 if missed else 0))),
             f"skipped while it was the newest: {_few(unexplained)}"
             if unexplained
-            else f"due while the database was away {iso}, jobs for "
+            else f"due from the outage until the dispatcher was back {iso}, jobs for "
             f"{[tick_id(_epoch(t)) for t in made]}"
-            if db is not None and (not during or len(made) != 1)
-            else f"{len(expected)} ticks, {len(missing)} skipped; due while the database was "
-            f"away {_few(iso)}: {len(skipped)} skipped, one job for "
+            if db is not None and (not spans or len(made) != (1 if missed else 0))
+            else f"{len(expected)} ticks, {len(missing)} skipped; due from the outage until "
+            f"the dispatcher was back {_few(iso)}: {len(skipped)} skipped, one job for "
             f"{tick_id(_epoch(made[0])) if made else '-'}",
         )
     h.found["ticks"] = found
