@@ -2,8 +2,9 @@
 
 ``make soak`` runs K=300; this runs K=48 with a kill every ~1.2 s, so that in
 about a minute the chaos really happens (workers and whole clusters killed, real
-deadlocks retried, provider stalls and 503s, the database away for 7 s) and the
-checker holds every invariant against the history. It needs PostgreSQL (marked e2e: skipped without
+deadlocks retried, provider stalls and 503s, the database away for 7 s, periodic ticks
+and chains of a group and a join in the mix) and the checker holds every invariant
+against the history. It needs PostgreSQL (marked e2e: skipped without
 it locally, a failure in CI) and creates and drops its own scratch database.
 """
 
