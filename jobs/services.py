@@ -80,12 +80,22 @@ def cancel_job(job: Job, *, operator: str = "") -> bool:
     one to stop (it ends ``cancelled`` at its worker's next check and publishes nothing).
 
     Each of these arrows writes its history row (``JobEvent``, naming ``operator``)
-    in the transaction of its compare-and-swap. A finished job's follow-ups that are
-    not running are cancelled instead (docs/app/chains.md).
+    in the transaction of its compare-and-swap.
     """
-    if job.is_terminal:
-        return job_machine.cancel_follow_ups(job, actor=_actor(operator)) > 0
     return job_machine.cancel(job, actor=_actor(operator))
+
+
+def cancel_follow_ups(job: Job, *, operator: str = "") -> bool:
+    """Operator: cancel the follow-ups a succeeded job requested that are not running (and
+    theirs); its groups' joins will not run (docs/app/chains.md). Each cancel writes its
+    history row naming ``operator``."""
+    return job_machine.cancel_follow_ups(job, actor=_actor(operator)) > 0
+
+
+def has_follow_ups_to_cancel(job: Job) -> bool:
+    """Whether ``job`` requested follow-ups of which one is still waiting to run."""
+    waiting = (Job.State.QUEUED, Job.State.RETRY_WAIT)
+    return Job.objects.filter(parent=job, state__in=waiting).exists()
 
 
 def requeue_job(job: Job, *, operator: str = "") -> bool:

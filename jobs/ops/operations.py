@@ -46,11 +46,17 @@ class Operation:
     done: str  # "Requeued 1 of 2 selected."
     explains: str  # shown next to the button
     run: Callable[[object, str], bool]  # (job or effect, operator username) -> won
+    # Beyond its states: whether it has anything to do on this object, and why not.
+    when: Callable[[object], bool] | None = None
+    why_not_when: str = ""
 
     @property
     def states(self) -> tuple[str, ...]:
         """Where it applies (the engine's own source states); elsewhere the reason is given."""
         return rules.OPERATOR_SOURCES[self.name]
+
+    def applies(self, obj) -> bool:
+        return obj.state in self.states and (self.when is None or self.when(obj))
 
 
 JOB_OPERATIONS = {
@@ -70,6 +76,16 @@ JOB_OPERATIONS = {
             "Stop it: a waiting job at once; a running one at its next check, publishing "
             "nothing. It will not be tried again.",
             lambda job, operator: services.cancel_job(job, operator=operator),
+        ),
+        Operation(
+            "cancel_follow_ups",
+            "Cancel follow-ups",
+            "Cancelled the follow-ups of",
+            "Stop the jobs it requested that are not running (and theirs); a running one "
+            "finishes, and a group's join will not run.",
+            lambda job, operator: services.cancel_follow_ups(job, operator=operator),
+            when=services.has_follow_ups_to_cancel,
+            why_not_when="none of its follow-ups is waiting to run",
         ),
         Operation(
             "requeue",
@@ -181,6 +197,8 @@ def _why_not(op: Operation, obj) -> str:
     if obj.state not in op.states:
         state = obj.state.replace("_", " ")
         return f"{_describe(obj)} is {state}; {op.label} applies to {_states(op)} ones"
+    if not op.applies(obj):
+        return f"{_describe(obj)}: {op.why_not_when}"
     return f"{_describe(obj)} changed meanwhile (a worker or another operator moved it first)"
 
 
@@ -271,7 +289,7 @@ class OperableAdmin(admin.ModelAdmin):
     def confirm_many(self, request, queryset, op: Operation) -> HttpResponse:
         """The confirmation of a list action: how many, which apply, a sample with errors."""
         objs = list(queryset.order_by("pk"))
-        applies = [o for o in objs if o.state in op.states]
+        applies = [o for o in objs if op.applies(o)]
         sample = []
         for obj in applies[:BULK_SAMPLE]:
             cls, message = error_of(obj) if isinstance(obj, Job) else (obj.provider, obj.reason)
@@ -339,8 +357,8 @@ class OperableAdmin(admin.ModelAdmin):
                 "opts": self.opts,
                 "original": obj,
                 "op": op,
-                "applies": obj.state in op.states,
-                "why_not": "" if obj.state in op.states else _why_not(op, obj),
+                "applies": op.applies(obj),
+                "why_not": "" if op.applies(obj) else _why_not(op, obj),
                 "preview": preview(op, obj),
                 "change_url": change_url,
             }
@@ -395,9 +413,7 @@ class OperableAdmin(admin.ModelAdmin):
         extra = {**(extra_context or {})}
         if obj is not None:
             can = self.has_operate_permission(request)
-            extra["operations"] = [
-                op for op in self.operations.values() if can and obj.state in op.states
-            ]
+            extra["operations"] = [op for op in self.operations.values() if can and op.applies(obj)]
             extra["can_operate"] = can
             extra["operation_url"] = f"admin:{self._url_name('operate')}"
             extra["follow_url"] = reverse(f"admin:{self._url_name('follow')}", args=[obj.pk])

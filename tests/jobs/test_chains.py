@@ -369,3 +369,26 @@ def test_job_page__shows_where_a_job_stands_in_its_chain(admin_client):
     plain = jobs.request("test.chain_child", ("test", "alone")).job
     alone = admin_client.get(f"/admin/jobs/job/{plain.pk}/change/").content.decode()
     assert "Follow-ups (" not in alone and "<label>Chain:</label>" not in alone
+
+
+def test_admin__cancel_follow_ups_on_the_parents_page_when_one_is_waiting(admin_client):
+    job = parent("admin-cancel")
+    run_delivery(job.pk, worker="w-1")
+    first, second, third = JobGroup.objects.get(parent=job).children.order_by("pk")
+    assert run_job(first.pk).outcome == Attempt.Outcome.SUCCEEDED
+    page = admin_client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    url = f"/admin/jobs/job/{job.pk}/operate/cancel_follow_ups/"
+    assert 'id="operate-cancel_follow_ups"' in page and f'href="{url}"' in page
+    assert "operate-requeue" not in page
+    confirm = admin_client.get(url).content.decode()
+    assert "Stop the jobs it requested that are not running" in confirm
+    admin_client.post(url)
+    states = dict(Job.objects.filter(group__parent=job).values_list("pk", "state"))
+    assert states == {first.pk: "succeeded", second.pk: "cancelled", third.pk: "cancelled"}
+    assert JobGroup.objects.get(parent=job).join.state == Job.State.CANCELLED
+    again = admin_client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    assert "operate-cancel_follow_ups" not in again  # nothing is waiting any more
+    refused = admin_client.get(url).content.decode()
+    assert "none of its follow-ups is waiting to run" in refused
+    child_page = admin_client.get(f"/admin/jobs/job/{second.pk}/change/").content.decode()
+    assert f"its parent job {job.pk} was cancelled" in child_page  # its history row
