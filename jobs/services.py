@@ -15,7 +15,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
-from jobs import clock, conf
+from jobs import clock, conf, rules
 from jobs.engine import effect_machine, job_machine
 from jobs.models import Effect, Job
 from jobs.queue import enqueue_effect, enqueue_job
@@ -94,8 +94,7 @@ def cancel_follow_ups(job: Job, *, operator: str = "") -> bool:
 
 def has_follow_ups_to_cancel(job: Job) -> bool:
     """Whether ``job`` requested follow-ups of which one is still waiting to run."""
-    waiting = (Job.State.QUEUED, Job.State.RETRY_WAIT)
-    return Job.objects.filter(parent=job, state__in=waiting).exists()
+    return Job.objects.filter(rules.to_q(rules.WAITING), parent=job).exists()
 
 
 def requeue_job(job: Job, *, operator: str = "") -> bool:

@@ -25,6 +25,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from jobs import conf, queue, registry
+from jobs.exceptions import JobError
 from jobs.models import Job, JobGroup
 from jobs.registry import FollowUp, Output
 
@@ -225,12 +226,18 @@ def _name(subject_id: str) -> str:
     return subject_id.rsplit(".", 1)[-1]
 
 
+def follow_up_name(job: Job) -> str:
+    """A follow-up's name as its parent listed it: ``<name>``, ``<group>.<child>``, or
+    ``join`` for a group's join (its subject is the group, not a name)."""
+    if job.subject_type == JOIN_SUBJECT:
+        return "join"
+    return job.subject_id.split(".", 1)[-1]
+
+
 def joined(job: Job) -> list[JoinedChild]:
     """The children of the group ``job`` joins, in the order the parent listed them."""
     group = JobGroup.objects.filter(join=job).first()
     if group is None:
-        from jobs.exceptions import JobError
-
         raise JobError(f"job {job.pk} is not the join of a group: ctx.joined() has nothing")
     children = Job.objects.filter(group=group).order_by("pk")
     return [

@@ -29,7 +29,7 @@ from jobs.engine import groups
 from jobs.engine.cas import compare_and_swap, mirror
 from jobs.engine.plan import Hold
 from jobs.exceptions import UnknownKind
-from jobs.models import Attempt, Job, JobEvent
+from jobs.models import Attempt, Job, JobEvent, JobGroup
 
 log = logging.getLogger("jobs.transitions")
 
@@ -330,8 +330,6 @@ def cancel_follow_ups(job: Job, *, actor: str = "operator") -> int:
     Each cancel is its own transaction (a lock is never held while another child's is
     waited for). A running follow-up is left to finish; one already ended stays as it is.
     """
-    from jobs.models import JobGroup
-
     cancelled, parents = 0, [job.pk]
     note = f"its parent job {job.pk} was cancelled"
     while parents:
@@ -340,7 +338,7 @@ def cancel_follow_ups(job: Job, *, actor: str = "operator") -> int:
         )
         follow_ups = list(Job.objects.filter(parent_id__in=parents).order_by("pk"))
         for follow_up in follow_ups:
-            if follow_up.state in (State.QUEUED, State.RETRY_WAIT):
+            if rules.holds(rules.WAITING, follow_up, now=None):  # not running, not ended
                 cancelled += cancel(follow_up, actor=actor, note=note)
         parents = [f.pk for f in follow_ups]
     return cancelled

@@ -197,9 +197,7 @@ class FollowUpInline(ReadOnlyInline):
 
     @admin.display(description="name")
     def name(self, obj):
-        if obj.subject_type == groups.JOIN_SUBJECT:
-            return "join"
-        return obj.subject_id.split(".", 1)[-1]
+        return groups.follow_up_name(obj)
 
     @admin.display(description="state")
     def state_word(self, obj):
