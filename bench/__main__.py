@@ -219,8 +219,10 @@ def main(argv=None) -> int:
     sizes = {
         e2e.BARE: args.n_bare,
         e2e.PLAIN_MINIMAL: n_plain_min,
+        e2e.PLAIN_MINIMAL_PG: n_plain_min,
         e2e.SUMMARY: n_summary,
         e2e.PLAIN_REPORT: n_plain_rep,
+        e2e.PLAIN_REPORT_PG: n_plain_rep,
         e2e.REPORT: n_report,
     }
     results["n"] = sizes
@@ -244,8 +246,8 @@ def main(argv=None) -> int:
         # other round, swap which of the two goes first.
         units = [
             [e2e.BARE],
-            [e2e.PLAIN_MINIMAL, e2e.SUMMARY],
-            [e2e.PLAIN_REPORT, e2e.REPORT],
+            [e2e.PLAIN_MINIMAL, e2e.SUMMARY, e2e.PLAIN_MINIMAL_PG],
+            [e2e.PLAIN_REPORT, e2e.REPORT, e2e.PLAIN_REPORT_PG],
         ]
         for r in range(1, args.rounds + 1):
             shift = (r - 1) % len(units)
@@ -408,7 +410,14 @@ def _q_cluster(settings) -> dict:
 
 def _same_work(res: dict, workers: int, rates, paired, xacts, cpu_totals) -> list[str]:
     """The engine against plain tasks doing the same work; also stored in ``res``."""
-    from bench.e2e import PLAIN_MINIMAL, PLAIN_REPORT, REPORT, SUMMARY
+    from bench.e2e import (
+        PLAIN_MINIMAL,
+        PLAIN_MINIMAL_PG,
+        PLAIN_REPORT,
+        PLAIN_REPORT_PG,
+        REPORT,
+        SUMMARY,
+    )
 
     plain_min, plain_rep = (_median(rates(k, workers)) for k in (PLAIN_MINIMAL, PLAIN_REPORT))
     if plain_min != plain_min and plain_rep != plain_rep:
@@ -419,6 +428,10 @@ def _same_work(res: dict, workers: int, rates, paired, xacts, cpu_totals) -> lis
         "plain_report_jobs_s": plain_rep,
         "ratio_minimal": paired(SUMMARY, PLAIN_MINIMAL),
         "ratio_report": paired(REPORT, PLAIN_REPORT),
+        "plain_minimal_pg_jobs_s": _median(rates(PLAIN_MINIMAL_PG, workers)),
+        "plain_report_pg_jobs_s": _median(rates(PLAIN_REPORT_PG, workers)),
+        "ratio_minimal_pg": paired(SUMMARY, PLAIN_MINIMAL_PG),
+        "ratio_report_pg": paired(REPORT, PLAIN_REPORT_PG),
         "cpu_ms_plain_minimal": cpu_totals.get(PLAIN_MINIMAL, nan),
         "cpu_ms_plain_report": cpu_totals.get(PLAIN_REPORT, nan),
         "cpu_ms_above_minimal": cpu_totals.get(SUMMARY, nan) - cpu_totals.get(PLAIN_MINIMAL, nan),
@@ -432,6 +445,10 @@ def _same_work(res: dict, workers: int, rates, paired, xacts, cpu_totals) -> lis
         f"report's work {plain_rep:.1f} jobs/s",
         f"ratio same-work minimal: {figures['ratio_minimal']:.2f}",
         f"ratio same-work report: {figures['ratio_report']:.2f}",
+        "the same with the plain tasks on the PostgreSQL broker: minimal's work "
+        f"{figures['plain_minimal_pg_jobs_s']:.1f} jobs/s, report's work "
+        f"{figures['plain_report_pg_jobs_s']:.1f} jobs/s; ratio same-work minimal "
+        f"{figures['ratio_minimal_pg']:.2f}, report {figures['ratio_report_pg']:.2f}",
         "CPU above same-work plain task, ms per job: "
         f"minimal {figures['cpu_ms_above_minimal']:+.1f}, "
         f"report {figures['cpu_ms_above_report']:+.1f}",
@@ -476,7 +493,7 @@ def _median(xs):
 
 
 def report(res: dict, workers: int) -> str:
-    from bench.e2e import BARE, ENGINE, LABELS, PLAIN_MINIMAL, PLAIN_REPORT, REPORT, SUMMARY
+    from bench.e2e import BARE, ENGINE, LABELS, REPORT, SUMMARY
     from bench.latency import pct
 
     lines = ["", "=" * 100, "make bench: the price of exactly-once effects (PostgreSQL)", "=" * 100]
@@ -542,7 +559,7 @@ def report(res: dict, workers: int) -> str:
             f"  {'kind':30} " + " ".join(f"{r:>17}" for r in roles) + f" {'total':>8}",
         ]
         cpu_totals = {}
-        for kind in (BARE, PLAIN_MINIMAL, SUMMARY, PLAIN_REPORT, REPORT):
+        for kind in LABELS:
             per = [
                 r["cpu_ms_per_job"]
                 for r in runs

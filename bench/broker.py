@@ -11,9 +11,9 @@ nothing). The benchmark's schedule table is empty (``infra.reset_run_tables``):
 the quiet figure is the cluster alone, without the site's once-a-minute
 dispatcher schedule.
 
-The PostgreSQL broker's clusters run ``tests.broker_settings`` over
-``bench.settings`` (``BROKER_BASE_SETTINGS``), and this process enqueues through
-the same broker (django-q2's ``Conf.BROKER_CLASS``, patched for the run).
+Each cluster chooses its broker by ``Q_BROKER`` (``permits.settings``), and this
+process enqueues through the same broker (django-q2's ``Conf.BROKER_CLASS``,
+patched for the run).
 """
 
 from __future__ import annotations
@@ -61,13 +61,8 @@ def _enqueue_through(broker: str):
 
 
 def _env(broker: str) -> dict[str, str]:
-    if broker == ORM:
-        # Where the site makes the PostgreSQL broker its default, Q_BROKER=orm opts out.
-        return {"Q_BROKER": "orm"}
-    return {
-        "DJANGO_SETTINGS_MODULE": "tests.broker_settings",
-        "BROKER_BASE_SETTINGS": "bench.settings",
-    }
+    # The site's default on PostgreSQL is the PostgreSQL broker; Q_BROKER=orm opts out.
+    return {"Q_BROKER": "orm" if broker == ORM else "postgres"}
 
 
 def _enqueue(n: int, user_id: int, tag: str) -> tuple[list[int], object]:

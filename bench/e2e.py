@@ -9,17 +9,27 @@ from django.db import connections
 from bench import infra, workloads
 
 BARE, SUMMARY, REPORT = "bare", "summary", "report"
-# The same work as SUMMARY and REPORT in plain django-q2 tasks (bench.plain), no engine.
+# The same work as SUMMARY and REPORT in plain django-q2 tasks (bench.plain), no engine:
+# on django-q2's default ORM broker (what a user would otherwise run), and the same
+# tasks on the engine's PostgreSQL broker.
 PLAIN_MINIMAL, PLAIN_REPORT = "plain_minimal", "plain_report"
-PLAIN = (PLAIN_MINIMAL, PLAIN_REPORT)
+PLAIN_MINIMAL_PG, PLAIN_REPORT_PG = "plain_minimal_pg", "plain_report_pg"
+PLAIN = (PLAIN_MINIMAL, PLAIN_REPORT, PLAIN_MINIMAL_PG, PLAIN_REPORT_PG)
 ENGINE = (SUMMARY, REPORT)
 LABELS = {
-    BARE: "bare django-q2 no-op",
-    PLAIN_MINIMAL: "plain task, minimal's work",
-    SUMMARY: "demo.summary (whole engine)",
-    PLAIN_REPORT: "plain task, report's work",
-    REPORT: "permits.report (PDF)",
+    BARE: "bare django-q2 no-op (ORM)",
+    PLAIN_MINIMAL: "plain minimal's work (ORM)",
+    PLAIN_MINIMAL_PG: "plain minimal's work (PG brk)",
+    SUMMARY: "demo.summary (engine, PG brk)",
+    PLAIN_REPORT: "plain report's work (ORM)",
+    PLAIN_REPORT_PG: "plain report's work (PG brk)",
+    REPORT: "permits.report (engine, PG brk)",
 }
+# The broker each kind's cluster runs: django-q2's ORM broker for the bare no-op and
+# the plain tasks (their default), the site's default (jobs.broker.PostgresBroker on
+# PostgreSQL) for the engine and the plain tasks' second run.
+ORM_BROKER_ENV = {"Q_BROKER": "orm"}
+BROKER_ENV = {BARE: ORM_BROKER_ENV, PLAIN_MINIMAL: ORM_BROKER_ENV, PLAIN_REPORT: ORM_BROKER_ENV}
 
 
 @dataclass
@@ -80,16 +90,16 @@ def run(
         workloads.enqueue_summaries(n, user_id)
     elif kind == REPORT:
         workloads.enqueue_reports(n)
-    elif kind == PLAIN_MINIMAL:
+    elif kind in (PLAIN_MINIMAL, PLAIN_MINIMAL_PG):
         expected_notices = workloads.enqueue_plain_minimal(n, user_id)
-    elif kind == PLAIN_REPORT:
+    elif kind in (PLAIN_REPORT, PLAIN_REPORT_PG):
         expected_notices = workloads.enqueue_plain_reports(n)
     else:
         raise ValueError(f"unknown kind {kind!r}")
     # Close this process's connection: its counters reach the server before the run.
     connections.close_all()
     infra.vacuum_analyze()
-    env = env or {}
+    env = {**BROKER_ENV.get(kind, {}), **(env or {})}
     label = f"{kind}-{workers}w-r{round}" + "".join(f"-{k.lower()}{v}" for k, v in env.items())
     drain = infra.drain(workers, label, n, **env)
     if kind == BARE:

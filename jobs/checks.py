@@ -11,7 +11,9 @@ runserver) stops on an Error, so a project learns what to fix before a job runs.
 | jobs.W017 | an object-store artifact storage did not answer at start-up (an outage: jobs wait) |
 | jobs.E004 | a jobs setting has a value of the wrong type or sign |
 | jobs.E020 | ``django_q`` is in ``INSTALLED_APPS`` |
-| jobs.E021, E022 | django-q2 uses its ORM broker, on the database the jobs are written to |
+| jobs.E021, E022 | the queue's broker keeps its messages in the database the jobs are written to |
+| jobs.E023 | ``jobs.broker.PostgresBroker`` runs on PostgreSQL |
+| jobs.W019 | the PostgreSQL broker's LISTEN does not go through a pooler (database tag) |
 | jobs.E010 (webhook.py), E011, E012, W011 | the webhook provider: timing, httpx, URL, token |
 | jobs.W012 | an e-mail send fits inside the sending lease |
 | jobs.W013 | one send fits inside ``Q_CLUSTER['timeout']`` (a release task makes one) |
@@ -323,41 +325,82 @@ def check_connections(app_configs=None, databases=None, **kwargs):
     ]
 
 
-@register(Tags.database)
-def check_pooler(app_configs=None, databases=None, **kwargs):
-    """Warn when a pooler or relay sits in front of PostgreSQL and prepared statements are on.
+def _pooler_ports(databases) -> tuple[int, int] | None:
+    """(client port, server port) when a pooler or relay sits in front of PostgreSQL.
 
     Seen from here as a port the server does not listen on: the client connects to
-    ``PORT`` (PgBouncer's 6432, say) and ``inet_server_port()`` names another.
-    PgBouncer in transaction mode before 1.21 loses prepared statements between
-    transactions (docs/deployment.md); silent when they are off, on other databases,
-    over a Unix socket, or when the server cannot be asked.
+    ``PORT`` (PgBouncer's 6432, say) and ``inet_server_port()`` names another. None on
+    other databases, over a Unix socket, when they agree or the server cannot be asked.
     """
     alias = getattr(settings, "Q_CLUSTER", {}).get("orm") or "default"
-    if not databases or alias not in databases or not conf.prepared_statements():
-        return []
+    if not databases or alias not in databases:
+        return None
     conn = connections[alias]
     if conn.vendor != "postgresql":
-        return []
+        return None
     try:
         client_port = int(conn.settings_dict.get("PORT") or 5432)
         with conn.cursor() as cursor:
             cursor.execute("SELECT inet_server_port()")
             (server_port,) = cursor.fetchone()
     except (DatabaseError, ValueError):
-        return []
+        return None
     if server_port is None or int(server_port) == client_port:
+        return None
+    return client_port, int(server_port)
+
+
+@register(Tags.database)
+def check_pooler(app_configs=None, databases=None, **kwargs):
+    """Warn when a pooler or relay sits in front of PostgreSQL and prepared statements are on.
+
+    PgBouncer in transaction mode before 1.21 loses prepared statements between
+    transactions (docs/deployment.md); silent when they are off.
+    """
+    if not conf.prepared_statements():
+        return []
+    ports = _pooler_ports(databases)
+    if ports is None:
         return []
     return [
         Warning(
-            f"this process connects to port {client_port} but PostgreSQL listens on "
-            f"{server_port}: a pooler or relay is in between, and JOBS_PREPARED_STATEMENTS "
+            f"this process connects to port {ports[0]} but PostgreSQL listens on "
+            f"{ports[1]}: a pooler or relay is in between, and JOBS_PREPARED_STATEMENTS "
             "is on",
             hint="Behind PgBouncer in transaction mode before 1.21 set "
             "JOBS_PREPARED_STATEMENTS=False; from 1.21 set max_prepared_statements (e.g. 200). "
             "Workers need a session-mode pool (provider slots are session advisory locks). "
             "See docs/deployment.md.",
             id="jobs.W014",
+        )
+    ]
+
+
+@register(Tags.database)
+def check_broker_pooler(app_configs=None, databases=None, **kwargs):
+    """Warn when the PostgreSQL broker's LISTEN goes through a pooler.
+
+    In transaction mode a pooler hands the LISTEN's server session to others, so the
+    broker hears nobody's NOTIFY and polls every ``poll`` (it says so in its log and
+    tries again each minute): nothing is lost, the wake-on-commit is. A session pool
+    works. Silent with the ORM broker or with ``broker_listen`` off.
+    """
+    cluster = conf.q_cluster()
+    if cluster.get("broker_class") != "jobs.broker.PostgresBroker":
+        return []
+    if not cluster.get("broker_listen", True):
+        return []
+    ports = _pooler_ports(databases)
+    if ports is None:
+        return []
+    return [
+        Warning(
+            f"the PostgreSQL broker listens through port {ports[0]} but PostgreSQL listens "
+            f"on {ports[1]}: behind a pooler in transaction mode LISTEN hears nobody and "
+            f"the workers poll every Q_CLUSTER['poll'] ({cluster.get('poll', 0.2)} s)",
+            hint="Give the workers a session-mode pool or a direct connection, or set "
+            "Q_CLUSTER['broker_listen'] = False to poll without trying. See docs/broker.md.",
+            id="jobs.W019",
         )
     ]
 

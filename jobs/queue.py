@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.apps import apps
 from django.core.checks import Error
-from django.db import router, transaction
+from django.db import connections, router, transaction
 from django.db.models import Q
 from django_q.tasks import async_task
 
@@ -89,19 +89,39 @@ def check_django_q(app_configs=None, **kwargs):
     return []
 
 
+POSTGRES_BROKER = "jobs.broker.PostgresBroker"
+
+
 def check_broker(app_configs=None, **kwargs):
-    """The ORM broker on the jobs' database: the job row and its message commit together."""
-    if not conf.q_cluster():
+    """The queue's table on the jobs' database: the job row and its message commit together.
+
+    Two brokers keep that promise: django-q2's ORM broker and ``jobs.broker.PostgresBroker``
+    (the same table, woken by NOTIFY; PostgreSQL only). Any other keeps its messages
+    elsewhere, where a message can be lost between the job's commit and the enqueue.
+    """
+    cluster = conf.q_cluster()
+    if not cluster:
         return []  # jobs.E001 names the missing Q_CLUSTER
-    alias = conf.q_cluster().get("orm")
+    alias = cluster.get("orm")
+    broker_class = cluster.get("broker_class") or ""
     jobs_db = router.db_for_write(apps.get_model("jobs", "Job"))
+    if broker_class and broker_class != POSTGRES_BROKER:
+        return [
+            Error(
+                f"Q_CLUSTER['broker_class'] is {broker_class!r}: jobs need their queue "
+                "messages in the jobs' database",
+                hint=f"Leave broker_class unset (django-q2's ORM broker) or set it to "
+                f"{POSTGRES_BROKER!r} on PostgreSQL. Another broker could lose a message "
+                "between the job's commit and the enqueue.",
+                id="jobs.E021",
+            )
+        ]
     if not alias:
         return [
             Error(
-                "Q_CLUSTER['orm'] must name a database: jobs use django-q2's ORM broker",
-                hint=f"Q_CLUSTER['orm'] = {jobs_db!r}. Another broker would need its own "
-                "client library and could lose a message between the job's commit and the "
-                "enqueue.",
+                "Q_CLUSTER['orm'] must name a database: the queue's table lives there",
+                hint=f"Q_CLUSTER['orm'] = {jobs_db!r}. Both brokers the jobs run on (the ORM "
+                f"broker and {POSTGRES_BROKER}) keep their messages in that database.",
                 id="jobs.E021",
             )
         ]
@@ -111,6 +131,17 @@ def check_broker(app_configs=None, **kwargs):
                 f"Q_CLUSTER['orm'] is {alias!r} but jobs are written to {jobs_db!r}",
                 hint="The message must commit in the same transaction as the job row.",
                 id="jobs.E022",
+            )
+        ]
+    vendor = connections[alias].vendor
+    if broker_class == POSTGRES_BROKER and vendor != "postgresql":
+        return [
+            Error(
+                f"Q_CLUSTER['broker_class'] is {POSTGRES_BROKER!r} but the database "
+                f"{alias!r} is {vendor}",
+                hint="The PostgreSQL broker needs LISTEN/NOTIFY and SKIP LOCKED: leave "
+                "broker_class unset on this database (django-q2's ORM broker).",
+                id="jobs.E023",
             )
         ]
     return []

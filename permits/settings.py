@@ -404,7 +404,7 @@ JOBS_HOST_NAME = os.environ.get("JOBS_HOST_NAME", "")
 
 Q_CLUSTER = {
     "name": "permits",
-    "orm": "default",  # ORM broker on the same database: enqueue commits with the job row
+    "orm": "default",  # the queue's table is on the jobs' database: enqueue commits with the job
     "workers": env_int("Q_WORKERS", 2),
     "timeout": env_int("Q_TIMEOUT", 120),
     "retry": env_int("Q_RETRY", 180),
@@ -416,6 +416,21 @@ Q_CLUSTER = {
     "ack_failures": False,  # a task that raised is redelivered after `retry`
     "label": "Task queue",
 }
+# The task queue's broker (docs/broker.md). On PostgreSQL the engine's own: an enqueue
+# NOTIFYs in the job's transaction, an idle pusher waits on LISTEN instead of sleeping
+# `poll`, a dequeue takes its messages with SKIP LOCKED. Q_BROKER=orm keeps django-q2's
+# ORM broker (it polls every `poll`); SQLite has only that one.
+_on_postgres = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+Q_BROKER = os.environ.get("Q_BROKER", "postgres" if _on_postgres else "orm")
+if Q_BROKER not in ("postgres", "orm"):
+    raise SettingError(f"Q_BROKER must be 'postgres' or 'orm', got {Q_BROKER!r}")
+if Q_BROKER == "postgres":
+    if not _on_postgres:
+        raise SettingError(
+            "Q_BROKER=postgres needs a PostgreSQL database (DATABASE_URL); "
+            "on SQLite leave it unset or set Q_BROKER=orm"
+        )
+    Q_CLUSTER["broker_class"] = "jobs.broker.PostgresBroker"
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "plain")

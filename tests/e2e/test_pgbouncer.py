@@ -146,6 +146,8 @@ def test_pgbouncer__transaction_pool_for_web_and_dispatcher__w014_and_jobs_finis
     plain = _manage({**direct, "JOBS_PREPARED_STATEMENTS": "1"}, "check", "--database", "default")
     assert "jobs.W014" in on and f"connects to port {port}" in on, on
     assert "jobs.W014" not in off and "jobs.W014" not in plain
+    # The PostgreSQL broker (the site's default here) would listen through the pool.
+    assert "jobs.W019" in on and "jobs.W019" in off and "jobs.W019" not in plain, on
 
     # As deployment.md has it: web and dispatcher through the pool, the worker direct.
     users = get_user_model().objects

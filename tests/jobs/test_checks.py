@@ -36,6 +36,20 @@ def test_check_broker__orm_broker_on_the_jobs_database(settings):
     assert error.id == "jobs.E022" and "'other'" in error.msg and "'default'" in error.msg
 
 
+def test_check_broker__another_broker_class_is_refused_the_postgres_one_needs_postgresql(
+    settings,
+):
+    settings.Q_CLUSTER = {**GOOD_Q, "broker_class": "django_q.brokers.redis_broker.Redis"}
+    [error] = queue.check_broker()
+    assert error.id == "jobs.E021" and "redis_broker.Redis" in error.msg
+    settings.Q_CLUSTER = {**GOOD_Q, "broker_class": "jobs.broker.PostgresBroker"}
+    if connection.vendor == "postgresql":
+        assert queue.check_broker() == []
+    else:
+        [error] = queue.check_broker()
+        assert error.id == "jobs.E023" and connection.vendor in error.msg
+
+
 @pytest.mark.parametrize(
     ("lease", "q", "ids"),
     [

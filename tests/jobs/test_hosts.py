@@ -97,3 +97,25 @@ def test_check_pooler__port_other_than_the_servers__warns_while_prepared_stateme
     assert warning.id == "jobs.W014" and "6432" in warning.msg
     settings.JOBS_PREPARED_STATEMENTS = False
     assert check_pooler(databases=["default"]) == []
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_check_broker_pooler__the_postgres_brokers_listen_through_a_pooler_warns(
+    settings, monkeypatch
+):
+    from django.db import connection
+
+    from jobs.checks import check_broker_pooler
+
+    broker = {**settings.Q_CLUSTER, "broker_class": "jobs.broker.PostgresBroker"}
+    settings.Q_CLUSTER = broker
+    assert check_broker_pooler(databases=["default"]) == [], "direct to PostgreSQL: silent"
+    connection.ensure_connection()
+    monkeypatch.setitem(connection.settings_dict, "PORT", "6432")
+    (warning,) = check_broker_pooler(databases=["default"])
+    assert warning.id == "jobs.W019" and "6432" in warning.msg and "poll" in warning.msg
+    settings.Q_CLUSTER = {**broker, "broker_listen": False}
+    assert check_broker_pooler(databases=["default"]) == [], "told to poll: nothing to say"
+    settings.Q_CLUSTER = {k: v for k, v in broker.items() if k != "broker_class"}
+    assert check_broker_pooler(databases=["default"]) == [], "the ORM broker polls anyway"
