@@ -29,7 +29,7 @@ from jobs import bulk, conf, failures, registry
 from jobs.engine import job_machine
 from jobs.exceptions import JobError, PayloadInvalid
 from jobs.models import Artifact, Effect, Job
-from jobs.queue import enqueue_job
+from jobs.queue import enqueue_job, enqueue_job_when_due
 
 if TYPE_CHECKING:
     from jobs.delivery.runner import JobContext
@@ -145,9 +145,10 @@ def _obtain(
 ) -> tuple[Job, bool]:
     """The one job for (kind, subject, revision) and whether this call created it.
 
-    Created and enqueued in one transaction (the ORM broker commits the message
-    with the row); due times are the database server's clock. With ``run_after``
-    no message is sent now: the dispatcher sends it when the job is due by that
+    Created and enqueued in one transaction (the broker's message commits with the
+    row); due times are the database server's clock. With ``run_after`` the
+    PostgreSQL broker gets the message now and hands it out at that time; on
+    django-q2's ORM broker the dispatcher sends it when the job is due by that
     clock, as it does for retries.
     """
     job_kind = registry.get_kind(kind)
@@ -178,6 +179,8 @@ def _obtain(
         if created and run_after is None:
             enqueue_job(job)
             job.refresh_from_db(fields=["next_attempt_at", "enqueued_for"])
+        elif created and enqueue_job_when_due(job):
+            job.refresh_from_db(fields=["enqueued_for"])
     if not created and job.params != stored:
         raise _conflict(job, stored)
     return job, created

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from datetime import datetime
@@ -179,8 +180,10 @@ def _claim_statement() -> tuple[str, rules.Rendered]:
         SELECT j.id, {eff_j} AS eff, {since} AS since FROM {job_t} j, t, named n
         WHERE j.queue = n.queue AND {cand_claimable}"""
     text = f"""
-        WITH t AS MATERIALIZED (SELECT {NOW} AS now),
-        named AS MATERIALIZED (
+        WITH t AS MATERIALIZED (
+            SELECT {NOW} AS now,
+                CASE WHEN %s THEN set_config('synchronous_commit', 'off', true) END AS quick
+        ), named AS MATERIALIZED (
             SELECT id, queue, {now_claimable} AS ok, {own} AS own,
                 {rules.effective_priority_sql(now="t.now")} AS eff
             FROM {job_t}, t WHERE id = %s
@@ -195,16 +198,18 @@ def _claim_statement() -> tuple[str, rules.Rendered]:
                 WHEN n.ok AND (c.id IS NULL OR c.eff < n.eff + %s::float8) THEN n.id
                 ELSE c.id END AS id
             FROM named n LEFT JOIN candidate c ON true
-        ), admitted AS MATERIALIZED (
-            SELECT id FROM {job_t}
+        ), locked AS MATERIALIZED (
+            SELECT id, tenant_key FROM {job_t}
             WHERE id = (SELECT id FROM chosen) AND {claimable.text}
               AND NOT {queue_ruled.text}
-              AND CASE WHEN pg_try_advisory_xact_lock({rules.CLAIM_LOCK_CLASS}, hashtext(id::text))
-                THEN CASE WHEN {ruled.text}
+              AND pg_try_advisory_xact_lock({rules.CLAIM_LOCK_CLASS}, hashtext(id::text))
+        ), admitted AS MATERIALIZED (
+            SELECT id FROM {job_t}
+            WHERE id = (SELECT id FROM locked)
+              AND CASE WHEN {ruled.text}
                     THEN jobs_flow_admits_v2(kind, tenant_key, id, %s::integer)
                     ELSE tenant_key = '' OR jobs_tenant_admits_v2(tenant_key, id, %s::integer)
                     END
-                ELSE false END
         ), claimed AS (
             UPDATE {job_t} SET
                 state = %s, attempts = attempts + 1, lease_owner = %s,
@@ -219,9 +224,20 @@ def _claim_statement() -> tuple[str, rules.Rendered]:
             SELECT id, attempts, %s, {NOW}, '', '', '' FROM claimed
             RETURNING id, started_at
         )
-        SELECT claimed.*, attempt.id, attempt.started_at FROM claimed CROSS JOIN attempt
+        SELECT claimed.*, attempt.id, attempt.started_at,
+            CASE WHEN claimed.id IS NULL THEN EXISTS (
+                SELECT 1 FROM locked l WHERE l.tenant_key <> '' AND NOT
+                    pg_try_advisory_xact_lock({rules.TENANT_LOCK_CLASS}, hashtext(l.tenant_key))
+            ) END AS tenant_busy
+        FROM (SELECT 1) one LEFT JOIN (claimed CROSS JOIN attempt) ON true
     """
     return _compact(text), claimable
+
+
+# The claim's statement is tried this often before the ORM claim decides, pausing
+# STATEMENT_RETRY_PAUSE seconds times the try in between.
+STATEMENT_TRIES = 3
+STATEMENT_RETRY_PAUSE = 0.0005
 
 
 def claim(job_id: int, worker: str, *, lease: float, bound: int) -> Claim:
@@ -234,7 +250,13 @@ def claim(job_id: int, worker: str, *, lease: float, bound: int) -> Claim:
     nothing and the ORM claim decides and records what that delivery was, by the same
     admission.
     """
-    claimed = claim_in_one(job_id, worker, lease=lease, bound=bound)
+    for tried in range(1, STATEMENT_TRIES + 1):
+        claimed, tenant_busy = _claim_row(job_id, worker, lease=lease, bound=bound)
+        if claimed is not None or not tenant_busy or tried == STATEMENT_TRIES:
+            break
+        # Another claim of the job's tenant held the tenant's lock for the moment of its
+        # own statement: trying again costs one round trip, the ORM claim several.
+        time.sleep(STATEMENT_RETRY_PAUSE * tried)
     if claimed is None:
         return orm.claim(job_id, worker, lease=lease, bound=bound)
     job, attempt = claimed
@@ -248,21 +270,32 @@ def claim_in_one(
     """The claim's one statement: ``(job, attempt)`` (the attempt's ``started_at`` is the
     server's clock at the claim), or None having written nothing. The lease is computed
     by the server's clock when the row is written, after every lock is held."""
+    return _claim_row(job_id, worker, lease=lease, bound=bound)[0]
+
+
+def _claim_row(
+    job_id: int, worker: str, *, lease: float, bound: int
+) -> tuple[tuple[Job, Attempt] | None, bool]:
+    """``claim_in_one``'s answer and, when it claimed nothing, whether the tenant's lock
+    was held by another session at that moment (the claim may succeed when tried again)."""
     sql, claimable = _claim_statement()
     aging = rules.aging_seconds()
-    params = [aging, _int8(job_id), aging, aging, rules.SWAP_MARGIN]
+    # Alone in its transaction, the claim commits without waiting for the WAL flush
+    # (docs/app/decisions.md, "The claim's commit"); inside a caller's it changes nothing.
+    quick = not connection.in_atomic_block
+    params = [quick, aging, _int8(job_id), aging, aging, rules.SWAP_MARGIN]
     params += [*claimable.params(), _int8(bound), _int8(bound)]
     params += [Job.State.RUNNING, worker, float(lease), *claimable.params(), worker]
     with _cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
-    if row is None:
-        return None
-    *values, attempt_id, db_now = row
+    *values, attempt_id, db_now, tenant_busy = row
+    if attempt_id is None:
+        return None, bool(tenant_busy)
     job = Job.from_db(connection.alias, _JOB_ATTNAMES, _convert(Job, values))
     attempt = Attempt(pk=attempt_id, job=job, number=job.attempts, worker=worker, started_at=db_now)
     attempt._state.adding, attempt._state.db = False, job._state.db
-    return job, attempt
+    return (job, attempt), False
 
 
 @functools.cache

@@ -60,6 +60,8 @@ def _env(*, port: int | None = None, broker: bool = True, **extra: str) -> dict[
     env = subprocess_env(port=port)
     if broker:
         env.update(DJANGO_SETTINGS_MODULE="tests.broker_settings", Q_BROKER_HEARTBEAT="30")
+    else:
+        env["Q_BROKER"] = "orm"  # the site's default on PostgreSQL is the PostgreSQL broker
     env.update({"Q_POLL": "5", **extra})
     return env
 
@@ -102,7 +104,7 @@ def _start_cluster(procs, name: str, env: dict[str, str], admin, user, revision:
     cluster = procs.start(name, "qcluster", env=env)
     job, at = _request(user, revision)
     _latency_ms(procs, job, at)
-    if env["DJANGO_SETTINGS_MODULE"] == "tests.broker_settings":
+    if env.get("Q_BROKER") != "orm":
         wait_until(procs, "the listener", lambda: _listeners(admin), timeout=30)
     return cluster
 
@@ -128,6 +130,31 @@ def test_broker__idle_cluster_picks_a_job_up_within_tens_of_ms(procs, pg_broker,
     )
     assert p50 < 100, values
     assert max(values) < 1000, f"a pickup took a poll, not a NOTIFY: {values}"
+
+
+def test_broker__a_retry_is_taken_at_its_due_time_with_no_dispatcher_running(
+    procs, pg_broker, django_user_model
+):
+    """The retry's message is sent with the retry (jobs.queue.enqueue_job_when_due) and the
+    idle pusher wakes at its due time: with poll 5 s, the heartbeat 30 s and no dispatcher
+    (its schedule an hour away), only that timed wake can start the second attempt soon."""
+    Schedule.objects.filter(name="jobs.dispatch").update(
+        next_run=timezone.now() + timedelta(hours=1)
+    )
+    user = django_user_model.objects.create_user(username="broker-retry")
+    with _admin() as admin:
+        _start_cluster(procs, "qcluster", _env(), admin, user, 1)
+        lateness = []
+        for k in range(3):
+            job, _at = _request(user, 20 + k, fail={"1": "temporary"})
+            _latency_ms(procs, job, _at)
+            first, second = Attempt.objects.filter(job=job).order_by("number")
+            assert (first.outcome, second.outcome) == (Outcome.RETRY, Outcome.SUCCEEDED)
+            due = first.finished_at + timedelta(seconds=first.retry_delay_seconds)
+            lateness.append((second.started_at - due).total_seconds() * 1000)
+            _one_outcome(job, user)
+    print(f"\nretry started after its due time (ms): {' '.join(f'{v:.0f}' for v in lateness)}")
+    assert max(lateness) < 2000, f"a retry waited for a poll or a heartbeat: {lateness}"
 
 
 def test_broker__two_clusters_share_a_burst_each_message_taken_once(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import html
 import itertools
 import threading
@@ -482,3 +483,54 @@ def test_set_rule__refuses_out_of_bound_values_for_every_caller():
     rule = flow.set_rule("queue:reports", actor="test", rate=3, period_seconds=86400.0)
     assert (rule.rate, rule.period_seconds) == (3, 86400.0), "the bound itself is allowed"
     assert not FlowRule.objects.filter(scope="kind:k").exists()
+
+
+@pytest.mark.postgres
+def test_sql_claim__tenant_lock_busy__says_so_and_is_tried_again_before_the_orm_claim(
+    make_user, monkeypatch
+):
+    """Another claim of the tenant holds its lock: the statement claims nothing and says
+    the lock was busy (at the bound it does not: trying again would not help), and
+    ``claim`` tries the statement again before the ORM claim decides."""
+    user = make_user()
+    job = new_job(user, tenant="acme")
+    with advisory_lock_held(rules.TENANT_LOCK_CLASS, "acme"):
+        assert postgres._claim_row(job.pk, "w1", lease=5, bound=4) == (None, True)
+        tried = []
+        real = postgres._claim_row
+        monkeypatch.setattr(
+            postgres, "_claim_row", lambda *a, **k: tried.append(1) or real(*a, **k)
+        )
+        monkeypatch.setattr(postgres.orm, "claim", lambda *a, **k: "the orm claim")
+        assert postgres.claim(job.pk, "w1", lease=5, bound=4) == "the orm claim"
+        assert len(tried) == postgres.STATEMENT_TRIES
+    monkeypatch.undo()
+    assert postgres._claim_row(job.pk, "w1", lease=5, bound=0) == (None, False), "at its bound"
+    claimed, busy = postgres._claim_row(job.pk, "w1", lease=5, bound=4)
+    assert claimed is not None and claimed[0].pk == job.pk and busy is False
+
+
+@pytest.mark.postgres
+def test_sql_claim__tenant_lock_released_between_tries__the_statement_claims(
+    make_user, monkeypatch
+):
+    """A tenant lock held for a moment (another claim's statement) costs a second try of
+    the statement, not the ORM claim."""
+    user = make_user()
+    job = new_job(user, tenant="acme")
+    tries = []
+    real = postgres._claim_row
+    with contextlib.ExitStack() as held:
+        held.enter_context(advisory_lock_held(rules.TENANT_LOCK_CLASS, "acme"))
+
+        def counted(*args, **kwargs):
+            tries.append(1)
+            out = real(*args, **kwargs)
+            held.close()  # the other claim's statement ends after the first try
+            return out
+
+        monkeypatch.setattr(postgres, "_claim_row", counted)
+        monkeypatch.setattr(postgres.orm, "claim", lambda *a, **k: "the orm claim")
+        got = postgres.claim(job.pk, "w1", lease=5, bound=4)
+    assert got != "the orm claim" and got.status == "claimed" and got.job.pk == job.pk
+    assert len(tries) == 2
