@@ -269,6 +269,19 @@ def claim(job_id: int, worker: str, *, lease: float, bound: int) -> Claim:
     return Claim("claimed", job, attempt)
 
 
+def claim_statement(job_id: int, worker: str, *, lease: float, bound: int) -> tuple[str, list]:
+    """The claim's statement and its parameters (``EXPLAIN`` reads them in the tests)."""
+    sql, claimable = _claim_statement()
+    aging = rules.aging_seconds()
+    # Alone in its transaction, the claim commits without waiting for the WAL flush
+    # (docs/app/decisions.md, "The claim's commit"); inside a caller's it changes nothing.
+    quick = not connection.in_atomic_block
+    params = [quick, aging, _int8(job_id), aging, aging, rules.SWAP_MARGIN]
+    params += [*claimable.params(), _int8(bound), _int8(bound)]
+    params += [Job.State.RUNNING, worker, float(lease), *claimable.params(), worker]
+    return sql, params
+
+
 def claim_in_one(
     job_id: int, worker: str, *, lease: float, bound: int
 ) -> tuple[Job, Attempt] | None:
@@ -283,14 +296,7 @@ def _claim_row(
 ) -> tuple[tuple[Job, Attempt] | None, bool]:
     """``claim_in_one``'s answer and, when it claimed nothing, whether the tenant's lock
     was held by another session at that moment (the claim may succeed when tried again)."""
-    sql, claimable = _claim_statement()
-    aging = rules.aging_seconds()
-    # Alone in its transaction, the claim commits without waiting for the WAL flush
-    # (docs/app/decisions.md, "The claim's commit"); inside a caller's it changes nothing.
-    quick = not connection.in_atomic_block
-    params = [quick, aging, _int8(job_id), aging, aging, rules.SWAP_MARGIN]
-    params += [*claimable.params(), _int8(bound), _int8(bound)]
-    params += [Job.State.RUNNING, worker, float(lease), *claimable.params(), worker]
+    sql, params = claim_statement(job_id, worker, lease=lease, bound=bound)
     with _cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
