@@ -150,7 +150,6 @@ def _q(name: str) -> str:
 @functools.cache
 def _claim_statement() -> tuple[str, rules.Rendered]:
     job_t, attempt_t = _q(Job._meta.db_table), _q(Attempt._meta.db_table)
-    columns = ", ".join(_q(f.column) for f in Job._meta.concrete_fields)
     claimable = rules.to_sql(rules.CLAIMABLE, Job, quote=_q)
     # A job whose kind or tenant has an active flow rule: the rules are judged by
     # ``jobs_flow_admits_v2`` (jobs.rules.flow_function_sql); otherwise the tenant bound.
@@ -222,7 +221,7 @@ def _claim_statement() -> tuple[str, rules.Rendered]:
                 next_attempt_at = NULL, started_at = COALESCE(started_at, {NOW}),
                 version = version + 1, updated_at = {NOW}
             WHERE id = (SELECT id FROM admitted) AND {claimable.text}
-            RETURNING {columns}
+            RETURNING *
         ), attempt AS (
             INSERT INTO {attempt_t}
                 (job_id, number, worker, started_at, outcome, error_class, error_code)
@@ -300,10 +299,13 @@ def _claim_row(
     with _cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
+        # The job's columns come in the table's order (RETURNING *, which keeps the
+        # statement under psycopg's 4 KiB parse cache): read them by name.
+        names = [d.name for d in cursor.description[: len(row) - 3]]
     *values, attempt_id, db_now, tenant_busy = row
     if attempt_id is None:
         return None, bool(tenant_busy)
-    job = Job.from_db(connection.alias, _JOB_ATTNAMES, _convert(Job, values))
+    job = _job_from_row(names, values)
     attempt = Attempt(pk=attempt_id, job=job, number=job.attempts, worker=worker, started_at=db_now)
     attempt._state.adding, attempt._state.db = False, job._state.db
     return (job, attempt), False
@@ -325,6 +327,13 @@ def still_owner(job: Job, worker: str) -> bool:
 
 
 _JOB_ATTNAMES = [f.attname for f in Job._meta.concrete_fields]
+
+
+def _job_from_row(columns: list[str], values: list) -> Job:
+    """A ``Job`` from its table's columns in any order (each converted by its field)."""
+    by_column = dict(zip(columns, values, strict=True))
+    ordered = [by_column[f.column] for f in Job._meta.concrete_fields]
+    return Job.from_db(connection.alias, _JOB_ATTNAMES, _convert(Job, ordered))
 
 
 @functools.cache
@@ -397,6 +406,9 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> tuple[str, tupl
     Returns the text and the rendered rules it embeds (their parameters, in order).
     """
     job_t = _q(Job._meta.db_table)
+    # Rows of a table's own shape are read by its row type (jsonb_populate_recordset):
+    # no column list, which keeps the text under psycopg's 4 KiB parse cache.
+    artifact_t, effect_t = _q(Artifact._meta.db_table), _q(Effect._meta.db_table)
     user = get_user_model()
     pk = user._meta.pk
     admits = rules.to_sql(rules.account_admits(user), user, alias="u", quote=_q)
@@ -436,17 +448,17 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> tuple[str, tupl
             WHERE id = %s AND EXISTS (SELECT 1 FROM job)
             RETURNING id
         ), artifact AS (
-            INSERT INTO {_q(Artifact._meta.db_table)} (job_id, {names(Artifact)})
+            INSERT INTO {artifact_t} (job_id, {names(Artifact)})
             SELECT job.id, {cols(Artifact)}
-            FROM job, jsonb_to_recordset(%s::jsonb) AS v({_record_type(Artifact)})
+            FROM job, jsonb_populate_recordset(NULL::{artifact_t}, %s::jsonb) AS v
             RETURNING id
         ), notice_row AS MATERIALIZED (
             SELECT v.*, nextval(pg_get_serial_sequence('{Notice._meta.db_table}', 'id')) AS id
             FROM job, jsonb_to_recordset(%s::jsonb) AS v({_record_type(Notice, key=True)})
         ), effect AS (
-            INSERT INTO {_q(Effect._meta.db_table)} (job_id, {names(Effect)})
+            INSERT INTO {effect_t} (job_id, {names(Effect)})
             SELECT job.id, {effect_picks}
-            FROM job, jsonb_to_recordset(%s::jsonb) AS v({_record_type(Effect)})
+            FROM job, jsonb_populate_recordset(NULL::{effect_t}, %s::jsonb) AS v
             LEFT JOIN notice_row n ON n._key = v.effect_id
             RETURNING id, effect_id
         ), notice AS (

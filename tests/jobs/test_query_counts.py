@@ -164,3 +164,24 @@ def test_claim_statement__reads_a_handful_of_rows_however_deep_the_queue():
         cursor.execute("ROLLBACK")
     scans = _scanned_rows(plan["Plan"])
     assert scans and max(rows for _, _, rows in scans) <= 5, scans
+
+
+@pytest.mark.postgres
+def test_delivery__every_engine_statement_stays_in_psycopgs_parse_cache(make_user, monkeypatch):
+    """psycopg keeps a statement's parsed form only up to 4 KiB (and 50 parameters); a
+    longer claim or publish is split and converted again on every delivery (0.15 ms of
+    CPU each, measured: both had grown past it)."""
+    from psycopg import _queries
+
+    uncached = []
+    real = _queries._query2pg_nocache
+
+    def spy(query, *args, **kwargs):
+        uncached.append((len(query), bytes(query[:40])))
+        return real(query, *args, **kwargs)
+
+    monkeypatch.setattr(_queries, "_query2pg_nocache", spy)
+    user = make_user()
+    job = new_job(user, kind="test.steps")
+    assert run_delivery(job.pk).outcome == "succeeded"
+    assert uncached == [], f"longer than {_queries.MAX_CACHED_STATEMENT_LENGTH} bytes"
