@@ -300,8 +300,11 @@ def _claim_row(
         cursor.execute(sql, params)
         row = cursor.fetchone()
         # The job's columns come in the table's order (RETURNING *, which keeps the
-        # statement under psycopg's 4 KiB parse cache): read them by name.
-        names = [d.name for d in cursor.description[: len(row) - 3]]
+        # statement under psycopg's 4 KiB parse cache): read them by name, the names read
+        # once a process (cursor.description builds an object per column, every call).
+        names = _claim_columns.get(len(row))
+        if names is None:
+            names = _claim_columns[len(row)] = [d.name for d in cursor.description[:-3]]
     *values, attempt_id, db_now, tenant_busy = row
     if attempt_id is None:
         return None, bool(tenant_busy)
@@ -327,6 +330,11 @@ def still_owner(job: Job, worker: str) -> bool:
 
 
 _JOB_ATTNAMES = [f.attname for f in Job._meta.concrete_fields]
+
+
+# The claim's job columns by the length of its row (a migration that adds a column while a
+# worker runs changes the length, and the names are read again).
+_claim_columns: dict[int, list[str]] = {}
 
 
 def _job_from_row(columns: list[str], values: list) -> Job:
