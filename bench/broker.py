@@ -42,6 +42,7 @@ class BrokerRun:
     broker: str
     idle: Series
     burst: Series
+    noop_burst_ms: float = float("nan")  # 83 bare django-q2 no-ops: enqueue commit → drained
     quiet_xacts_s: float = float("nan")
     quiet_window_s: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -104,6 +105,23 @@ def _server_xacts() -> int:
     return row[0]
 
 
+def _noop_burst_ms(c: infra.Cluster) -> float:
+    """83 ``bench.noop.noop`` tasks in one transaction; ms from its commit until the last
+    message is acknowledged (the queue table read every 2 ms from another session)."""
+    from django_q.tasks import async_task
+
+    with transaction.atomic():
+        for _ in range(BURST):
+            async_task("bench.noop.noop")
+    at = time.monotonic()
+    with infra.connect(infra.E2E_DB) as watch:
+        while watch.execute("SELECT count(*) FROM django_q_ormq").fetchone()[0]:
+            if not c.alive() or time.monotonic() - at > 60:
+                raise RuntimeError(f"broker bench: the no-op burst did not drain\n{c.log_tail()}")
+            time.sleep(0.002)
+    return (time.monotonic() - at) * 1000
+
+
 def run_one(
     broker: str, user_id: int, workers: int, *, singles: int, quiet: float, progress=print
 ) -> BrokerRun:
@@ -135,6 +153,11 @@ def run_one(
         burst.values_ms += [_ms(finished[pk], at) for pk in ids]
         progress(f"broker {broker}: burst of {BURST} p99 {burst.p(99):.0f} ms")
 
+        # The floor under any burst on this cluster: 83 bare no-ops, the queue emptied.
+        time.sleep(0.5)
+        out.noop_burst_ms = _noop_burst_ms(c)
+        progress(f"broker {broker}: {BURST} bare no-ops drained in {out.noop_burst_ms:.0f} ms")
+
         if quiet > 0:
             connection.close()  # this process stays out of the count
             # A backend that flushed its statistics less than 1 s before going idle holds
@@ -163,6 +186,7 @@ def as_json(runs: dict[str, BrokerRun]) -> dict:
         b: {
             "idle_ms": r.idle.values_ms,
             "burst_ms": r.burst.values_ms,
+            "noop_burst_ms": r.noop_burst_ms,
             "quiet_xacts_s": r.quiet_xacts_s,
             "quiet_window_s": r.quiet_window_s,
             "notes": r.notes,
@@ -175,6 +199,7 @@ def report_lines(res: dict, poll: float) -> tuple[list[str], list[str]]:
     """The section's table and its summary line, from ``as_json``'s figures."""
     if not res:
         return [], []
+    nan = float("nan")
     lines = ["", "brokers (ms, enqueue commit → the worker's succeeded; quiet: transactions/s)"]
 
     def trio(v):
@@ -188,13 +213,18 @@ def report_lines(res: dict, poll: float) -> tuple[list[str], list[str]]:
                 f"p99 {pct(v, 99):6.0f}  (n={len(v)})"
             )
         lines.append(
+            f"  {LABELS[b]:36} {BURST} bare no-ops drained in {r.get('noop_burst_ms', nan):.0f} ms "
+            "(the floor under any burst on this cluster)"
+        )
+        lines.append(
             f"  {LABELS[b]:36} quiet cluster  {r['quiet_xacts_s']:.2f} transactions/s at the "
             f"server over {r['quiet_window_s']:.0f} s" + "".join(f"; {n}" for n in r["notes"])
         )
     summary = (
         "brokers p50/p95/p99 ms idle single | burst of 83; quiet transactions/s: "
         + "; ".join(
-            f"{b} {trio(r['idle_ms'])} | {trio(r['burst_ms'])}; {r['quiet_xacts_s']:.2f}/s"
+            f"{b} {trio(r['idle_ms'])} | {trio(r['burst_ms'])} (no-ops "
+            f"{r.get('noop_burst_ms', nan):.0f}); {r['quiet_xacts_s']:.2f}/s"
             for b, r in res.items()
         )
     )
