@@ -387,6 +387,13 @@ def run(cfg: Config) -> int:
         import django
 
         django.setup()
+        from django.conf import settings as dj_settings
+
+        _say(
+            "broker: "
+            + (dj_settings.Q_CLUSTER.get("broker_class") or "django-q2's ORM broker")
+            + f" (poll {dj_settings.Q_CLUSTER.get('poll')} s)"
+        )
 
         hosts = []
         for n in range(cfg.hosts):

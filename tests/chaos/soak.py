@@ -1193,6 +1193,13 @@ def run(cfg: Config) -> int:
                 actor="soak",
                 concurrency=cfg.ruled_tenant_concurrency,
             )
+        from django.conf import settings as dj_settings
+
+        _say(
+            "broker: "
+            + (dj_settings.Q_CLUSTER.get("broker_class") or "django-q2's ORM broker")
+            + f" (poll {dj_settings.Q_CLUSTER.get('poll')} s)"
+        )
         _say(
             f"flow rules: provider:webhook rate {cfg.provider_rate or 'none'}, "
             f"tenant:{cfg.ruled_tenant} concurrency {cfg.ruled_tenant_concurrency or 'default'}"
