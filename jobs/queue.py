@@ -71,7 +71,16 @@ def enqueue_job_when_due(job: Job) -> bool:
         return False
     route = {} if key is None else {"cluster": key}
     broker = get_broker(key).due_at(due)
-    async_task("jobs.tasks.run_job", job.pk, task_name=f"job-{job.pk}", broker=broker, **route)
+    # ``due`` rides in the message: until a pusher takes it, its lock is that instant
+    # (the supervisor's stall check tells such a message from a taken one by it).
+    async_task(
+        "jobs.tasks.run_job",
+        job.pk,
+        due=due.isoformat(),
+        task_name=f"job-{job.pk}",
+        broker=broker,
+        **route,
+    )
     return True
 
 

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
 
@@ -395,7 +395,7 @@ def messages_waiting(*, stall: float, grace: float, keys: list[str] | None = Non
 
 def _never_began(message, retry_seconds: float) -> bool:
     """Whether ``message`` delivers a job that no worker began since it was taken."""
-    from jobs.models import Attempt, Job
+    from jobs.models import Attempt
 
     try:
         task = message.task  # the signed payload, decoded
@@ -403,7 +403,8 @@ def _never_began(message, retry_seconds: float) -> bool:
         return False
     if task.get("func") != "jobs.tasks.run_job" or len(task.get("args") or ()) != 1:
         return False  # only job deliveries leave a trace (an attempt row) to compare with
-    if Job.objects.filter(pk=task["args"][0], next_attempt_at=message.lock).exists():
+    due = (task.get("kwargs") or {}).get("due")
+    if due and message.lock == datetime.fromisoformat(due):
         return False  # sent ahead for its due time (jobs.queue.enqueue_job_when_due): untaken
     taken = message.lock - timedelta(seconds=retry_seconds + 2)  # 2 s: clocks of hosts
     return not Attempt.objects.filter(job_id=task["args"][0], started_at__gte=taken).exists()

@@ -15,8 +15,12 @@ from jobs.models import Effect
 from jobs.supervisor import delivery
 
 
-def run_job(job_id: int) -> str:
-    """One delivery of a job; returns after every outcome is committed (then django-q2 acks)."""
+def run_job(job_id: int, due: str | None = None) -> str:
+    """One delivery of a job; returns after every outcome is committed (then django-q2 acks).
+
+    ``due``: the due time a message sent ahead was held for (``jobs.queue.
+    enqueue_job_when_due``); the delivery does not need it, the supervisor reads it.
+    """
     with delivery("run_job", job_id):
         # The message names a job and wakes its queue: the claim may take a better job of
         # that queue (docs/app/scheduling.md); the result names the job it ran.

@@ -19,7 +19,7 @@ from django_q.models import OrmQ
 import jobs
 from jobs import dispatch
 from jobs.broker import PostgresBroker
-from jobs.models import Job
+from jobs.models import Attempt, Job
 from tests.jobs.helpers import deliver, new_job
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -105,3 +105,36 @@ def test_orm_broker__the_dispatcher_sends_a_retry_when_it_is_due(orm_broker, dja
     time.sleep(max(0.0, left) + 0.3)
     assert dispatch.dispatch_once()["due_jobs"] == 1
     assert len(_messages(job)) == 1
+
+
+@pytest.mark.postgres
+def test_supervisor__a_message_sent_ahead_is_no_sign_of_a_wedged_cluster(
+    pg_broker, django_user_model, monkeypatch
+):
+    """A retry's message waits in the broker with its lock at the due time, which the
+    stall check's window for taken messages covers. It is told apart by the due time it
+    carries: untaken, it is no sign (even after an operator moved the job's due time, so
+    that the job and the message no longer agree); taken and never begun, it is."""
+    from jobs import supervisor
+
+    monkeypatch.setattr(Conf, "RETRY", 180)
+    user = django_user_model.objects.create_user(username="due-stall")
+    job = _failed_once(user)
+    Attempt.objects.filter(job=job).update(started_at=timezone.now() - timedelta(hours=1))
+    [message] = _messages(job)
+    later = timezone.now() + timedelta(seconds=60)
+    OrmQ.objects.filter(pk=message.pk).update(lock=later)
+    Job.objects.filter(pk=job.pk).update(next_attempt_at=later, enqueued_for=later)
+    # The message says it was sent for ``later``: rewrite its payload as the engine would.
+    from django_q.signing import SignedPackage
+
+    task = message.task
+    task["kwargs"]["due"] = later.isoformat()
+    OrmQ.objects.filter(pk=message.pk).update(payload=SignedPackage.dumps(task))
+    assert supervisor.messages_waiting(stall=30, grace=5) == ""
+    # The operator ran it now: the job moved on, the message still waits for ``later``.
+    Job.objects.filter(pk=job.pk).update(next_attempt_at=timezone.now())
+    assert supervisor.messages_waiting(stall=30, grace=5) == ""
+    # Taken a minute ago (its lock is then taken + retry) and no attempt began since.
+    OrmQ.objects.filter(pk=message.pk).update(lock=timezone.now() + timedelta(seconds=120))
+    assert "never begun" in supervisor.messages_waiting(stall=30, grace=5)
