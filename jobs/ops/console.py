@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from datetime import datetime, timedelta
 
-from django.db.models import Count, Max, Q
+from django.db.models import Count, Exists, Max, OuterRef, Q
 from django.db.models.functions import Now, TruncMinute
 from django.utils import timezone
 
@@ -70,12 +70,19 @@ def counts(model, states: list[str]) -> list[tuple[str, int]]:
     return [(state, found.get(state, 0)) for state in states]
 
 
-def queue_depth() -> tuple[int, int]:
-    """Messages in django-q2's ORM queue, and how many a cluster has taken (locked)."""
+def queue_depth() -> tuple[int, int, int]:
+    """Messages in django-q2's queue table: all, taken by a cluster (locked), and sent
+    ahead for a job's due time (locked until then: their lock is a waiting job's
+    ``next_attempt_at`` to the microsecond, which a take's lock, taken + retry, is not)."""
     from django_q.models import OrmQ
 
-    figures = OrmQ.objects.aggregate(total=Count("id"), taken=Count("id", filter=Q(lock__gt=Now())))
-    return figures["total"], figures["taken"]
+    ahead = Exists(Job.objects.filter(rules.to_q(rules.WAITING), next_attempt_at=OuterRef("lock")))
+    figures = OrmQ.objects.annotate(ahead=ahead).aggregate(
+        total=Count("id"),
+        taken=Count("id", filter=Q(lock__gt=Now(), ahead=False)),
+        later=Count("id", filter=Q(lock__gt=Now(), ahead=True)),
+    )
+    return figures["total"], figures["taken"], figures["later"]
 
 
 def workers_seen(window: timedelta = WORKER_WINDOW) -> list[Worker]:
@@ -191,7 +198,7 @@ def kinds() -> list[str]:
 def snapshot(now: datetime | None = None) -> Snapshot:
     """Everything the console shows, stamped ``now`` (the chart's last minute, ages)."""
     now = now or timezone.now()
-    depth, taken = queue_depth()
+    depth, taken, later = queue_depth()
     horizon = clock.after(RETRY_HORIZON.total_seconds())
     due_soon = Job.objects.filter(
         state=Job.State.RETRY_WAIT, next_attempt_at__lte=horizon
@@ -208,6 +215,7 @@ def snapshot(now: datetime | None = None) -> Snapshot:
         effects=counts(Effect, EFFECT_STATES),
         queue_depth=depth,
         queue_taken=taken,
+        queue_later=later,
         oldest_due_at=Job.objects.filter(rules.to_q(rules.JOB_DUE))
         .order_by("next_attempt_at")
         .values_list("next_attempt_at", flat=True)

@@ -133,6 +133,7 @@ class Snapshot:
     needs_review: list[Effect]
     needs_review_count: int
     failed_deliveries: int = 0
+    queue_later: int = 0  # messages sent ahead, held for their job's due time
     timeline: list[dict] = field(default_factory=list)
     failed_tries: int = 0
     finished_tries: int = 0

@@ -138,3 +138,17 @@ def test_supervisor__a_message_sent_ahead_is_no_sign_of_a_wedged_cluster(
     # Taken a minute ago (its lock is then taken + retry) and no attempt began since.
     OrmQ.objects.filter(pk=message.pk).update(lock=timezone.now() + timedelta(seconds=120))
     assert "never begun" in supervisor.messages_waiting(stall=30, grace=5)
+
+
+@pytest.mark.postgres
+def test_console__a_message_sent_ahead_is_counted_as_waiting_not_as_taken(
+    pg_broker, django_user_model
+):
+    from jobs.ops import console
+
+    user = django_user_model.objects.create_user(username="due-console")
+    job = _failed_once(user)
+    [message] = _messages(job)
+    assert console.queue_depth() == (1, 0, 1), "held for the job's due time"
+    OrmQ.objects.filter(pk=message.pk).update(lock=timezone.now() + timedelta(seconds=170))
+    assert console.queue_depth() == (1, 1, 0), "a cluster took it"
