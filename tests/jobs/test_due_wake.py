@@ -20,11 +20,10 @@ import jobs
 from jobs import dispatch
 from jobs.broker import PostgresBroker
 from jobs.models import Attempt, Job
+from jobs.queue import POSTGRES_BROKER
 from tests.jobs.helpers import deliver, new_job
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
-
-POSTGRES_BROKER = "jobs.broker.PostgresBroker"
 
 
 def _messages(job: Job) -> list[OrmQ]:
