@@ -469,8 +469,9 @@ def _obtain_batch(batch: list[_Asked]) -> list[JobHandle]:
     else:
         raise JobError("request_many: the batch kept meeting concurrent requests; ask again")
     if created:
-        due_now = zip(created, missing, strict=True)
-        bulk.enqueue_jobs([job for job, asked in due_now if asked.run_after is None])
+        pairs = list(zip(created, missing, strict=True))
+        bulk.enqueue_jobs([job for job, asked in pairs if asked.run_after is None])
+        bulk.enqueue_jobs_when_due([job for job, asked in pairs if asked.run_after is not None])
         fresh = Job.objects.in_bulk([job.pk for job in created])  # Now() as the server wrote it
         existing.update({_identity(job): job for job in fresh.values()})
     new = {job.pk for job in created}

@@ -137,7 +137,12 @@ def test_request_many__one_identity_twice_in_a_call():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_request_many__run_after_sends_no_message_and_the_kind_defaults_apply():
+def test_request_many__run_after_sends_no_message_and_the_kind_defaults_apply(monkeypatch):
+    """On django-q2's ORM broker the dispatcher sends a run_after's message when it is due
+    (the PostgreSQL broker holds one until then: the next test)."""
+    from django_q.conf import Conf
+
+    monkeypatch.setattr(Conf, "BROKER_CLASS", None)
     later = timezone.now() + timedelta(hours=1)
     items = [
         api.JobRequest(KIND, ("test.bulk", 1), run_after=later, tenant="t9", priority=7),
@@ -151,6 +156,33 @@ def test_request_many__run_after_sends_no_message_and_the_kind_defaults_apply():
     assert now.job.max_attempts == jobs.request(KIND, ("test.other", 1)).job.max_attempts
     with pytest.raises(ValueError, match="aware"):
         jobs.request_many([{**items[1], "run_after": later.replace(tzinfo=None)}])
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_request_many__run_after_on_the_postgres_broker_is_sent_ahead_in_one_statement(
+    monkeypatch,
+):
+    """Each waiting job's message is written with the batch, its lock at the job's due
+    time and its job marked sent for it, one statement per queue for all of them."""
+    from django_q.conf import Conf
+
+    monkeypatch.setattr(Conf, "BROKER_CLASS", "jobs.broker.PostgresBroker")
+    later = timezone.now() + timedelta(hours=1)
+    items = [api.JobRequest(KIND, ("test.bulk", n), run_after=later) for n in range(50)]
+    items.append(api.JobRequest(KIND, ("test.bulk", 99)))
+    with CaptureQueriesContext(connection) as asked:
+        handles = jobs.request_many(items)
+    assert sorted(_message_ids()) == sorted(h.id for h in handles)
+    held = {m.task["args"][0]: m for m in OrmQ.objects.all()}
+    for handle in handles[:50]:
+        handle.refresh()
+        assert handle.job.enqueued_for == handle.job.next_attempt_at == later
+        assert held[handle.id].lock == later
+        assert held[handle.id].task["kwargs"] == {"due": later.isoformat()}
+    assert held[handles[50].id].lock <= timezone.now()
+    sends = [q["sql"] for q in asked.captured_queries if "django_q_ormq" in q["sql"]]
+    assert len(sends) == 2, sends  # the due-now message, and all 50 held ones
 
 
 @pytest.mark.postgres
