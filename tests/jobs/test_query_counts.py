@@ -185,3 +185,27 @@ def test_delivery__every_engine_statement_stays_in_psycopgs_parse_cache(make_use
     job = new_job(user, kind="test.steps")
     assert run_delivery(job.pk).outcome == "succeeded"
     assert uncached == [], f"longer than {_queries.MAX_CACHED_STATEMENT_LENGTH} bytes"
+
+
+@pytest.mark.postgres
+def test_orm_claim_first_read__reads_a_handful_of_rows_however_deep_the_queue():
+    """The ORM claim's one read (the named job and its queue's two candidates; the claim
+    on SQLite and the PostgreSQL claim's fallback) is index scans too: with 2,000 jobs
+    queued, no scan of the job table hands up more than a few rows."""
+    import jobs
+    from jobs.executors import orm
+
+    handles = jobs.request_many(
+        [
+            {"kind": "test.steps", "subject": ("auth.user", n), "params": {"recipients": []}}
+            for n in range(2000)
+        ]
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobs_job")
+    sql, params = orm._first_read(handles[-1].id).query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+        [[plan]] = cursor.fetchone()
+    scans = _scanned_rows(plan["Plan"])
+    assert scans and max(rows for _, _, rows in scans) <= 5, scans
