@@ -139,30 +139,42 @@ def _scanned_rows(plan: dict) -> list[tuple[str, str, int]]:
     return found
 
 
+def _queue_of(n: int) -> int:
+    """``n`` queued jobs of one queue, the table analyzed; the last one's id."""
+    import jobs
+
+    handles = jobs.request_many(
+        [
+            {"kind": "test.steps", "subject": ("auth.user", k), "params": {"recipients": []}}
+            for k in range(n)
+        ]
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobs_job")
+    return handles[-1].id
+
+
+def _scans_of(sql: str, params) -> list[tuple[str, str, int]]:
+    """The job-table scans of ``sql`` run under EXPLAIN ANALYZE, its writes rolled back."""
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+        [[plan]] = cursor.fetchone()
+        cursor.execute("ROLLBACK")
+    return _scanned_rows(plan["Plan"])
+
+
 @pytest.mark.postgres
 def test_claim_statement__reads_a_handful_of_rows_however_deep_the_queue():
     """The claim's choice of job (the queue's most urgent and longest waiting due job)
     is the first row of an index scan each: with 2,000 jobs queued, no scan of the job
     table hands up more than a few rows (a plan that sorts the queue's due jobs reads
     them all: 6,000 rows and 9 ms a claim with 6,000 queued)."""
-    import jobs
     from jobs.executors import postgres
 
-    handles = jobs.request_many(
-        [
-            {"kind": "test.steps", "subject": ("auth.user", n), "params": {"recipients": []}}
-            for n in range(2000)
-        ]
-    )
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE jobs_job")
-    sql, params = postgres.claim_statement(handles[-1].id, "w1", lease=30, bound=4)
-    with connection.cursor() as cursor:
-        cursor.execute("BEGIN")
-        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
-        [[plan]] = cursor.fetchone()
-        cursor.execute("ROLLBACK")
-    scans = _scanned_rows(plan["Plan"])
+    last = _queue_of(2000)
+    sql, params = postgres.claim_statement(last, "w1", lease=30, bound=4)
+    scans = _scans_of(sql, params)
     assert scans and max(rows for _, _, rows in scans) <= 5, scans
 
 
@@ -192,20 +204,8 @@ def test_orm_claim_first_read__reads_a_handful_of_rows_however_deep_the_queue():
     """The ORM claim's one read (the named job and its queue's two candidates; the claim
     on SQLite and the PostgreSQL claim's fallback) is index scans too: with 2,000 jobs
     queued, no scan of the job table hands up more than a few rows."""
-    import jobs
     from jobs.executors import orm
 
-    handles = jobs.request_many(
-        [
-            {"kind": "test.steps", "subject": ("auth.user", n), "params": {"recipients": []}}
-            for n in range(2000)
-        ]
-    )
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE jobs_job")
-    sql, params = orm._first_read(handles[-1].id).query.sql_with_params()
-    with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
-        [[plan]] = cursor.fetchone()
-    scans = _scanned_rows(plan["Plan"])
+    last = _queue_of(2000)
+    scans = _scans_of(*orm._first_read(last).query.sql_with_params())
     assert scans and max(rows for _, _, rows in scans) <= 5, scans
