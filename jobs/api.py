@@ -29,7 +29,7 @@ from jobs import bulk, conf, failures, registry
 from jobs.engine import job_machine
 from jobs.exceptions import JobError, PayloadInvalid
 from jobs.models import Artifact, Effect, Job
-from jobs.queue import enqueue_job, enqueue_job_when_due
+from jobs.queue import enqueue_job
 
 if TYPE_CHECKING:
     from jobs.delivery.runner import JobContext
@@ -179,8 +179,8 @@ def _obtain(
         if created and run_after is None:
             enqueue_job(job)
             job.refresh_from_db(fields=["next_attempt_at", "enqueued_for"])
-        elif created and enqueue_job_when_due(job):
-            job.refresh_from_db(fields=["enqueued_for"])
+        elif created and bulk.enqueue_job_when_due(job):
+            job.enqueued_for = job.next_attempt_at  # what the statement wrote
     if not created and job.params != stored:
         raise _conflict(job, stored)
     return job, created

@@ -27,11 +27,11 @@ are the ORM broker's, so the two can share a queue during a rolling deploy:
   and the pusher polls, trying again after a minute.
   ``Q_CLUSTER["broker_listen"] = False`` polls from the start.
 
-- ``delayed(seconds)`` and ``due_at(instant)`` give a broker whose messages no pusher
-  takes before their due time (``lock`` = now + seconds, or the instant):
-  ``async_task(..., broker=get_broker().delayed(s))``; pushers wake at that time as for
-  a redelivery. The engine sends a retry's and a ``run_after``'s message this way, in
-  the transaction that makes the job wait (``jobs.queue.enqueue_job_when_due``).
+- ``delayed(seconds)`` gives a broker whose messages no pusher takes before their due
+  time (``lock`` = now + seconds): ``async_task(..., broker=get_broker().delayed(s))``;
+  pushers wake at that time as for a redelivery. The engine writes a retry's and a
+  ``run_after``'s message with its lock at the job's due time the same way, in the
+  transaction that makes the job wait (``jobs.bulk.enqueue_job_when_due``).
 
 On SQLite this broker refuses to start: the ORM broker stays there.
 """
@@ -71,7 +71,7 @@ DEAF_RETRY = 60.0
 ENQUEUE = f"""
 WITH message AS (
     INSERT INTO {TABLE} (key, payload, lock)
-    VALUES (%s, %s, GREATEST(now() + make_interval(secs => %s), %s::timestamptz)) RETURNING id
+    VALUES (%s, %s, now() + make_interval(secs => %s)) RETURNING id
 )
 SELECT id, pg_notify(%s, '') FROM message
 """
@@ -133,7 +133,6 @@ class PostgresBroker(Broker):
     def __init__(self, list_key: str | None = None, *, keys: list[str] | None = None) -> None:
         super().__init__(list_key=list_key)
         self._delay = 0.0
-        self._due_at = None  # an instant no pusher takes the messages before (server clock)
         # The lists a pusher takes from (``jobs_worker --queue``); enqueue uses ``key``.
         self.keys = list(keys or [])
         self._reset_listener()
@@ -145,7 +144,6 @@ class PostgresBroker(Broker):
         *base, self.keys = state
         super().__setstate__(tuple(base))
         self._delay = 0.0
-        self._due_at = None
         self._reset_listener()
 
     @property
@@ -162,18 +160,6 @@ class PostgresBroker(Broker):
         """
         other = PostgresBroker(list_key=self.list_key)
         other._delay = max(0.0, float(seconds))
-        return other
-
-    def due_at(self, at) -> PostgresBroker:
-        """This broker, enqueueing messages no pusher takes before the instant ``at``.
-
-        ``at`` is a time read from the database (a job's ``next_attempt_at``), so the
-        message and the row it wakes agree to the microsecond on when it is due: a
-        pusher takes it when the server's clock has passed ``at``, and the claim it
-        leads to finds the job due. An ``at`` already past is now.
-        """
-        other = PostgresBroker(list_key=self.list_key)
-        other._due_at = at
         return other
 
     def _reset_listener(self) -> None:
@@ -216,8 +202,7 @@ class PostgresBroker(Broker):
 
     def enqueue(self, task: str) -> int:
         """Insert the message and notify its channel, in the caller's transaction."""
-        params = [self.key, task, self._delay, self._due_at, self.channel]
-        row = self._execute(ENQUEUE, params, fetch="one")
+        row = self._execute(ENQUEUE, [self.key, task, self._delay, self.channel], fetch="one")
         return row[0]
 
     def dequeue(self) -> list[tuple[int, str]] | None:

@@ -7,6 +7,10 @@ share ``django_q_ormq``, so the rows of a whole batch go in with one INSERT (and
 PostgreSQL broker, one NOTIFY of the queue's channel). Call it inside the transaction
 that creates the jobs: rows and messages commit together. Another broker, or
 ``Q_CLUSTER["sync"]``, gets one ``enqueue_job`` per job.
+
+Messages for work due later (a retry's backoff, ``run_after``) are written here too, one
+job or many: on the PostgreSQL broker with their lock at the job's due time, and the
+jobs marked sent for it, in one statement (``enqueue_jobs_when_due``).
 """
 
 from __future__ import annotations
@@ -92,10 +96,32 @@ SELECT (SELECT count(*) FROM message), pg_notify(%s, '')
 """
 
 
+def enqueue_job_when_due(job: Job) -> bool:
+    """Send the message of a job that waits (a retry's backoff, ``run_after``) now, to be
+    taken at its due time, and mark it sent for that due time; call in the transaction
+    that makes it wait. False where the broker cannot hold a message until then: the
+    dispatcher sends it when it is due (``jobs.dispatch``).
+
+    One message per due time, as the dispatcher's (``enqueued_for`` = the due time, so
+    its sweep sends none; one is sent again only past the re-drive window). The due
+    time is read from the row (the retry wrote it by the server's clock), so message and
+    job agree on it to the microsecond; the message carries it (``run_job``'s ``due``),
+    which is how the supervisor's stall check tells it from a taken one.
+    """
+    if not queue.wakes_at_due_time():
+        return False
+    rows = Job.objects.filter(rules.to_q(rules.WAITING), pk=job.pk)
+    due = rows.values_list("next_attempt_at", flat=True).first()
+    if due is None:
+        return False
+    job.next_attempt_at = due
+    return enqueue_jobs_when_due([job]) == 1
+
+
 def enqueue_jobs_when_due(jobs: Sequence[Job]) -> int:
     """Send ahead the messages of jobs that wait for their ``run_after`` (the PostgreSQL
-    broker holds each until its job's ``next_attempt_at``, as ``jobs.queue.
-    enqueue_job_when_due`` does for one): one statement per queue. Where the broker
+    broker holds each until its job's ``next_attempt_at``; ``enqueue_job_when_due`` for
+    one): one statement per queue. Where the broker
     cannot hold a message (django-q2's ORM broker, ``sync``) nothing is sent and the
     dispatcher sends each when it is due; returns how many were sent."""
     if not jobs or not queue.wakes_at_due_time():

@@ -50,40 +50,6 @@ def wakes_at_due_time() -> bool:
     return Conf.BROKER_CLASS == POSTGRES_BROKER and not Conf.SYNC
 
 
-def enqueue_job_when_due(job: Job) -> bool:
-    """Send the message of a job that waits (a retry's backoff, ``run_after``) now, to be
-    taken at its due time, and mark it sent for that due time; call in the transaction
-    that makes it wait. False where the broker cannot hold a message until then: the
-    dispatcher sends it when it is due (``jobs.dispatch``).
-
-    One message per due time, as the dispatcher's (``enqueued_for`` = the due time, so
-    its sweep sends none; one is sent again only past the re-drive window). The due
-    time is read from the row: message and job agree on it to the microsecond.
-    """
-    if not wakes_at_due_time():
-        return False
-    from django_q.brokers import get_broker
-
-    key = list_key(job.queue)
-    rows = Job.objects.filter(rules.to_q(rules.WAITING), pk=job.pk)
-    due = rows.values_list("next_attempt_at", flat=True).first()
-    if due is None or not rows.filter(next_attempt_at=due).update(enqueued_for=due):
-        return False
-    route = {} if key is None else {"cluster": key}
-    broker = get_broker(key).due_at(due)
-    # ``due`` rides in the message: until a pusher takes it, its lock is that instant
-    # (the supervisor's stall check tells such a message from a taken one by it).
-    async_task(
-        "jobs.tasks.run_job",
-        job.pk,
-        due=due.isoformat(),
-        task_name=f"job-{job.pk}",
-        broker=broker,
-        **route,
-    )
-    return True
-
-
 def enqueue_effect(effect: Effect) -> None:
     """Put one message for sending ``effect`` on the queue."""
     async_task("jobs.tasks.release_effect", effect.pk, task_name=f"effect-{effect.pk}")

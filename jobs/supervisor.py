@@ -405,7 +405,7 @@ def _never_began(message, retry_seconds: float) -> bool:
         return False  # only job deliveries leave a trace (an attempt row) to compare with
     due = (task.get("kwargs") or {}).get("due")
     if due and message.lock == datetime.fromisoformat(due):
-        return False  # sent ahead for its due time (jobs.queue.enqueue_job_when_due): untaken
+        return False  # sent ahead for its due time (jobs.bulk.enqueue_job_when_due): untaken
     taken = message.lock - timedelta(seconds=retry_seconds + 2)  # 2 s: clocks of hosts
     return not Attempt.objects.filter(job_id=task["args"][0], started_at__gte=taken).exists()
 

@@ -18,7 +18,7 @@ from jobs.supervisor import delivery
 def run_job(job_id: int, due: str | None = None) -> str:
     """One delivery of a job; returns after every outcome is committed (then django-q2 acks).
 
-    ``due``: the due time a message sent ahead was held for (``jobs.queue.
+    ``due``: the due time a message sent ahead was held for (``jobs.bulk.
     enqueue_job_when_due``); the delivery does not need it, the supervisor reads it.
     """
     with delivery("run_job", job_id):

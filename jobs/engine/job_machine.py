@@ -24,7 +24,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.db.models.functions import Coalesce, Now
 
-from jobs import clock, conf, queue, registry, rules
+from jobs import bulk, clock, conf, registry, rules
 from jobs.engine import groups
 from jobs.engine.cas import compare_and_swap, mirror
 from jobs.engine.plan import Hold
@@ -240,7 +240,7 @@ def schedule_retry(
         )
         # Its message now, taken when it is due (the PostgreSQL broker), not by the
         # dispatcher's next sweep after that; it commits with this arrow.
-        queue.enqueue_job_when_due(job)
+        bulk.enqueue_job_when_due(job)
     return won
 
 

@@ -135,7 +135,7 @@ def test_broker__idle_cluster_picks_a_job_up_within_tens_of_ms(procs, pg_broker,
 def test_broker__a_retry_is_taken_at_its_due_time_with_no_dispatcher_running(
     procs, pg_broker, django_user_model
 ):
-    """The retry's message is sent with the retry (jobs.queue.enqueue_job_when_due) and the
+    """The retry's message is sent with the retry (jobs.bulk.enqueue_job_when_due) and the
     idle pusher wakes at its due time: with poll 5 s, the heartbeat 30 s and no dispatcher
     (its schedule an hour away), only that timed wake can start the second attempt soon."""
     Schedule.objects.filter(name="jobs.dispatch").update(

@@ -1,6 +1,6 @@
 """Work due later is woken at its due time: a retry's and a ``run_after``'s message is sent
 in the transaction that makes the job wait, held by the PostgreSQL broker until then
-(``jobs.queue.enqueue_job_when_due``), and the dispatcher sends no second one.
+(``jobs.bulk.enqueue_job_when_due``), and the dispatcher sends no second one.
 
 On django-q2's ORM broker (which compares a message's lock with the worker's clock) the
 dispatcher still sends it when the job is due.
