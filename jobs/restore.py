@@ -46,9 +46,12 @@ class RestoreContext(JobContext):
         self.target = artifact
         self.produced: bytes | None = None
 
-    def check_owner(self) -> None:
+    def _held(self):
         # Nobody holds a finished job; the fence is that it is still the finished job.
-        if not Job.objects.filter(pk=self.job.pk, state=Job.State.SUCCEEDED).exists():
+        return Job.objects.filter(pk=self.job.pk, state=Job.State.SUCCEEDED)
+
+    def check_owner(self) -> None:
+        if not self._held().exists():
             raise LeaseLost(f"job {self.job.pk} is no longer succeeded")
 
     def heartbeat(self) -> None:

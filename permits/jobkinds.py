@@ -22,9 +22,8 @@ def demo_summary(ctx: JobContext) -> list[EffectSpec]:
     recipient = job.params.get("notify_user_id")
     if not isinstance(recipient, int):
         raise PayloadInvalid("params.notify_user_id must be an integer user id")
-    ctx.check_owner()  # before reading anything about the subject
-    user = get_user_model().objects.filter(pk=recipient).first()
-    if user is None:
+    # The user is read only while this worker still holds the job (one statement).
+    if not ctx.read(get_user_model().objects.filter(pk=recipient)):
         raise PayloadInvalid("params.notify_user_id names no user")
     ctx.heartbeat()
     body = (

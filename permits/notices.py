@@ -50,14 +50,15 @@ def request_link(permit_pk: int) -> str:
     return reverse("request_detail", args=[permit_pk])
 
 
-def _permit(job: Job) -> PermitRequest:
-    permit_pk = job.params.get("permit")
+def _permit(ctx: jobs.JobContext) -> PermitRequest:
+    """The request the notice is about, read only while this worker still holds the job."""
+    permit_pk = ctx.job.params.get("permit")
     if not isinstance(permit_pk, int):
         raise PayloadInvalid("params.permit must be a permit request id")
-    permit = PermitRequest.objects.filter(pk=permit_pk).first()
-    if permit is None:
+    found = ctx.read(PermitRequest.objects.filter(pk=permit_pk))
+    if not found:
         raise PayloadInvalid("the permit request no longer exists")
-    return permit
+    return found[0]
 
 
 # --- "New request assigned to you" ---------------------------------------------------
@@ -65,8 +66,7 @@ def _permit(job: Job) -> PermitRequest:
 
 def assigned_notice(ctx: jobs.JobContext) -> list[jobs.EffectSpec]:
     """One notice to the reviewer the grant named, if the grant is still the last word."""
-    ctx.check_owner()
-    permit = _permit(ctx.job)
+    permit = _permit(ctx)
     reviewer = ctx.job.params.get("reviewer")
     if not isinstance(reviewer, int):
         raise PayloadInvalid("params.reviewer must be a user id")
@@ -115,7 +115,7 @@ def stopped_notice(ctx: jobs.JobContext) -> list[jobs.EffectSpec]:
         raise TemporaryFailure("the report's attempt is not settled yet", code="unsettled")
     if report.attempts != attempt or report.state not in STOPPED_STATES:
         return []  # tried again (or still going): a later stop has its own notice
-    permit = _permit(ctx.job)
+    permit = _permit(ctx)
     title = (
         f"Report could not be built: {permit.reference} revision {report.output_revision}. "
         "The office has been told; nothing to do for you."

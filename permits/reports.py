@@ -162,15 +162,15 @@ def render_report(permit: PermitRequest, job: Job) -> bytes:
     return buf.getvalue()
 
 
-def _load_permit(job: Job) -> PermitRequest:
+def _load_permit(ctx: JobContext) -> PermitRequest:
     try:
-        permit_id = int(job.subject_id)
+        permit_id = int(ctx.job.subject_id)
     except ValueError:
         raise PayloadInvalid("subject_id must be a permit request id") from None
-    permit = PermitRequest.objects.select_related("tenant").filter(pk=permit_id).first()
-    if permit is None:
+    found = ctx.read(PermitRequest.objects.select_related("tenant").filter(pk=permit_id))
+    if not found:
         raise PayloadInvalid("the permit request no longer exists")
-    return permit
+    return found[0]
 
 
 def read_policy(permit: PermitRequest, job: Job) -> str | None:
@@ -218,8 +218,7 @@ def build_report(ctx: JobContext) -> list[EffectSpec]:
 def _build_report(ctx: JobContext) -> list[EffectSpec]:
     """Fence, policy, render, store, then ask for one notice per reviewer."""
     job = ctx.job
-    ctx.check_owner()  # before the first read of the request's private fields
-    permit = _load_permit(job)
+    permit = _load_permit(ctx)  # read only while this worker still holds the job
     reason = read_policy(permit, job)
     if reason:
         raise NotAuthorized(reason)

@@ -15,6 +15,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+from django.db.models import Exists, Model, QuerySet
 
 from jobs import artifacts, clock, conf, executors, failures, registry
 from jobs.delivery import publish, steps
@@ -28,6 +31,7 @@ log = logging.getLogger("jobs.runner")
 
 Outcome = Attempt.Outcome
 StageHook = Callable[[str, "JobContext"], None]
+M = TypeVar("M", bound=Model)
 
 # Progress is written at most this often (seconds); the calls between are kept, the last wins.
 PROGRESS_INTERVAL = 1.0
@@ -76,6 +80,26 @@ class JobContext:
         if not owner:
             self._lost("is no longer held by this worker")
         self._owner_checked = True
+
+    def read(self, queryset: QuerySet[M]) -> list[M]:
+        """Read ``queryset``'s rows only while this worker still holds the job: the owner
+        check and the private read are one statement, so they see one snapshot (a worker
+        that lost the job reads nothing) and cost one round trip instead of two.
+
+        Raises like ``check_owner`` when the job is no longer this worker's; an empty
+        list means the rows are not there (the check alone is then asked to tell which).
+        """
+        self._check_time()
+        rows = list(queryset.filter(Exists(self._held())))
+        if rows:
+            self._owner_checked = True
+        else:
+            self.check_owner()
+        return rows
+
+    def _held(self) -> QuerySet[Job]:
+        """The job's row while this context may read for it (``read``'s fence)."""
+        return job_machine.owner_holds(self.job, self.worker)
 
     def _check_time(self) -> None:
         """The cooperative stop: past the kind's timeout every check raises ``JobTimeout``."""

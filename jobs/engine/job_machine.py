@@ -21,7 +21,7 @@ import uuid
 from datetime import timedelta
 
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, QuerySet
 from django.db.models.functions import Coalesce, Now
 
 from jobs import bulk, clock, conf, registry, rules
@@ -149,8 +149,14 @@ def progress(
 def still_owner(job: Job, worker: str) -> bool:
     """Whether ``worker`` still holds the job, at the version it last wrote, on a live lease
     (the ORM's reading; ``jobs.executors.postgres`` has the same rule in one statement)."""
+    return owner_holds(job, worker).exists()
+
+
+def owner_holds(job: Job, worker: str) -> QuerySet[Job]:
+    """The job's row while ``worker`` still holds it (``rules.STILL_OWNER``), else no row:
+    as ``Exists`` inside a private read, the check and the read share one snapshot."""
     fence = rules.to_q(rules.STILL_OWNER, job=job.pk, version=job.version, worker=worker, margin=0)
-    return Job.objects.filter(fence).exists()
+    return Job.objects.filter(fence)
 
 
 def publish_changes() -> dict:
