@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Exists, F
 from django.utils import timezone
 
 from jobs import artifacts, registry
@@ -46,12 +46,15 @@ class RestoreContext(JobContext):
         self.target = artifact
         self.produced: bytes | None = None
 
-    def _held(self):
+    def _finished(self):
         # Nobody holds a finished job; the fence is that it is still the finished job.
         return Job.objects.filter(pk=self.job.pk, state=Job.State.SUCCEEDED)
 
+    def _held(self):
+        return Exists(self._finished())
+
     def check_owner(self) -> None:
-        if not self._held().exists():
+        if not self._finished().exists():
             raise LeaseLost(f"job {self.job.pk} is no longer succeeded")
 
     def heartbeat(self) -> None:

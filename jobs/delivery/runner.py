@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from django.db.models import Exists, Model, QuerySet
+from django.db.models import Expression, Model, QuerySet
 
 from jobs import artifacts, clock, conf, executors, failures, registry
 from jobs.delivery import publish, steps
@@ -90,16 +90,16 @@ class JobContext:
         list means the rows are not there (the check alone is then asked to tell which).
         """
         self._check_time()
-        rows = list(queryset.filter(Exists(self._held())))
+        rows = list(queryset.filter(self._held()))
         if rows:
             self._owner_checked = True
         else:
             self.check_owner()
         return rows
 
-    def _held(self) -> QuerySet[Job]:
-        """The job's row while this context may read for it (``read``'s fence)."""
-        return job_machine.owner_holds(self.job, self.worker)
+    def _held(self) -> Expression:
+        """True while this context may read for its job (``read``'s fence)."""
+        return executors.current().held_while(self.job, self.worker)
 
     def _check_time(self) -> None:
         """The cooperative stop: past the kind's timeout every check raises ``JobTimeout``."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from django.db.models import Expression
+
 from jobs.engine.plan import Claim, Plan, Result
 from jobs.models import Job
 
@@ -25,6 +27,10 @@ class Executor(Protocol):
 
     def still_owner(self, job: Job, worker: str) -> bool:
         """Whether ``worker`` holds ``job`` at the version it last wrote, on a live lease."""
+
+    def held_while(self, job: Job, worker: str) -> Expression:
+        """The same fence as a condition of another query (``JobContext.read``): true while
+        ``worker`` holds ``job``, so a private read and its check are one statement."""
 
     def publish(self, plan: Plan) -> Result:
         """running → succeeded with everything in ``plan``, or nothing (LOST / refused)."""

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
-from django.db.models import Q, Subquery
+from django.db.models import Exists, Q, Subquery
 from django.db.models.functions import Coalesce, Now
 
 from jobs import clock, queue, rules
@@ -273,6 +273,11 @@ def _duplicate(job: Job, worker: str, now) -> Claim:
 def still_owner(job: Job, worker: str) -> bool:
     """Whether ``worker`` holds ``job`` at the version it last wrote, on a live lease."""
     return job_machine.still_owner(job, worker)
+
+
+def held_while(job: Job, worker: str) -> Exists:
+    """``still_owner`` as a condition of another query."""
+    return Exists(job_machine.owner_holds(job, worker))
 
 
 # --- publish ----------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from types import SimpleNamespace
 
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError, connection, models, transaction
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
 from jobs import conf, rules
@@ -316,6 +317,7 @@ def _claim_row(
 
 
 @functools.cache
+@functools.cache
 def _still_owner_statement() -> tuple[str, rules.Rendered]:
     fence = rules.to_sql(rules.STILL_OWNER, Job, quote=_q)
     return f"SELECT 1 FROM {_q(Job._meta.db_table)} WHERE {fence.text}", fence
@@ -328,6 +330,14 @@ def still_owner(job: Job, worker: str) -> bool:
     with _cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone() is not None
+
+
+def held_while(job: Job, worker: str) -> RawSQL:
+    """``still_owner``'s statement as a condition of another query: the rule rendered
+    once (compiling it as ORM lookups on every read cost more than the round trip)."""
+    sql, fence = _still_owner_statement()
+    params = fence.params(job=_int8(job.pk), version=_int8(job.version), worker=worker, margin=0.0)
+    return RawSQL(f"EXISTS ({sql})", params, output_field=models.BooleanField())
 
 
 _JOB_ATTNAMES = [f.attname for f in Job._meta.concrete_fields]

@@ -56,7 +56,7 @@ def test_read__held__the_rows_and_the_check_in_one_statement(make_user):
     seen = SEEN[job.pk]
     assert [u.pk for u in seen["users"]] == [user.pk]
     assert len(seen["sql"]) == 1, seen["sql"]
-    assert "EXISTS" in seen["sql"][0] and '"jobs_job"' in seen["sql"][0]
+    assert "EXISTS" in seen["sql"][0] and "jobs_job" in seen["sql"][0]
     assert Notice.objects.filter(effect__job=job, recipient=user).count() == 1
 
 
