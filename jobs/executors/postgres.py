@@ -317,7 +317,6 @@ def _claim_row(
 
 
 @functools.cache
-@functools.cache
 def _still_owner_statement() -> tuple[str, rules.Rendered]:
     fence = rules.to_sql(rules.STILL_OWNER, Job, quote=_q)
     return f"SELECT 1 FROM {_q(Job._meta.db_table)} WHERE {fence.text}", fence
