@@ -40,7 +40,14 @@ from datetime import datetime
 from types import SimpleNamespace
 
 from django.contrib.auth import get_user_model
-from django.db import DatabaseError, connection, models, transaction
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    connection,
+    models,
+    transaction,
+)
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
@@ -99,15 +106,17 @@ class _Prepared:
 
 
 @contextmanager
-def _cursor() -> Iterator:
+def _cursor(*, health_check: bool = True) -> Iterator:
     """A cursor with server-side binding, prepared statements if configured.
 
     Wrapped like Django's own cursors (errors translated, execute wrappers run,
-    queries logged under DEBUG and in ``CaptureQueriesContext``).
+    queries logged under DEBUG and in ``CaptureQueriesContext``). ``health_check=False``:
+    the statement is its own check (``_claim_row_checked``).
     """
     import psycopg
 
-    connection.close_if_health_check_failed()  # what Django's own cursor() does first
+    if health_check:
+        connection.close_if_health_check_failed()  # what Django's own cursor() does first
     connection.ensure_connection()
     prepare = conf.prepared_statements()
     pg = connection.connection
@@ -256,7 +265,7 @@ def claim(job_id: int, worker: str, *, lease: float, bound: int) -> Claim:
     admission.
     """
     for tried in range(1, STATEMENT_TRIES + 1):
-        claimed, tenant_busy = _claim_row(job_id, worker, lease=lease, bound=bound)
+        claimed, tenant_busy = _claim_row_checked(job_id, worker, lease=lease, bound=bound)
         if claimed is not None or not tenant_busy or tried == STATEMENT_TRIES:
             break
         # Another claim of the job's tenant held the tenant's lock for the moment of its
@@ -292,13 +301,46 @@ def claim_in_one(
     return _claim_row(job_id, worker, lease=lease, bound=bound)[0]
 
 
-def _claim_row(
+def _claim_row_checked(
     job_id: int, worker: str, *, lease: float, bound: int
+) -> tuple[tuple[Job, Attempt] | None, bool]:
+    """``_claim_row`` as a delivery's first statement, which is also its connection's
+    health check (``CONN_HEALTH_CHECKS``): Django's own check is a ``SELECT 1`` before the
+    first query of every task, one round trip a delivery.
+
+    A connection that died while idle (a server restart, an idle timeout) fails the
+    claim before the server ran it; it is dropped and the claim is sent once more on a
+    fresh connection. An error on a connection that still answers is the claim's own
+    (a lock timeout): it is raised. A claim that did commit on a connection lost before
+    its answer is found by the second one as a live lease: a duplicate delivery, and the
+    job runs again when that lease expires, as when the check itself fails then.
+    """
+    if (
+        connection.connection is None
+        or connection.health_check_done
+        or not connection.health_check_enabled
+        or connection.in_atomic_block
+    ):
+        return _claim_row(job_id, worker, lease=lease, bound=bound)
+    try:
+        answer = _claim_row(job_id, worker, lease=lease, bound=bound, health_check=False)
+    except (OperationalError, InterfaceError):
+        if connection.is_usable():
+            raise
+        log.info("job=%s the idle connection was gone at the claim; claiming again", job_id)
+        connection.close()
+        return _claim_row(job_id, worker, lease=lease, bound=bound)
+    connection.health_check_done = True  # the claim's answer: the connection is alive
+    return answer
+
+
+def _claim_row(
+    job_id: int, worker: str, *, lease: float, bound: int, health_check: bool = True
 ) -> tuple[tuple[Job, Attempt] | None, bool]:
     """``claim_in_one``'s answer and, when it claimed nothing, whether the tenant's lock
     was held by another session at that moment (the claim may succeed when tried again)."""
     sql, params = claim_statement(job_id, worker, lease=lease, bound=bound)
-    with _cursor() as cursor:
+    with _cursor(health_check=health_check) as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
         # The job's columns come in the table's order (RETURNING *, which keeps the
