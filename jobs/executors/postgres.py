@@ -391,9 +391,17 @@ _claim_columns: dict[int, list[str]] = {}
 
 def _job_from_row(columns: list[str], values: list) -> Job:
     """A ``Job`` from its table's columns in any order (each converted by its field)."""
-    by_column = dict(zip(columns, values, strict=True))
-    ordered = [by_column[f.column] for f in Job._meta.concrete_fields]
+    if len(columns) != len(values):
+        raise ValueError(f"{len(values)} values for {len(columns)} columns")
+    ordered = [values[i] for i in _field_order(tuple(columns))]
     return Job.from_db(connection.alias, _JOB_ATTNAMES, _convert(Job, ordered))
+
+
+@functools.cache
+def _field_order(columns: tuple[str, ...]) -> tuple[int, ...]:
+    """Where each of the job's fields is in a row of ``columns``."""
+    at = {name: i for i, name in enumerate(columns)}
+    return tuple(at[f.column] for f in Job._meta.concrete_fields)
 
 
 @functools.cache
@@ -433,22 +441,48 @@ def _record_type(model: type[models.Model], *, key: bool = False) -> str:
     return ", ".join((["_key text"] if key else []) + defs)
 
 
+def _native_type(f: models.Field) -> type | None:
+    """The Python type a column's value already has when the field would not change it
+    (``get_prep_value`` is then the identity), or None."""
+    if isinstance(f, models.ForeignKey):
+        f = f.target_field
+    if isinstance(f, models.BooleanField):
+        return bool
+    if isinstance(f, models.IntegerField | models.AutoField):
+        return int
+    if isinstance(f, models.CharField | models.TextField):
+        return str
+    return None
+
+
+@functools.cache
+def _row_writers(model: type[models.Model]) -> tuple:
+    """Per column: attname, column, field, whether it is JSON, and its native type."""
+    return tuple(
+        (f.attname, f.column, f, isinstance(f, models.JSONField), _native_type(f))
+        for f in _fields(model)
+    )
+
+
 def _rows_json(model: type[models.Model], objs: list, keys: list | None = None) -> str:
     """The unsaved rows as one JSON array: one parameter, whatever their number.
 
     ``keys``: per row, the effect_id it belongs to (nothing has a pk yet)."""
     out = []
+    writers = _row_writers(model)
     for i, obj in enumerate(objs):
         row = {} if keys is None else {"_key": keys[i]}
-        for f in _fields(model):
-            value = getattr(obj, f.attname)
-            if isinstance(value, models.Expression | Now):
+        for attname, column, f, is_json, native in writers:
+            value = getattr(obj, attname)
+            if value is None or type(value) is native or is_json:
+                pass  # as it is (a JSON column's value is its JSON)
+            elif isinstance(value, models.Expression | Now):
                 raise TypeError(f"{model.__name__}.{f.name}: expressions are not written here")
-            if isinstance(value, datetime):
+            elif isinstance(value, datetime):
                 value = value.isoformat()
-            elif not isinstance(f, models.JSONField):
+            else:
                 value = f.get_prep_value(value)
-            row[f.column] = value
+            row[column] = value
         out.append(row)
     return json.dumps(out, default=str)
 
