@@ -359,15 +359,22 @@ def _claim_row(
 
 
 @functools.cache
-def _still_owner_statement() -> tuple[str, rules.Rendered]:
+def _still_owner_text() -> tuple[str, rules.Rendered]:
     fence = rules.to_sql(rules.STILL_OWNER, Job, quote=_q)
     return f"SELECT 1 FROM {_q(Job._meta.db_table)} WHERE {fence.text}", fence
 
 
+def _still_owner_statement(job: Job, worker: str) -> tuple[str, list]:
+    """The owner check's text (rendered once) and its parameters for ``job``/``worker``."""
+    sql, fence = _still_owner_text()
+    return sql, fence.params(
+        job=_int8(job.pk), version=_int8(job.version), worker=worker, margin=0.0
+    )
+
+
 def still_owner(job: Job, worker: str) -> bool:
     """Whether ``worker`` holds ``job`` at the version it last wrote, on a live lease."""
-    sql, fence = _still_owner_statement()
-    params = fence.params(job=_int8(job.pk), version=_int8(job.version), worker=worker, margin=0.0)
+    sql, params = _still_owner_statement(job, worker)
     with _cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone() is not None
@@ -376,8 +383,7 @@ def still_owner(job: Job, worker: str) -> bool:
 def held_while(job: Job, worker: str) -> RawSQL:
     """``still_owner``'s statement as a condition of another query: the rule rendered
     once (compiling it as ORM lookups on every read cost more than the round trip)."""
-    sql, fence = _still_owner_statement()
-    params = fence.params(job=_int8(job.pk), version=_int8(job.version), worker=worker, margin=0.0)
+    sql, params = _still_owner_statement(job, worker)
     return RawSQL(f"EXISTS ({sql})", params, output_field=models.BooleanField())
 
 

@@ -41,8 +41,9 @@ def orm_broker(monkeypatch):
     monkeypatch.setattr(Conf, "BROKER_CLASS", None)
 
 
-def _failed_once(user) -> Job:
-    job = new_job(user, fail={"1": "temporary"})
+def _failed_once(users, username: str) -> Job:
+    """A job of a new user whose first attempt failed for a while: it waits to be retried."""
+    job = new_job(users.objects.create_user(username=username), fail={"1": "temporary"})
     OrmQ.objects.all().delete()  # the first delivery's message, taken by this test
     assert deliver(job.pk).outcome == "retry"
     job.refresh_from_db()
@@ -54,8 +55,7 @@ def _failed_once(user) -> Job:
 def test_retry__its_message_is_sent_with_the_retry_and_held_until_its_due_time(
     pg_broker, django_user_model
 ):
-    user = django_user_model.objects.create_user(username="due-wake")
-    job = _failed_once(user)
+    job = _failed_once(django_user_model, "due-wake")
     [message] = _messages(job)
     # Message and row agree on the due time to the microsecond; the message is marked sent.
     assert message.lock == job.next_attempt_at == job.enqueued_for
@@ -96,8 +96,7 @@ def test_run_after_in_the_past__its_message_is_due_now(pg_broker, django_user_mo
 
 
 def test_orm_broker__the_dispatcher_sends_a_retry_when_it_is_due(orm_broker, django_user_model):
-    user = django_user_model.objects.create_user(username="due-orm")
-    job = _failed_once(user)
+    job = _failed_once(django_user_model, "due-orm")
     assert _messages(job) == [], "no message before the dispatcher's"
     assert job.enqueued_for < job.next_attempt_at, "the last message was for an earlier due time"
     left = (job.next_attempt_at - timezone.now()).total_seconds()
@@ -117,8 +116,7 @@ def test_supervisor__a_message_sent_ahead_is_no_sign_of_a_wedged_cluster(
     from jobs import supervisor
 
     monkeypatch.setattr(Conf, "RETRY", 180)
-    user = django_user_model.objects.create_user(username="due-stall")
-    job = _failed_once(user)
+    job = _failed_once(django_user_model, "due-stall")
     Attempt.objects.filter(job=job).update(started_at=timezone.now() - timedelta(hours=1))
     [message] = _messages(job)
     later = timezone.now() + timedelta(seconds=60)
@@ -145,8 +143,7 @@ def test_console__a_message_sent_ahead_is_counted_as_waiting_not_as_taken(
 ):
     from jobs.ops import console
 
-    user = django_user_model.objects.create_user(username="due-console")
-    job = _failed_once(user)
+    job = _failed_once(django_user_model, "due-console")
     [message] = _messages(job)
     assert console.queue_depth() == (1, 0, 1), "held for the job's due time"
     OrmQ.objects.filter(pk=message.pk).update(lock=timezone.now() + timedelta(seconds=170))

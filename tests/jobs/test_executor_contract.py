@@ -436,3 +436,52 @@ def test_claim__both_executors_write_the_same_rows(name, settings, caplog):
     on_orm = _run_claims(name, "orm", settings, caplog)
     assert on_postgres["outcomes"] == expected, on_postgres
     assert on_orm == on_postgres
+
+
+# --- the owner fence inside a private read (JobContext.read) ------------------------------
+
+
+def _fence_cases(job: Job) -> dict[str, tuple[Job, str]]:
+    """The job as its worker holds it, and every way the hold can be gone."""
+    held = Job.objects.get(pk=job.pk)
+    stale = Job.objects.get(pk=job.pk)
+    stale.version -= 1
+    return {
+        "held": (held, "w-fence"),
+        "another worker": (held, "w-other"),
+        "old version": (stale, "w-fence"),
+    }
+
+
+def test_held_while__both_executors_agree_on_every_case(django_user_model):
+    """``held_while`` (the PostgreSQL executor's rendered text, the ORM's ``Exists``) says
+    what ``still_owner`` says, held or not, whatever took the hold away."""
+    user = django_user_model.objects.create_user(username="fence-parity")
+    job, _ = request_job(KIND, subject_type="test", subject_id=9001, params={"recipients": []})
+    claim = postgres.claim(job.pk, "w-fence", lease=30.0, bound=4)
+    assert claim.won
+    users = get_user_model().objects.filter(pk=user.pk)
+
+    def answers() -> dict[str, tuple]:
+        out = {}
+        for case, (row, worker) in _fence_cases(claim.job).items():
+            out[case] = tuple(
+                (
+                    executors.by_name(name).still_owner(row, worker),
+                    users.filter(executors.by_name(name).held_while(row, worker)).exists(),
+                )
+                for name in ("postgres", "orm")
+            )
+        return out
+
+    assert answers() == {
+        "held": ((True, True), (True, True)),
+        "another worker": ((False, False), (False, False)),
+        "old version": ((False, False), (False, False)),
+    }
+    Job.objects.filter(pk=job.pk).update(
+        lease_expires_at=claim.job.lease_expires_at.replace(year=2000)
+    )
+    assert set(answers()["held"]) == {(False, False)}, "an expired lease holds nothing"
+    Job.objects.filter(pk=job.pk).update(state=Job.State.SUCCEEDED)
+    assert set(answers()["held"]) == {(False, False)}, "a finished job is held by nobody"
