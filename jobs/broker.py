@@ -103,6 +103,20 @@ SELECT NULL, NULL, EXTRACT(EPOCH FROM min(lock) - now())::float8
 FROM {TABLE} WHERE key = ANY(%(keys)s) AND lock >= now()
 """
 )
+# A worker's follow-on (jobs.tasks): acknowledge the message whose outcome has just
+# committed and take the next due message of the same list, in one statement (the list
+# is the acknowledged message's own when not given: django-q2's pusher overwrites the
+# task's ``cluster`` with the cluster's name). The taken message is locked as a pusher's
+# dequeue locks it: unacknowledged, it is handed out again after ``retry``.
+FOLLOW = f"""
+WITH acked AS (DELETE FROM {TABLE} WHERE id = %(ack)s RETURNING key), picked AS MATERIALIZED (
+    SELECT id FROM {TABLE}
+    WHERE key = COALESCE(%(key)s, (SELECT key FROM acked)) AND lock < now()
+    ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED
+)
+UPDATE {TABLE} AS q SET lock = now() + make_interval(secs => %(retry)s)
+FROM picked WHERE q.id = picked.id RETURNING q.id, q.payload, q.key
+"""
 NEXT_DUE = (
     f"SELECT EXTRACT(EPOCH FROM min(lock) - now())::float8 FROM {TABLE} "
     "WHERE key = ANY(%s) AND lock >= now()"
@@ -241,6 +255,20 @@ class PostgresBroker(Broker):
 
     def fail(self, task_id: int) -> None:
         self.delete(task_id)
+
+    # --- a worker's follow-on (jobs.tasks) --------------------------------------------
+
+    def take_after(self, done: int | None, key: str | None) -> tuple[int, str, str] | None:
+        """Acknowledge ``done`` (its outcome is committed) and take the next due message of
+        list ``key`` (None: ``done``'s own list), oldest first, locked until now +
+        ``retry``: its id, payload and list, or None when none is due."""
+        params = {"ack": done, "key": key, "retry": float(Conf.RETRY)}
+        row = self._execute(FOLLOW, params, fetch="one")
+        return None if row is None else (row[0], row[1], row[2])
+
+    def hand_back(self, task_id: int) -> None:
+        """Make a taken message due again at once: a pusher takes it as if never taken."""
+        self._execute(f"UPDATE {TABLE} SET lock = now() WHERE id = %s", [task_id])
 
     # --- dequeue --------------------------------------------------------------------
 

@@ -55,6 +55,14 @@ SETTINGS: tuple[Setting, ...] = (
         "before the worker stops the attempt; a kind's timeout plus this must stay below "
         "Q_CLUSTER['timeout'] (check jobs.E007).",
     ),
+    Setting(
+        "JOBS_FOLLOW_ON_SECONDS",
+        1.0,
+        "On the PostgreSQL broker, how long a worker that finished a delivery keeps taking "
+        "the next due message of the same queue itself, without a round through django-q2's "
+        "pusher and monitor (docs/broker.md); 0 turns it off. Cut so that the longest kind "
+        "timeout plus JOBS_TIMEOUT_GRACE_SECONDS still ends before Q_CLUSTER['timeout'].",
+    ),
     Setting("JOBS_TENANT_CONCURRENCY", 4, "Most jobs of one tenant running at once."),
     Setting(
         "JOBS_TENANT_DEFER_SECONDS",
@@ -266,6 +274,10 @@ def max_attempts() -> int:
 
 def timeout_grace_seconds() -> float:
     return float(get("JOBS_TIMEOUT_GRACE_SECONDS"))
+
+
+def follow_on_seconds() -> float:
+    return max(0.0, float(get("JOBS_FOLLOW_ON_SECONDS")))
 
 
 def tenant_concurrency() -> int:

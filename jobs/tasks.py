@@ -4,15 +4,47 @@ Each delivery runs inside ``supervisor.delivery``: it marks progress for
 ``manage.py jobs_worker`` and reports a failure that escaped the engine (e.g. the
 database refused the claim) by class and code only; django-q2 records it and
 redelivers the message.
+
+On the PostgreSQL broker a worker that finished a delivery keeps going (the
+follow-on, docs/broker.md): for up to ``JOBS_FOLLOW_ON_SECONDS`` it acknowledges the
+message whose outcome has just committed and takes the next due message of the same
+list in one statement, and runs it here, without a round through django-q2's pusher,
+task queue, result queue and monitor. A taken message is locked exactly as a pusher's
+dequeue locks it, and deleted only after its outcome committed: a worker killed in
+the middle of one is redelivered after ``retry``, as any other.
 """
 
 from __future__ import annotations
 
-from jobs import backends, dispatch
+import logging
+import time
+from collections.abc import Callable
+
+from django.db import DatabaseError, InterfaceError
+from django.dispatch import receiver
+from django_q.conf import Conf
+from django_q.signals import pre_execute
+from django_q.signing import SignedPackage
+
+from jobs import backends, conf, dispatch, queue, registry
 from jobs.delivery import release, runner
 from jobs.engine.job_machine import worker_identity
+from jobs.exceptions import DeliveryFailed
 from jobs.models import Effect
 from jobs.supervisor import delivery
+
+log = logging.getLogger("jobs.tasks")
+
+RUN_JOB = "jobs.tasks.run_job"
+RELEASE_EFFECT = "jobs.tasks.release_effect"
+# What django-q2 does with these beyond calling the function (a hook, a group's result,
+# a cached result, a task's own timeout, a chain): a message that asks for any of them
+# is handed back to the pusher instead of being followed.
+_DJANGO_Q_ONLY = ("hook", "group", "cached", "timeout", "chain", "sync", "iter_count")
+
+# The message this worker process is about to run, as django-q2's worker announced it
+# (``pre_execute``, sent just before it calls the task): function name -> message id.
+_running: dict[str, int] = {}
 
 
 def run_job(job_id: int, due: str | None = None) -> str:
@@ -21,6 +53,28 @@ def run_job(job_id: int, due: str | None = None) -> str:
     ``due``: the due time a message sent ahead was held for (``jobs.bulk.
     enqueue_job_when_due``); the delivery does not need it, the supervisor reads it.
     """
+    started, message = time.monotonic(), _running.pop(RUN_JOB, None)
+    outcome = _deliver_job(job_id)
+    if message is not None:
+        follow_on(message, started=started)
+    return outcome
+
+
+def release_effect(effect_pk: int) -> str:
+    """Re-drive one effect (crash after publish, unknown outcome, temporary failure)."""
+    started, message = time.monotonic(), _running.pop(RELEASE_EFFECT, None)
+    outcome = _deliver_effect(effect_pk)
+    if message is not None:
+        follow_on(message, started=started)
+    return outcome
+
+
+def run_dispatcher() -> str:
+    """The scheduled sweep (the fine-grained loop is ``manage.py jobs_dispatcher``)."""
+    return " ".join(f"{k}={v}" for k, v in dispatch.dispatch_once().items())
+
+
+def _deliver_job(job_id: int) -> str:
     with delivery("run_job", job_id):
         # The message names a job and wakes its queue: the claim may take a better job of
         # that queue (docs/app/scheduling.md); the result names the job it ran.
@@ -30,8 +84,7 @@ def run_job(job_id: int, due: str | None = None) -> str:
         return result.outcome
 
 
-def release_effect(effect_pk: int) -> str:
-    """Re-drive one effect (crash after publish, unknown outcome, temporary failure)."""
+def _deliver_effect(effect_pk: int) -> str:
     with delivery("release_effect", effect_pk):
         effect = Effect.objects.select_related("job").filter(pk=effect_pk).first()
         if effect is None:
@@ -39,6 +92,93 @@ def release_effect(effect_pk: int) -> str:
         return release.release(effect, worker_identity())
 
 
-def run_dispatcher() -> str:
-    """The scheduled sweep (the fine-grained loop is ``manage.py jobs_dispatcher``)."""
-    return " ".join(f"{k}={v}" for k, v in dispatch.dispatch_once().items())
+FOLLOWED: dict[str, Callable[[int], str]] = {RUN_JOB: _deliver_job, RELEASE_EFFECT: _deliver_effect}
+
+
+@receiver(pre_execute, dispatch_uid="jobs.tasks.note_message")
+def _note_message(sender, func=None, task=None, **kwargs) -> None:
+    """Remember which message the worker is about to run (one of ours only)."""
+    _running.clear()
+    name = (task or {}).get("func")
+    if name in FOLLOWED and task.get("ack_id") and not task.get("sync"):
+        _running[name] = task["ack_id"]
+
+
+# --- the follow-on ------------------------------------------------------------------
+
+
+def follow_on(done: int | None, *, started: float, list_key: str | None = None) -> int:
+    """Take and run the next due messages of ``done``'s list (or ``list_key``'s) until the
+    budget is spent or none is due; ``done`` is the message whose outcome has just
+    committed. Returns how many messages were run here.
+
+    Only on the PostgreSQL broker, outside ``sync``. The budget counts from the start of
+    django-q2's task (``started``, monotonic): its alarm and its guard time the whole call.
+    """
+    budget = follow_on_budget()
+    if budget <= 0 or Conf.BROKER_CLASS != queue.POSTGRES_BROKER or Conf.SYNC:
+        return 0
+    from jobs.broker import PostgresBroker
+
+    broker = PostgresBroker(list_key=list_key)
+    ran, ours = 0, False  # ``done`` is ours to acknowledge once this loop ran one
+    while time.monotonic() - started < budget:
+        try:
+            message = broker.take_after(done, list_key)
+        except (DatabaseError, InterfaceError) as exc:
+            # Nothing new was taken; ``done``, if it was not deleted, is acknowledged by
+            # django-q2's monitor (the first) or redelivered and counted a duplicate.
+            log.warning("follow-on stopped (%s)", type(exc).__name__)
+            return ran
+        done = None
+        if message is None:
+            return ran
+        msg_id, payload, list_key = message
+        call = _followable(payload)
+        if call is None:
+            broker.hand_back(msg_id)  # a pusher takes it and django-q2 runs it as usual
+            return ran
+        func, ref, ack_failure = call
+        try:
+            FOLLOWED[func](ref)
+        except DeliveryFailed:
+            # As django-q2 does for a task that raised: redelivered after ``retry`` (the
+            # message stays locked), or acknowledged when the task asked for that.
+            if ack_failure:
+                broker.acknowledge(msg_id)
+            return ran + 1
+        ran, done, ours = ran + 1, msg_id, True
+    if ours:
+        broker.acknowledge(done)
+    return ran
+
+
+def follow_on_budget() -> float:
+    """``JOBS_FOLLOW_ON_SECONDS``, cut so that a job taken at its end still has its kind's
+    whole timeout and grace before django-q2's alarm (which counts from the task's start)."""
+    budget = conf.follow_on_seconds()
+    q_timeout = Conf.TIMEOUT
+    if budget <= 0 or not q_timeout or q_timeout < 0:
+        return budget
+    timeouts = [k.timeout for k in registry.kinds().values() if k.timeout]
+    # A kind without a timeout has django-q2's alone: a followed job of it has that less
+    # what the budget spent (docs/broker.md).
+    longest = max(timeouts) + conf.timeout_grace_seconds() if timeouts else 0.0
+    room = float(q_timeout) - longest - runner.HARD_STOP_MARGIN
+    return max(0.0, min(budget, room))
+
+
+def _followable(payload: str) -> tuple[str, int, bool] | None:
+    """The (function, id, ack_failure) of a message this worker may run itself, or None."""
+    try:
+        task = SignedPackage.loads(payload)
+    except Exception:
+        return None  # the pusher logs it and fails it, as for any message it cannot read
+    func, args = task.get("func"), task.get("args") or ()
+    if func not in FOLLOWED or len(args) != 1 or not isinstance(args[0], int):
+        return None
+    if any(task.get(option) for option in _DJANGO_Q_ONLY):
+        return None
+    if set(task.get("kwargs") or {}) - {"due"}:
+        return None
+    return func, args[0], bool(task.get("ack_failure"))
