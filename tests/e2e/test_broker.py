@@ -9,8 +9,10 @@ transaction that makes the job, as the site does.
 
 What is checked: an idle cluster picks a job up within tens of ms; a worker killed
 between dequeue and acknowledgement is redelivered after ``retry`` (7 s) with one
-outcome; the LISTEN connection terminated by ``pg_terminate_backend`` is reopened,
-nothing is lost and latency is back within 5 s; the database going away under
+outcome, and so is a job a worker took itself after finishing another (the follow-on),
+while that first job is not delivered again; the LISTEN connection terminated by
+``pg_terminate_backend`` is reopened, nothing is lost and latency is back within 5 s;
+the database going away under
 running workers (a relay that cuts every connection and refuses new ones, as a
 restart does) loses nothing; an idle cluster's transactions per second, counted at
 the server (``pg_stat_database``), against the ORM broker's.
@@ -226,6 +228,59 @@ def test_broker__worker_killed_before_the_ack_is_redelivered_after_retry(
     print(f"the redelivery started {late * 1000:.0f} ms after the lock ran out")
     assert 0 <= late < 2.0, f"redelivered {late:.2f} s after the lock's expiry"
     _one_outcome(job, user)
+
+
+def test_broker__worker_killed_in_a_job_it_followed_on_to_is_redelivered_after_retry(
+    procs, pg_broker, django_user_model, settings
+):
+    """The follow-on (``jobs.tasks``): a worker that finished a job took the next message
+    itself. Killed in the middle of that job, its message is redelivered after ``retry``
+    with one outcome; the first job's message went in the statement that took the next,
+    so the first job is not delivered again."""
+    user = django_user_model.objects.create_user(username="broker-follow")
+    with _admin() as admin:
+        _start_cluster(procs, "qcluster", _env(), admin, user, 1)
+    with transaction.atomic():
+        first = request_steps_job(user, 2, tenant_key="e2e", stages=1, stage_sleep=0.4)
+        # One worker, so django-q2's task queue holds one message and the pusher one more
+        # while the first job runs: the message after them is free for the follow-on.
+        held = [request_steps_job(user, 3 + k, tenant_key="e2e") for k in range(2)]
+        followed = request_steps_job(user, 5, tenant_key="e2e", **LONG_JOB)
+    running = wait_until(
+        procs,
+        f"job {followed.pk} running",
+        lambda: Attempt.objects.filter(job=followed, outcome="").first(),
+        timeout=30,
+        interval=0.02,
+    )
+    [done] = Attempt.objects.filter(job=first)
+    [message] = [m for m in OrmQ.objects.all() if tuple(m.args() or ()) == (followed.pk,)]
+    taken_at = message.lock - timedelta(seconds=settings.Q_CLUSTER["retry"])
+    print(f"\nfirst job finished {done.finished_at}; the next message taken {taken_at}")
+    assert taken_at >= done.finished_at, "taken after the first job's outcome: the follow-on"
+    assert not [m for m in OrmQ.objects.all() if tuple(m.args() or ()) == (first.pk,)]
+    pid = int(running.worker.rsplit(":", 2)[1])
+    assert pid == int(done.worker.rsplit(":", 2)[1]), "the same worker ran both"
+    os.kill(pid, signal.SIGKILL)
+
+    wait_until(
+        procs,
+        f"job {followed.pk} to succeed on the redelivered message",
+        lambda: Job.objects.filter(pk=followed.pk, state=State.SUCCEEDED).exists(),
+        timeout=40,
+    )
+    wait_until(procs, "the queue to empty", lambda: not OrmQ.objects.exists(), timeout=20)
+    outcomes = Counter(a.outcome for a in Attempt.objects.filter(job=followed))
+    assert outcomes in (
+        {Outcome.CRASHED: 1, Outcome.SUCCEEDED: 1},
+        {Outcome.LEASE_LOST: 1, Outcome.SUCCEEDED: 1},
+    ), outcomes
+    for job in (first, *held):
+        assert list(Attempt.objects.filter(job=job).values_list("outcome", flat=True)) == [
+            Outcome.SUCCEEDED
+        ], f"job {job.pk} delivered once"
+    for job in (first, *held, followed):
+        _one_outcome(job, user)
 
 
 def test_broker__terminated_listener_reconnects_and_loses_nothing(

@@ -199,3 +199,18 @@ def test_check_metrics__routed_without_prometheus_client_warns(settings, monkeyp
 def test_check_metrics__silent_with_the_extra_installed():
     pytest.importorskip("prometheus_client")
     assert checks.check_metrics() == []
+
+
+def test_check_setting_values__follow_on_zero_turns_it_off_a_negative_is_named(settings):
+    settings.JOBS_FOLLOW_ON_SECONDS = 0
+    assert checks.check_setting_values() == []
+    settings.JOBS_FOLLOW_ON_SECONDS = -1
+    [error] = checks.check_setting_values()
+    assert error.id == "jobs.E004"
+    assert error.msg == "JOBS_FOLLOW_ON_SECONDS must be a number >= 0 (0 turns it off), got -1"
+    settings.JOBS_LEASE_SECONDS = 0
+    assert "JOBS_LEASE_SECONDS must be a positive number" in _ids_msgs(checks.check_setting_values())
+
+
+def _ids_msgs(messages) -> str:
+    return " | ".join(m.msg for m in messages)
