@@ -209,7 +209,9 @@ def test_check_setting_values__follow_on_zero_turns_it_off_a_negative_is_named(s
     assert error.id == "jobs.E004"
     assert error.msg == "JOBS_FOLLOW_ON_SECONDS must be a number >= 0 (0 turns it off), got -1"
     settings.JOBS_LEASE_SECONDS = 0
-    assert "JOBS_LEASE_SECONDS must be a positive number" in _ids_msgs(checks.check_setting_values())
+    assert "JOBS_LEASE_SECONDS must be a positive number" in _ids_msgs(
+        checks.check_setting_values()
+    )
 
 
 def _ids_msgs(messages) -> str:
