@@ -35,9 +35,11 @@ State = Job.State
 
 @pytest.fixture
 def pg_queue(monkeypatch):
-    """The PostgreSQL broker, ``retry`` 60 s, on a list of this test's own."""
+    """The PostgreSQL broker, ``timeout`` 120 s and ``retry`` 180 s (the site's: the budget
+    is not cut by a kind's timeout that another test registered)."""
     monkeypatch.setattr(Conf, "BROKER_CLASS", "jobs.broker.PostgresBroker")
-    monkeypatch.setattr(Conf, "RETRY", 60)
+    monkeypatch.setattr(Conf, "TIMEOUT", 120)
+    monkeypatch.setattr(Conf, "RETRY", 180)
     monkeypatch.setattr(Conf, "SYNC", False)
     return PostgresBroker()
 
