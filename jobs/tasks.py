@@ -22,8 +22,10 @@ from collections.abc import Callable
 
 from django.db import DatabaseError, InterfaceError
 from django.dispatch import receiver
+from django.utils import timezone
 from django_q.conf import Conf
-from django_q.signals import pre_execute
+from django_q.monitor import save_task
+from django_q.signals import post_execute, pre_execute
 from django_q.signing import SignedPackage
 
 from jobs import backends, conf, dispatch, queue, registry
@@ -40,7 +42,7 @@ RELEASE_EFFECT = "jobs.tasks.release_effect"
 # What django-q2 does with these beyond calling the function (a hook, a group's result,
 # a cached result, a task's own timeout, a chain): a message that asks for any of them
 # is handed back to the pusher instead of being followed.
-_DJANGO_Q_ONLY = ("hook", "group", "cached", "timeout", "chain", "sync", "iter_count")
+_DJANGO_Q_ONLY = ("hook", "group", "cached", "timeout", "chain", "sync", "iter_count", "save")
 
 # The message this worker process is about to run, as django-q2's worker announced it
 # (``pre_execute``, sent just before it calls the task): function name -> message id.
@@ -92,7 +94,9 @@ def _deliver_effect(effect_pk: int) -> str:
         return release.release(effect, worker_identity())
 
 
+# A followed message's delivery, and the task function django-q2 would have called.
 FOLLOWED: dict[str, Callable[[int], str]] = {RUN_JOB: _deliver_job, RELEASE_EFFECT: _deliver_effect}
+_TASKS: dict[str, Callable[..., str]] = {RUN_JOB: run_job, RELEASE_EFFECT: release_effect}
 
 
 @receiver(pre_execute, dispatch_uid="jobs.tasks.note_message")
@@ -100,7 +104,7 @@ def _note_message(sender, func=None, task=None, **kwargs) -> None:
     """Remember which message the worker is about to run (one of ours only)."""
     _running.clear()
     name = (task or {}).get("func")
-    if name in FOLLOWED and task.get("ack_id") and not task.get("sync"):
+    if name in FOLLOWED and task.get("ack_id") and not (task.get("sync") or task.get("followed")):
         _running[name] = task["ack_id"]
 
 
@@ -138,15 +142,23 @@ def follow_on(done: int | None, *, started: float, list_key: str | None = None) 
         if call is None:
             broker.hand_back(msg_id)  # a pusher takes it and django-q2 runs it as usual
             return ran
-        func, ref, ack_failure = call
+        # What django-q2's pusher, worker and monitor would have added and sent.
+        task = {**call, "cluster": Conf.CLUSTER_NAME, "ack_id": msg_id, "followed": True}
+        pre_execute.send(sender="django_q", func=_TASKS[task["func"]], task=task)
         try:
-            FOLLOWED[func](ref)
-        except DeliveryFailed:
-            # As django-q2 does for a task that raised: redelivered after ``retry`` (the
-            # message stays locked), or acknowledged when the task asked for that.
-            if ack_failure:
+            task["result"], task["success"] = FOLLOWED[task["func"]](task["args"][0]), True
+        except DeliveryFailed as exc:
+            # As django-q2 does for a task that raised: the failure saved (``jobs_stats``
+            # counts it), the message redelivered after ``retry`` (it stays locked), or
+            # acknowledged when the task asked for that.
+            task.update(result=str(exc), success=False, stopped=timezone.now())
+            save_task(task, broker)
+            if task.get("ack_failure"):
                 broker.acknowledge(msg_id)
+            post_execute.send(sender="django_q", task=task)
             return ran + 1
+        task["stopped"] = timezone.now()
+        post_execute.send(sender="django_q", task=task)
         ran, done, ours = ran + 1, msg_id, True
     if ours:
         broker.acknowledge(done)
@@ -168,8 +180,8 @@ def follow_on_budget() -> float:
     return max(0.0, min(budget, room))
 
 
-def _followable(payload: str) -> tuple[str, int, bool] | None:
-    """The (function, id, ack_failure) of a message this worker may run itself, or None."""
+def _followable(payload: str) -> dict | None:
+    """The task of a message this worker may run itself, or None."""
     try:
         task = SignedPackage.loads(payload)
     except Exception:
@@ -181,4 +193,4 @@ def _followable(payload: str) -> tuple[str, int, bool] | None:
         return None
     if set(task.get("kwargs") or {}) - {"due"}:
         return None
-    return func, args[0], bool(task.get("ack_failure"))
+    return task

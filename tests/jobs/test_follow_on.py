@@ -18,11 +18,11 @@ import pytest
 from django.db import OperationalError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django_q.conf import Conf
-from django_q.models import OrmQ
+from django_q.models import Failure, OrmQ
 from django_q.signals import pre_execute
 from django_q.tasks import async_task
 
-from jobs import tasks
+from jobs import stats, tasks
 from jobs.broker import PostgresBroker
 from jobs.delivery import runner
 from jobs.models import Attempt, Job, Notice
@@ -148,6 +148,11 @@ def test_follow_on__a_failed_delivery_stays_locked_for_the_redelivery(
     assert set(left) == {jobs[2].pk, jobs[3].pk}
     assert _locked(left[jobs[2].pk].pk), "taken and unacknowledged: redelivered after retry"
     assert not _locked(left[jobs[3].pk].pk), "never taken: a pusher takes it"
+    # Saved as django-q2's monitor saves a task that raised: jobs_stats counts it.
+    [failure] = Failure.objects.all()
+    assert failure.args == (jobs[2].pk,) and failure.attempt_count == 1
+    assert "OperationalError" in failure.result and "refused" not in failure.result
+    assert stats.failed_deliveries() == {"run_job": 1}
 
 
 def test_follow_on__hands_back_another_functions_message(pg_queue, django_user_model):
