@@ -66,7 +66,7 @@ def _locked(msg_id: int) -> bool:
 
 
 def test_follow_on__runs_the_queues_next_messages_each_acknowledged_after_its_outcome(
-    pg_queue, django_user_model
+    pg_queue, django_user_model, caplog
 ):
     user = django_user_model.objects.create_user(username="follow")
     jobs = _jobs(user, 4)
@@ -77,6 +77,8 @@ def test_follow_on__runs_the_queues_next_messages_each_acknowledged_after_its_ou
     assert Attempt.objects.filter(job__in=jobs).count() == 4, "one delivery each"
     assert Notice.objects.filter(effect__job__in=jobs).count() == 4
     assert not OrmQ.objects.exists(), "every message acknowledged, the first one too"
+    [line] = [r.getMessage() for r in caplog.records if r.name == "jobs.tasks"]
+    assert line.startswith("worker followed on to 3 message(s); the task took ")
 
     # Each message is deleted by the statement right after its job's publish (never before
     # it), which also takes the next one; the last finds none due.
