@@ -111,6 +111,39 @@ def _start_cluster(procs, name: str, env: dict[str, str], admin, user, revision:
     return cluster
 
 
+def _running_attempt(procs, job: Job) -> Attempt:
+    return wait_until(
+        procs,
+        f"job {job.pk} running",
+        lambda: Attempt.objects.filter(job=job, outcome="").first(),
+        timeout=30,
+        interval=0.02,
+    )
+
+
+def _messages_of(job: Job) -> list[OrmQ]:
+    return [m for m in OrmQ.objects.all() if tuple(m.args() or ()) == (job.pk,)]
+
+
+def _redelivered_once(procs, job: Job) -> list[Attempt]:
+    """Wait for ``job``, whose worker was killed mid-job, to succeed on its redelivered
+    message; its attempts: the killed one (crashed, or lease lost) and one success."""
+    wait_until(
+        procs,
+        f"job {job.pk} to succeed on the redelivered message",
+        lambda: Job.objects.filter(pk=job.pk, state=State.SUCCEEDED).exists(),
+        timeout=40,
+    )
+    wait_until(procs, "the queue to empty", lambda: not OrmQ.objects.exists(), timeout=20)
+    attempts = list(Attempt.objects.filter(job=job).order_by("id"))
+    outcomes = Counter(a.outcome for a in attempts)
+    assert outcomes in (
+        {Outcome.CRASHED: 1, Outcome.SUCCEEDED: 1},
+        {Outcome.LEASE_LOST: 1, Outcome.SUCCEEDED: 1},
+    ), outcomes
+    return attempts
+
+
 def _one_outcome(job: Job, user) -> None:
     assert Effect.objects.filter(job=job).count() == 1
     assert Notice.objects.filter(effect__job=job, recipient_id=user.pk).count() == 1
@@ -198,32 +231,14 @@ def test_broker__worker_killed_before_the_ack_is_redelivered_after_retry(
     with _admin() as admin:
         cluster = _start_cluster(procs, "qcluster", _env(), admin, user, 1)
     job, _ = _request(user, 2, **LONG_JOB)
-    running = wait_until(
-        procs,
-        f"job {job.pk} running",
-        lambda: Attempt.objects.filter(job=job, outcome="").first(),
-        timeout=30,
-        interval=0.02,
-    )
-    [message] = [m for m in OrmQ.objects.all() if tuple(m.args() or ()) == (job.pk,)]
+    running = _running_attempt(procs, job)
+    [message] = _messages_of(job)
     _host, pid, _nonce = running.worker.rsplit(":", 2)
     assert procs.owner_of(int(pid)) is cluster and int(pid) != cluster.pid
     os.kill(int(pid), signal.SIGKILL)
     print(f"\nkilled worker {pid} mid-job; message {message.pk} locked until {message.lock}")
 
-    wait_until(
-        procs,
-        f"job {job.pk} to succeed on the redelivered message",
-        lambda: Job.objects.filter(pk=job.pk, state=State.SUCCEEDED).exists(),
-        timeout=40,
-    )
-    wait_until(procs, "the queue to empty", lambda: not OrmQ.objects.exists(), timeout=20)
-    attempts = list(Attempt.objects.filter(job=job).order_by("id"))
-    outcomes = Counter(a.outcome for a in attempts)
-    assert outcomes == {Outcome.CRASHED: 1, Outcome.SUCCEEDED: 1} or outcomes == {
-        Outcome.LEASE_LOST: 1,
-        Outcome.SUCCEEDED: 1,
-    }, outcomes
+    attempts = _redelivered_once(procs, job)
     late = (attempts[-1].started_at - message.lock).total_seconds()
     print(f"the redelivery started {late * 1000:.0f} ms after the lock ran out")
     assert 0 <= late < 2.0, f"redelivered {late:.2f} s after the lock's expiry"
@@ -246,35 +261,18 @@ def test_broker__worker_killed_in_a_job_it_followed_on_to_is_redelivered_after_r
         # while the first job runs: the message after them is free for the follow-on.
         held = [request_steps_job(user, 3 + k, tenant_key="e2e") for k in range(2)]
         followed = request_steps_job(user, 5, tenant_key="e2e", **LONG_JOB)
-    running = wait_until(
-        procs,
-        f"job {followed.pk} running",
-        lambda: Attempt.objects.filter(job=followed, outcome="").first(),
-        timeout=30,
-        interval=0.02,
-    )
+    running = _running_attempt(procs, followed)
     [done] = Attempt.objects.filter(job=first)
-    [message] = [m for m in OrmQ.objects.all() if tuple(m.args() or ()) == (followed.pk,)]
+    [message] = _messages_of(followed)
     taken_at = message.lock - timedelta(seconds=settings.Q_CLUSTER["retry"])
     print(f"\nfirst job finished {done.finished_at}; the next message taken {taken_at}")
     assert taken_at >= done.finished_at, "taken after the first job's outcome: the follow-on"
-    assert not [m for m in OrmQ.objects.all() if tuple(m.args() or ()) == (first.pk,)]
+    assert not _messages_of(first)
     pid = int(running.worker.rsplit(":", 2)[1])
     assert pid == int(done.worker.rsplit(":", 2)[1]), "the same worker ran both"
     os.kill(pid, signal.SIGKILL)
 
-    wait_until(
-        procs,
-        f"job {followed.pk} to succeed on the redelivered message",
-        lambda: Job.objects.filter(pk=followed.pk, state=State.SUCCEEDED).exists(),
-        timeout=40,
-    )
-    wait_until(procs, "the queue to empty", lambda: not OrmQ.objects.exists(), timeout=20)
-    outcomes = Counter(a.outcome for a in Attempt.objects.filter(job=followed))
-    assert outcomes in (
-        {Outcome.CRASHED: 1, Outcome.SUCCEEDED: 1},
-        {Outcome.LEASE_LOST: 1, Outcome.SUCCEEDED: 1},
-    ), outcomes
+    _redelivered_once(procs, followed)
     for job in (first, *held):
         assert list(Attempt.objects.filter(job=job).values_list("outcome", flat=True)) == [
             Outcome.SUCCEEDED
