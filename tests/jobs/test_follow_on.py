@@ -22,10 +22,10 @@ from django_q.models import Failure, OrmQ
 from django_q.signals import pre_execute
 from django_q.tasks import async_task
 
-from jobs import stats, tasks
+from jobs import registry, stats, tasks
 from jobs.broker import PostgresBroker
 from jobs.delivery import runner
-from jobs.models import Attempt, Job, Notice
+from jobs.models import Attempt, Effect, Job, Notice
 from tests.jobs.helpers import new_job
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -88,6 +88,31 @@ def test_follow_on__runs_the_queues_next_messages_each_acknowledged_after_its_ou
     assert len(follows) == len(publishes) == 4, (follows, publishes)
     assert all(p < f for p, f in zip(publishes, follows, strict=True))
     assert all(f < p for f, p in zip(follows, publishes[1:], strict=False))
+
+
+def test_follow_on__sends_an_effect_whose_release_message_is_next(
+    pg_queue, django_user_model, monkeypatch
+):
+    """An in-app notice that failed at the publish leaves with its own message
+    (``release_effect``) on the same list: the worker that published takes it next."""
+    user = django_user_model.objects.create_user(username="follow-effect")
+    [job] = _jobs(user, 1)
+    inapp, calls = registry.get_provider("inapp"), []
+    real = inapp.notice_for
+
+    def fails_once(effect):
+        calls.append(effect.pk)
+        if len(calls) == 1:
+            raise ConnectionResetError("notice store unavailable")
+        return real(effect)
+
+    monkeypatch.setattr(inapp, "notice_for", fails_once)
+    _deliver_first(pg_queue)
+    effect = Effect.objects.get(job=job)
+    assert len(calls) == 2, "applied by the followed release_effect message"
+    assert effect.state == Effect.State.APPLIED
+    assert Notice.objects.filter(effect=effect).count() == 1
+    assert not OrmQ.objects.exists()
 
 
 def test_follow_on__stays_on_the_list_its_first_message_came_from(pg_queue, django_user_model):
