@@ -135,43 +135,50 @@ def follow_on(done: int | None, *, started: float, list_key: str | None = None) 
 
 def _follow(broker, done: int | None, list_key: str | None, started: float, budget: float) -> int:
     ran, ours = 0, False  # ``done`` is ours to acknowledge once this loop ran one
-    while time.monotonic() - started < budget:
-        try:
+    try:
+        while time.monotonic() - started < budget:
             message = broker.take_after(done, list_key)
-        except (DatabaseError, InterfaceError) as exc:
-            # Nothing new was taken; ``done``, if it was not deleted, is acknowledged by
-            # django-q2's monitor (the first) or redelivered and counted a duplicate.
-            log.warning("follow-on stopped (%s)", type(exc).__name__)
-            return ran
-        done = None
-        if message is None:
-            return ran
-        msg_id, payload, list_key = message
-        call = _followable(payload)
-        if call is None:
-            broker.hand_back(msg_id)  # a pusher takes it and django-q2 runs it as usual
-            return ran
-        # What django-q2's pusher, worker and monitor would have added and sent.
-        task = {**call, "cluster": Conf.CLUSTER_NAME, "ack_id": msg_id, "followed": True}
-        pre_execute.send(sender="django_q", func=_TASKS[task["func"]], task=task)
-        try:
-            task["result"], task["success"] = FOLLOWED[task["func"]](task["args"][0]), True
-        except DeliveryFailed as exc:
-            # As django-q2 does for a task that raised: the failure saved (``jobs_stats``
-            # counts it), the message redelivered after ``retry`` (it stays locked), or
-            # acknowledged when the task asked for that.
-            task.update(result=str(exc), success=False, stopped=timezone.now())
-            save_task(task, broker)
-            if task.get("ack_failure"):
-                broker.acknowledge(msg_id)
-            post_execute.send(sender="django_q", task=task)
-            return ran + 1
-        task["stopped"] = timezone.now()
-        post_execute.send(sender="django_q", task=task)
-        ran, done, ours = ran + 1, msg_id, True
-    if ours:
-        broker.acknowledge(done)
+            done = None
+            if message is None:
+                return ran
+            msg_id, payload, list_key = message
+            call = _followable(payload)
+            if call is None:
+                broker.hand_back(msg_id)  # a pusher takes it and django-q2 runs it as usual
+                return ran
+            ran += 1
+            if not _run_followed(call, msg_id, broker):
+                return ran
+            done, ours = msg_id, True
+        if ours:
+            broker.acknowledge(done)
+    except (DatabaseError, InterfaceError) as exc:
+        # What was taken and not finished is handed out again after ``retry``; the first
+        # message, if this failed before deleting it, is django-q2's monitor's to
+        # acknowledge, a later one is redelivered and recorded as a duplicate delivery.
+        log.warning("follow-on stopped (%s)", type(exc).__name__)
     return ran
+
+
+def _run_followed(call: dict, msg_id: int, broker) -> bool:
+    """Run a followed message's task as django-q2's worker and monitor would have (the
+    signals, the failure saved); True when it returned an outcome."""
+    task = {**call, "cluster": Conf.CLUSTER_NAME, "ack_id": msg_id, "followed": True}
+    pre_execute.send(sender="django_q", func=_TASKS[task["func"]], task=task)
+    try:
+        task["result"], task["success"] = FOLLOWED[task["func"]](task["args"][0]), True
+    except DeliveryFailed as exc:
+        # As django-q2 does for a task that raised: the failure saved (``jobs_stats``
+        # counts it), the message redelivered after ``retry`` (it stays locked), or
+        # acknowledged when the task asked for that.
+        task.update(result=str(exc), success=False)
+    task["stopped"] = timezone.now()
+    if not task["success"]:
+        save_task(task, broker)
+        if task.get("ack_failure"):
+            broker.acknowledge(msg_id)
+    post_execute.send(sender="django_q", task=task)
+    return task["success"]
 
 
 def follow_on_budget() -> float:

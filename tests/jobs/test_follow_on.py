@@ -182,6 +182,25 @@ def test_follow_on__a_failed_delivery_stays_locked_for_the_redelivery(
     assert stats.failed_deliveries() == {"run_job": 1}
 
 
+def test_follow_on__a_database_error_stops_it_and_the_delivery_keeps_its_outcome(
+    pg_queue, django_user_model, monkeypatch, caplog
+):
+    """The first job's outcome is committed before the follow-on's first statement: a
+    database that fails then costs the follow-on, never the delivery's result."""
+    user = django_user_model.objects.create_user(username="follow-db")
+    jobs = _jobs(user, 2)
+
+    def gone(self, done, key):
+        raise OperationalError("the server closed the connection")
+
+    monkeypatch.setattr(PostgresBroker, "take_after", gone)
+    first, outcome = _deliver_first(pg_queue)
+    assert outcome == Attempt.Outcome.SUCCEEDED
+    assert [Job.objects.get(pk=j.pk).state for j in jobs] == [State.SUCCEEDED, State.QUEUED]
+    assert _locked(first), "the first message is left to django-q2's monitor"
+    assert "follow-on stopped (OperationalError)" in caplog.text
+
+
 def test_follow_on__hands_back_another_functions_message(pg_queue, django_user_model):
     """A message of another function goes back to the pushers as if never taken (django-q2
     runs it as usual), and the follow-on stops there: the job behind it is not taken."""
