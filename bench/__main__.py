@@ -114,32 +114,13 @@ def main(argv=None) -> int:
     started = time.monotonic()
     from bench import infra
 
-    infra.server_url()  # refuses SQLite with a message before anything starts
-    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
-    os.environ["BENCH_DB"] = infra.E2E_DB
-    # One signing key for this process (it enqueues) and the clusters (they run DEBUG off,
-    # as production does: Django then keeps no query log in the workers).
-    os.environ.setdefault("SECRET_KEY", infra.strong_secret_key())
-    os.environ.setdefault("ARTIFACT_ROOT", str(infra.artifact_root()))
     sys.path.insert(0, str(infra.ROOT))
     if args.quick:
         args.rounds = 1
         args.n_bare = min(args.n_bare, 1000)
         args.ledger_sizes = "10000,100000"
     sections = set(args.sections.split(","))
-
-    import logging
-
-    import django
-
-    # A fresh database each run: rows of earlier runs would weigh on the figures, and a
-    # database migrated by another branch's migrations could not be migrated by this one.
-    infra.drop_database(infra.E2E_DB)
-    infra.ensure_database(infra.E2E_DB)
-    django.setup()
-    # The engine logs every transition at INFO; in this process only the figures matter
-    # (the qcluster processes keep the production logging, into var/bench/*.log).
-    logging.disable(logging.INFO)
+    infra.start_django()
     from django.conf import settings
 
     from bench import e2e, hotpath, workloads

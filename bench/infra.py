@@ -70,6 +70,30 @@ def connect(name: str, **kwargs) -> psycopg.Connection:
     return psycopg.connect(db_url(name), autocommit=True, **kwargs)
 
 
+def start_django() -> None:
+    """Set up Django on ``bench.settings`` over a fresh ``bench_e2e`` database, as every
+    measured run wants it: one signing key shared with the clusters (they run DEBUG off,
+    as production does), the artifacts under the bench's folder, and no INFO logging in
+    this process (the clusters keep theirs, in var/bench/*.log).
+
+    A fresh database each time: rows of earlier runs would weigh on the figures, and a
+    database migrated by another branch's migrations could not be migrated by this one.
+    Refuses SQLite with a message before anything starts."""
+    import logging
+
+    import django
+
+    server_url()
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+    os.environ["BENCH_DB"] = E2E_DB
+    os.environ.setdefault("SECRET_KEY", strong_secret_key())
+    os.environ.setdefault("ARTIFACT_ROOT", str(artifact_root()))
+    drop_database(E2E_DB)
+    ensure_database(E2E_DB)
+    django.setup()
+    logging.disable(logging.INFO)
+
+
 def ensure_database(name: str) -> None:
     assert name in OWNED, name
     scratchdb.create(server_url(), name, if_missing=True)

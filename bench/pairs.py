@@ -11,8 +11,6 @@ recreates the ``bench_e2e`` database.
 
 from __future__ import annotations
 
-import logging
-import os
 import statistics
 import sys
 
@@ -25,17 +23,7 @@ def main(argv: list[str]) -> int:
         return 2
     a, b, n, rounds = argv[0], argv[1], int(argv[2]), int(argv[3])
     workers = int(argv[4]) if len(argv) == 5 else 2
-    infra.server_url()  # refuses SQLite with a message
-    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
-    os.environ["BENCH_DB"] = infra.E2E_DB
-    os.environ.setdefault("SECRET_KEY", infra.strong_secret_key())
-    os.environ.setdefault("ARTIFACT_ROOT", str(infra.artifact_root()))
-    infra.drop_database(infra.E2E_DB)
-    infra.ensure_database(infra.E2E_DB)
-    import django
-
-    django.setup()
-    logging.disable(logging.INFO)
+    infra.start_django()
     from bench import e2e, workloads
 
     for kind in (a, b):

@@ -77,10 +77,6 @@ def check_timing(app_configs=None, **kwargs):
     return errors
 
 
-# Numeric settings whose 0 means "off" rather than a typo.
-ZERO_TURNS_OFF = frozenset({"JOBS_FOLLOW_ON_SECONDS"})
-
-
 @register()
 def check_setting_values(app_configs=None, **kwargs):
     """Numbers are numbers and positive: a typo fails here, not in a worker at 3 a.m."""
@@ -96,16 +92,12 @@ def check_setting_values(app_configs=None, **kwargs):
         if value is None and s.default is None:
             continue
         try:
-            zero_ok = s.name.endswith("IN_FLIGHT") or s.name in ZERO_TURNS_OFF
+            zero_ok = s.name.endswith("IN_FLIGHT") or s.zero_turns_off
             ok = float(value) >= 0 and (float(value) > 0 or zero_ok)
         except (TypeError, ValueError):
             ok = False
         if not ok:
-            what = (
-                "a number >= 0 (0 turns it off)"
-                if s.name in ZERO_TURNS_OFF
-                else "a positive number"
-            )
+            what = "a number >= 0 (0 turns it off)" if s.zero_turns_off else "a positive number"
             errors.append(Error(f"{s.name} must be {what}, got {value!r}", id="jobs.E004"))
     return errors
 

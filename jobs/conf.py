@@ -18,6 +18,7 @@ class Setting:
     name: str
     default: Any
     doc: str
+    zero_turns_off: bool = False  # 0 is a meaning, not a typo (jobs.E004 lets it through)
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -62,6 +63,7 @@ SETTINGS: tuple[Setting, ...] = (
         "the next due message of the same queue itself, without a round through django-q2's "
         "pusher and monitor (docs/broker.md); 0 turns it off. Cut so that the longest kind "
         "timeout plus JOBS_TIMEOUT_GRACE_SECONDS still ends before Q_CLUSTER['timeout'].",
+        zero_turns_off=True,
     ),
     Setting("JOBS_TENANT_CONCURRENCY", 4, "Most jobs of one tenant running at once."),
     Setting(

@@ -41,13 +41,19 @@ def enqueue_job(job: Job) -> None:
     async_task("jobs.tasks.run_job", job.pk, task_name=f"job-{job.pk}", **route)
 
 
-def wakes_at_due_time() -> bool:
-    """Whether a message can be sent now for work due later: the PostgreSQL broker takes a
-    message only once the server's clock passed its due time (django-q2's ORM broker
-    compares with the worker's clock; ``sync`` runs a message at once)."""
+def on_postgres_broker() -> bool:
+    """Whether the messages go through ``jobs.broker.PostgresBroker`` (not ``sync``, which
+    runs a message at once)."""
     from django_q.conf import Conf
 
     return Conf.BROKER_CLASS == POSTGRES_BROKER and not Conf.SYNC
+
+
+def wakes_at_due_time() -> bool:
+    """Whether a message can be sent now for work due later: the PostgreSQL broker takes a
+    message only once the server's clock passed its due time (django-q2's ORM broker
+    compares with the worker's clock)."""
+    return on_postgres_broker()
 
 
 def enqueue_effect(effect: Effect) -> None:

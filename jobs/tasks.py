@@ -55,20 +55,12 @@ def run_job(job_id: int, due: str | None = None) -> str:
     ``due``: the due time a message sent ahead was held for (``jobs.bulk.
     enqueue_job_when_due``); the delivery does not need it, the supervisor reads it.
     """
-    started, message = time.monotonic(), _running.pop(RUN_JOB, None)
-    outcome = _deliver_job(job_id)
-    if message is not None:
-        follow_on(message, started=started)
-    return outcome
+    return _deliver_then_follow(RUN_JOB, job_id)
 
 
 def release_effect(effect_pk: int) -> str:
     """Re-drive one effect (crash after publish, unknown outcome, temporary failure)."""
-    started, message = time.monotonic(), _running.pop(RELEASE_EFFECT, None)
-    outcome = _deliver_effect(effect_pk)
-    if message is not None:
-        follow_on(message, started=started)
-    return outcome
+    return _deliver_then_follow(RELEASE_EFFECT, effect_pk)
 
 
 def run_dispatcher() -> str:
@@ -94,9 +86,21 @@ def _deliver_effect(effect_pk: int) -> str:
         return release.release(effect, worker_identity())
 
 
-# A followed message's delivery, and the task function django-q2 would have called.
-FOLLOWED: dict[str, Callable[[int], str]] = {RUN_JOB: _deliver_job, RELEASE_EFFECT: _deliver_effect}
-_TASKS: dict[str, Callable[..., str]] = {RUN_JOB: run_job, RELEASE_EFFECT: release_effect}
+# For each task that may be followed: the function django-q2 calls, and its delivery.
+FOLLOWED: dict[str, tuple[Callable[..., str], Callable[[int], str]]] = {
+    RUN_JOB: (run_job, _deliver_job),
+    RELEASE_EFFECT: (release_effect, _deliver_effect),
+}
+
+
+def _deliver_then_follow(name: str, ref: int) -> str:
+    """The delivery django-q2 asked for, then the follow-on when django-q2 announced the
+    message (``_note_message``); returns the delivery's outcome."""
+    started, message = time.monotonic(), _running.pop(name, None)
+    outcome = FOLLOWED[name][1](ref)
+    if message is not None:
+        follow_on(message, started=started)
+    return outcome
 
 
 @receiver(pre_execute, dispatch_uid="jobs.tasks.note_message")
@@ -120,7 +124,7 @@ def follow_on(done: int | None, *, started: float, list_key: str | None = None) 
     django-q2's task (``started``, monotonic): its alarm and its guard time the whole call.
     """
     budget = follow_on_budget()
-    if budget <= 0 or Conf.BROKER_CLASS != queue.POSTGRES_BROKER or Conf.SYNC:
+    if budget <= 0 or not queue.on_postgres_broker():
         return 0
     from jobs.broker import PostgresBroker
 
@@ -134,7 +138,7 @@ def follow_on(done: int | None, *, started: float, list_key: str | None = None) 
 
 
 def _follow(broker, done: int | None, list_key: str | None, started: float, budget: float) -> int:
-    ran, ours = 0, False  # ``done`` is ours to acknowledge once this loop ran one
+    ran = 0  # once a message ran here, ``done`` is that one: ours to acknowledge
     try:
         while time.monotonic() - started < budget:
             message = broker.take_after(done, list_key)
@@ -149,8 +153,8 @@ def _follow(broker, done: int | None, list_key: str | None, started: float, budg
             ran += 1
             if not _run_followed(call, msg_id, broker):
                 return ran
-            done, ours = msg_id, True
-        if ours:
+            done = msg_id
+        if ran:
             broker.acknowledge(done)
     except (DatabaseError, InterfaceError) as exc:
         # What was taken and not finished is handed out again after ``retry``; the first
@@ -164,9 +168,10 @@ def _run_followed(call: dict, msg_id: int, broker) -> bool:
     """Run a followed message's task as django-q2's worker and monitor would have (the
     signals, the failure saved); True when it returned an outcome."""
     task = {**call, "cluster": Conf.CLUSTER_NAME, "ack_id": msg_id, "followed": True}
-    pre_execute.send(sender="django_q", func=_TASKS[task["func"]], task=task)
+    func, deliver = FOLLOWED[task["func"]]
+    pre_execute.send(sender="django_q", func=func, task=task)
     try:
-        task["result"], task["success"] = FOLLOWED[task["func"]](task["args"][0]), True
+        task["result"], task["success"] = deliver(task["args"][0]), True
     except DeliveryFailed as exc:
         # As django-q2 does for a task that raised: the failure saved (``jobs_stats``
         # counts it), the message redelivered after ``retry`` (it stays locked), or
