@@ -47,6 +47,9 @@ def enqueue_jobs(jobs: Sequence[Job]) -> int:
     """Put one message for each of ``jobs`` on its queue's list; returns how many."""
     if not jobs:
         return 0
+    if queue.claims_jobs():  # the rows are the queue: wake their queues, once each
+        queue.notify_queues({job.queue for job in jobs})
+        return len(jobs)
     if Conf.SYNC:
         for job in jobs:
             queue.enqueue_job(job)
@@ -108,6 +111,10 @@ def enqueue_job_when_due(job: Job) -> bool:
     job agree on it to the microsecond; the message carries it (``run_job``'s ``due``),
     which is how the supervisor's stall check tells it from a taken one.
     """
+    if queue.claims_jobs():
+        # The row's due time is when a cluster claims it: idle clusters wake to learn it.
+        queue.notify_queues([job.queue])
+        return True
     if not queue.wakes_at_due_time():
         return False
     rows = Job.objects.filter(rules.to_q(rules.WAITING), pk=job.pk)
@@ -124,6 +131,9 @@ def enqueue_jobs_when_due(jobs: Sequence[Job]) -> int:
     one): one statement per queue. Where the broker
     cannot hold a message (django-q2's ORM broker, ``sync``) nothing is sent and the
     dispatcher sends each when it is due; returns how many were sent."""
+    if jobs and queue.claims_jobs():
+        queue.notify_queues({job.queue for job in jobs})
+        return len(jobs)
     if not jobs or not queue.wakes_at_due_time():
         return 0
     by_key: dict[str | None, list[Job]] = {}

@@ -18,7 +18,7 @@ import logging
 
 from django.db import transaction
 
-from jobs import rules, schedules
+from jobs import queue, rules, schedules
 from jobs.engine import groups
 from jobs.models import Effect, Job
 from jobs.services import enqueue_effect, enqueue_job, mark_enqueued, needs_message
@@ -33,9 +33,17 @@ def dispatch_once(*, limit: int = 500) -> dict[str, int]:
     sent["ticks"] = sum(handle.created for handle in schedules.fire_due())
     # Group children ended outside an arrow (an operator's edit): counted, joins requested.
     sent["group_ends"] = groups.sweep()
-    plans = [
-        ("due_jobs", Job, rules.JOB_DUE, "next_attempt_at", enqueue_job),
-        ("expired_leases", Job, rules.JOB_LEASE_EXPIRED, "lease_expires_at", enqueue_job),
+    # On the claiming broker a due job or an expired lease is claimed from its row: no
+    # message to send (jobs.claiming).
+    plans = (
+        []
+        if queue.claims_jobs()
+        else [
+            ("due_jobs", Job, rules.JOB_DUE, "next_attempt_at", enqueue_job),
+            ("expired_leases", Job, rules.JOB_LEASE_EXPIRED, "lease_expires_at", enqueue_job),
+        ]
+    )
+    plans += [
         ("effects", Effect, rules.EFFECT_DUE, "next_attempt_at", enqueue_effect),
         ("effects", Effect, rules.EFFECT_LEASE_EXPIRED, "lease_expires_at", enqueue_effect),
     ]

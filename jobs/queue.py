@@ -35,18 +35,46 @@ def serving_keys(queues: list[str]) -> list[str]:
 
 
 def enqueue_job(job: Job) -> None:
-    """Put one message for ``job`` on its queue's list (it wakes that queue's workers)."""
+    """Put one message for ``job`` on its queue's list (it wakes that queue's workers).
+
+    On the claiming broker (``jobs.claiming``) the job's row is its queue entry: only the
+    NOTIFY that wakes the queue's idle clusters is sent, in the caller's transaction."""
+    if claims_jobs():
+        notify_queues([job.queue])
+        return
     key = list_key(job.queue)
     route = {} if key is None else {"cluster": key}
     async_task("jobs.tasks.run_job", job.pk, task_name=f"job-{job.pk}", **route)
 
 
 def on_postgres_broker() -> bool:
-    """Whether the messages go through ``jobs.broker.PostgresBroker`` (not ``sync``, which
-    runs a message at once)."""
+    """Whether the messages go through ``jobs.broker.PostgresBroker`` or the claiming broker
+    built on it (not ``sync``, which runs a message at once)."""
     from django_q.conf import Conf
 
-    return Conf.BROKER_CLASS == POSTGRES_BROKER and not Conf.SYNC
+    return Conf.BROKER_CLASS in (POSTGRES_BROKER, CLAIMING_BROKER) and not Conf.SYNC
+
+
+def claims_jobs() -> bool:
+    """Whether the clusters claim jobs from the jobs table (``jobs.claiming``): a job then
+    has no message; its row's due time is when a cluster takes it."""
+    from django_q.conf import Conf
+
+    return Conf.BROKER_CLASS == CLAIMING_BROKER and not Conf.SYNC
+
+
+def notify_queues(queues) -> None:
+    """Wake the idle clusters serving ``queues`` (a NOTIFY per queue's channel, sent when the
+    caller's transaction commits, never if it rolls back)."""
+    from django_q.conf import Conf
+
+    from jobs.broker import channel_for
+
+    channels = sorted({channel_for(list_key(q) or Conf.CLUSTER_NAME) for q in queues})
+    alias = Conf.ORM or "default"
+    with connections[alias].cursor() as cursor:
+        for channel in channels:
+            cursor.execute("SELECT pg_notify(%s, '')", [channel])
 
 
 def wakes_at_due_time() -> bool:
@@ -105,6 +133,7 @@ def check_django_q(app_configs=None, **kwargs):
 
 
 POSTGRES_BROKER = "jobs.broker.PostgresBroker"
+CLAIMING_BROKER = "jobs.claiming.ClaimingBroker"
 
 
 def check_broker(app_configs=None, **kwargs):
@@ -120,7 +149,7 @@ def check_broker(app_configs=None, **kwargs):
     alias = cluster.get("orm")
     broker_class = cluster.get("broker_class") or ""
     jobs_db = router.db_for_write(apps.get_model("jobs", "Job"))
-    if broker_class and broker_class != POSTGRES_BROKER:
+    if broker_class and broker_class not in (POSTGRES_BROKER, CLAIMING_BROKER):
         return [
             Error(
                 f"Q_CLUSTER['broker_class'] is {broker_class!r}: jobs need their queue "
@@ -149,10 +178,10 @@ def check_broker(app_configs=None, **kwargs):
             )
         ]
     vendor = connections[alias].vendor
-    if broker_class == POSTGRES_BROKER and vendor != "postgresql":
+    if broker_class in (POSTGRES_BROKER, CLAIMING_BROKER) and vendor != "postgresql":
         return [
             Error(
-                f"Q_CLUSTER['broker_class'] is {POSTGRES_BROKER!r} but the database "
+                f"Q_CLUSTER['broker_class'] is {broker_class!r} but the database "
                 f"{alias!r} is {vendor}",
                 hint="The PostgreSQL broker needs LISTEN/NOTIFY and SKIP LOCKED: leave "
                 "broker_class unset on this database (django-q2's ORM broker).",

@@ -58,6 +58,16 @@ def run_job(job_id: int, due: str | None = None) -> str:
     return _deliver_then_follow(RUN_JOB, job_id)
 
 
+def run_claimed(job_id: int, owner: str, attempt_id: int, version: int) -> str:
+    """Run the job the broker claimed for this worker (``jobs.claiming``): the worker
+    adopts the claim's owner and attempt, it does not claim again. Nothing to
+    acknowledge: the outcome's commit is the job's acknowledgement."""
+    with delivery("run_job", job_id):
+        result = runner.run_adopted(job_id, owner, attempt_id, version)
+        backends.announce_finished(result.job_id, result.outcome)
+        return result.outcome
+
+
 def release_effect(effect_pk: int) -> str:
     """Re-drive one effect (crash after publish, unknown outcome, temporary failure)."""
     return _deliver_then_follow(RELEASE_EFFECT, effect_pk)

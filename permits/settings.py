@@ -424,16 +424,17 @@ Q_CLUSTER = {
 # `poll`, a dequeue takes its messages with SKIP LOCKED. Q_BROKER=orm keeps django-q2's
 # ORM broker (it polls every `poll`); SQLite has only that one.
 _on_postgres = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
-Q_BROKER = os.environ.get("Q_BROKER", "postgres" if _on_postgres else "orm")
-if Q_BROKER not in ("postgres", "orm"):
-    raise SettingError(f"Q_BROKER must be 'postgres' or 'orm', got {Q_BROKER!r}")
-if Q_BROKER == "postgres":
+Q_BROKER = os.environ.get("Q_BROKER", "jobs" if _on_postgres else "orm")
+_BROKERS = {"jobs": "jobs.claiming.ClaimingBroker", "postgres": "jobs.broker.PostgresBroker"}
+if Q_BROKER not in ("jobs", "postgres", "orm"):
+    raise SettingError(f"Q_BROKER must be 'jobs', 'postgres' or 'orm', got {Q_BROKER!r}")
+if Q_BROKER in _BROKERS:
     if not _on_postgres:
         raise SettingError(
-            "Q_BROKER=postgres needs a PostgreSQL database (DATABASE_URL); "
+            f"Q_BROKER={Q_BROKER} needs a PostgreSQL database (DATABASE_URL); "
             "on SQLite leave it unset or set Q_BROKER=orm"
         )
-    Q_CLUSTER["broker_class"] = "jobs.broker.PostgresBroker"
+    Q_CLUSTER["broker_class"] = _BROKERS[Q_BROKER]
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "plain")

@@ -245,7 +245,42 @@ def run_delivery(
         job_id = claim.job.pk  # a message wakes its queue: the claim may take a better job
     if not claim.won:
         return DeliveryResult(job_id, claim.status, worker)
+    return run_claim(claim, worker, on_stage=on_stage)
+
+
+def adopt(job_id: int, owner: str, attempt_id: int, version: int) -> Claim:
+    """The claim the broker made for this worker (``jobs.claiming``), read back: one read,
+    no write. ``stale`` when the job is no longer held under that claim (its lease ran
+    out while the package waited, a cancel moved its version): the worker does nothing
+    with it, as any worker that lost its lease."""
+    attempt = Attempt.objects.select_related("job").filter(pk=attempt_id, job_id=job_id).first()
+    if attempt is None:
+        return Claim("missing")
+    job = attempt.job
+    held = (
+        job.state == Job.State.RUNNING
+        and job.lease_owner == owner
+        and job.version == version
+        and not attempt.outcome
+    )
+    return Claim("claimed" if held else "stale", job, attempt)
+
+
+def run_adopted(
+    job_id: int, owner: str, attempt_id: int, version: int, *, on_stage: StageHook | None = None
+) -> DeliveryResult:
+    """Run the job the broker claimed for this worker under ``owner``'s fence."""
+    claim = adopt(job_id, owner, attempt_id, version)
+    if not claim.won:
+        log.info("job=%s attempt=%s claim not held here (%s)", job_id, attempt_id, claim.status)
+        return DeliveryResult(job_id, claim.status, owner)
+    return run_claim(claim, owner, on_stage=on_stage)
+
+
+def run_claim(claim: Claim, worker: str, *, on_stage: StageHook | None = None) -> DeliveryResult:
+    """Produce and publish the job ``claim`` started for ``worker``."""
     job, attempt = claim.job, claim.attempt
+    job_id = job.pk
     ctx = JobContext(job, worker, attempt, on_stage)
     ctx.stage("claimed")
     try:

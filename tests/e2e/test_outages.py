@@ -338,6 +338,7 @@ def _set_allow_connections(allow: bool) -> None:
         c.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {"true" if allow else "false"}')
 
 
+@pytest.mark.usefixtures("message_broker")  # the worker claims a message's job
 def test_worker__a_delivery_refused_its_connection_before_the_claim_is_counted(
     procs, django_user_model
 ):

@@ -25,6 +25,7 @@ def test_backend__registers_its_kind_only_where_configured(settings):
     assert backends.configured_aliases() == []
 
 
+@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_enqueue__one_job_with_a_message_and_a_result_that_follows_it():
     result = tasks.add.enqueue(2, 3)
     job = Job.objects.get(pk=int(result.id))
@@ -44,6 +45,7 @@ def test_enqueue__one_job_with_a_message_and_a_result_that_follows_it():
     assert job.artifacts.get().content_type == "application/json"
 
 
+@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_enqueue__the_same_identity_is_one_job_and_other_args_are_refused():
     first = tasks.add.enqueue(1, 1, jobs_identity="sum-1-1")
     again = tasks.add.enqueue(1, 1, jobs_identity="sum-1-1")

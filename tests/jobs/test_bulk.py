@@ -20,6 +20,9 @@ from jobs import api, bulk, queue
 from jobs.api import JobConflict
 from jobs.models import Job
 
+# These promises are about queue messages (jobs.queue, jobs.bulk, jobs.dispatch).
+pytestmark = pytest.mark.usefixtures("message_broker")
+
 KIND = "test.steps"  # tests.testapp's
 
 

@@ -105,6 +105,7 @@ def children_of(job: Job) -> list[Job]:
     return list(Job.objects.filter(parent=job).order_by("pk"))
 
 
+@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_then__the_follow_up_exists_once_when_the_parent_succeeded():
     job = parent("chain", shape="chain")
     assert children_of(job) == []  # nothing is requested before the publish
@@ -128,6 +129,7 @@ def test_then__the_follow_up_exists_once_when_the_parent_succeeded():
     assert jobs.JobHandle(child).result == {"n": 1, "pages": 2}
 
 
+@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_then__a_stale_parent_requests_nothing_and_the_winner_requests_once(settings):
     """Worker A's lease runs out inside the handler; B claims and publishes (its follow-up
     is written); A returns the same follow-up: its publish is refused, nothing added."""
@@ -148,6 +150,7 @@ def test_then__a_stale_parent_requests_nothing_and_the_winner_requests_once(sett
     assert messages_for({child.pk}) == {child.pk: 1}
 
 
+@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_group__the_join_is_requested_once_when_the_last_child_ended_and_reads_results():
     job = parent("group")
     run_delivery(job.pk, worker="w-1")
@@ -230,6 +233,7 @@ def test_group__a_child_whose_budget_is_spent_counts_as_dead():
 
 
 @pytest.mark.postgres
+@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_group__children_ending_at_once_in_threads_request_one_join():
     """Twelve children publish concurrently, each in its own thread and connection: the
     group's counter takes every end once and exactly one transaction requests the join."""

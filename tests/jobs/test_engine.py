@@ -34,6 +34,7 @@ def outcomes(job):
     return list(Attempt.objects.filter(job=job).order_by("id").values_list("outcome", flat=True))
 
 
+@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_request_job__same_subject_and_revision_is_the_same_job(make_user):
     user = make_user()
     first = new_job(user)
@@ -43,6 +44,7 @@ def test_request_job__same_subject_and_revision_is_the_same_job(make_user):
     assert OrmQ.objects.count() == 2, "one message per job, not per request"
 
 
+@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_request_job__queue_message_carries_only_the_job_id(make_user):
     user = make_user()
     job = new_job(user, note="private-marker-123")
@@ -240,6 +242,7 @@ def test_revoked_recipient__effect_withheld_then_released_once_after_regrant(mak
     assert Notice.objects.count() == 1
 
 
+@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_dispatch__due_retry_is_enqueued_once_per_due_time(make_user):
     user = make_user()
     job = new_job(user, fail={"1": "temporary"})
@@ -252,6 +255,7 @@ def test_dispatch__due_retry_is_enqueued_once_per_due_time(make_user):
     assert OrmQ.objects.count() == 1
 
 
+@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_dispatch__expired_lease_gets_one_message(make_user):
     user = make_user()
     job = new_job(user)
@@ -361,6 +365,7 @@ def test_expired_lease__worker_can_neither_heartbeat_nor_publish_even_unreclaime
     assert run_delivery(job.pk, worker="next-worker").outcome == "succeeded"
 
 
+@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_dispatch__a_lost_message_is_replaced_after_the_redrive_window(make_user, settings):
     """A due job whose message vanished (purged, or held by a dead cluster) is not stuck."""
     from datetime import timedelta

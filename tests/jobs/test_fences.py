@@ -82,6 +82,7 @@ def test_worker_frozen_inside_publish__its_commit_fails_and_another_publishes(ma
     assert winner.worker == "worker-b"
 
 
+@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_dispatcher__passes_over_a_locked_row_instead_of_waiting(make_user):
     user = make_user()
     job, _ = request_job("test.steps", subject_type="auth.user", subject_id=user.pk)

@@ -22,6 +22,9 @@ from jobs.engine import job_machine
 from jobs.models import Job
 from tests.jobs.helpers import expire_lease, new_job
 
+# These promises are about queue messages (jobs.queue, jobs.bulk, jobs.dispatch).
+pytestmark = pytest.mark.usefixtures("message_broker")
+
 
 def test_worker_identity__carries_the_configured_host_name(settings, monkeypatch):
     settings.JOBS_HOST_NAME = "host-b"

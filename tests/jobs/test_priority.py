@@ -24,6 +24,9 @@ from jobs.delivery import runner
 from jobs.models import Job
 from jobs.registry import kinds, register_kind
 
+# These promises are about queue messages (jobs.queue, jobs.bulk, jobs.dispatch).
+pytestmark = pytest.mark.usefixtures("message_broker")
+
 KIND = "test.priority"
 ran: list[int] = []
 

@@ -25,6 +25,9 @@ from jobs.registry import kinds, register_kind
 from jobs.supervisor import Options, Supervisor
 from tests.jobs.helpers import make_due
 
+# These promises are about queue messages (jobs.queue, jobs.bulk, jobs.dispatch).
+pytestmark = pytest.mark.usefixtures("message_broker")
+
 KIND = "test.queues"
 
 if KIND not in kinds():

@@ -185,6 +185,7 @@ def tile_counts(page: str, model: str) -> dict[str, int]:
     return {state: int(n) for state, n in re.findall(pattern, page, re.S)}
 
 
+@pytest.mark.usefixtures("message_broker")  # the queue figure counts messages
 def test_console__counts_match_the_database_zeros_included(demo):
     from django_q.models import OrmQ
 
@@ -344,6 +345,7 @@ def test_effect_page__buttons_for_needs_review_and_the_history_inline(demo):
     assert LogEntry.objects.count() == 1 and bulk_summaries("effect") == []  # no bulk summary
 
 
+@pytest.mark.usefixtures("message_broker")  # the queue figure counts messages
 def test_operators__read_effect_events_and_the_task_queue_but_change_nothing(demo):
     run_delivery(84)
     client = login(demo, "operator")

@@ -1,0 +1,325 @@
+"""The jobs table as django-q2's queue: a broker whose dequeue claims due jobs.
+
+Selected by ``Q_CLUSTER["broker_class"] = "jobs.claiming.ClaimingBroker"`` (PostgreSQL).
+No engine job has a message: a job's row is its queue entry. django-q2's cluster stays
+the worker runtime; its pusher calls ``dequeue``, which
+
+- claims, for each idle worker of the cluster, the next due job of the served queues
+  (``jobs.executors.pgclaim``: locked before admission, ``SKIP LOCKED``), started under
+  this cluster's owner identity with its lease and attempt row, and hands the worker an
+  in-memory signed django-q2 package naming exactly that job and its attempt
+  (``jobs.tasks.run_claimed``): the worker adopts the claim, it does not claim again;
+- takes plain django-q2 messages (``async_task`` of other functions, effect releases)
+  from ``django_q_ormq`` as ``jobs.broker.PostgresBroker`` does, taking turns with the
+  jobs so that neither waits for the other to drain;
+- when idle, waits on ``LISTEN`` (an enqueue ``NOTIFY``s in its transaction) and on a
+  pipe its workers write to when they finish, until the nearest due time (a retry, a
+  ``run_after``, a lease that runs out, a held message).
+
+Idle workers: a counter in shared memory, raised by the pusher for each task it hands
+out and lowered by the worker when the task ends (``post_execute_in_worker``); a worker
+killed in a task never lowers it, so a cluster whose count stood full and unchanged
+longer than django-q2's ``timeout`` (no task outlives it) starts counting again from 0.
+There is nothing to acknowledge for a claimed job: its publish committed its outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import multiprocessing
+import os
+import select
+import time
+import uuid
+from typing import Any
+
+from django.db import DatabaseError, InterfaceError
+from django.dispatch import receiver
+from django.utils import timezone
+from django_q.conf import Conf
+from django_q.signals import post_execute_in_worker
+from django_q.signing import SignedPackage
+
+from jobs import conf, rules
+from jobs.broker import TABLE, TAKE, PostgresBroker
+
+log = logging.getLogger("jobs.claiming")
+
+RUN_CLAIMED = "jobs.tasks.run_claimed"
+# How often a busy cluster looks for jobs that need their own verdict (a lease that ran
+# out, a spent budget): an idle one looks whenever it wakes.
+OWN_VERDICT_EVERY = 1.0
+
+# The cluster's shared state, made before django-q2 forks its pusher and workers:
+# (tasks in hand, the wake pipe's read end, its write end).
+_shared: tuple[Any, int, int] | None = None
+
+
+def _make_shared() -> tuple[Any, int, int]:
+    global _shared
+    if _shared is None:
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        _shared = (multiprocessing.Value("i", 0), r, w)
+    return _shared
+
+
+def queue_of_key(key: str) -> str:
+    """The job queue a broker list serves (``jobs.queue.list_key``'s inverse)."""
+    prefix = f"{Conf.PREFIX}."
+    if key.startswith(prefix) and key != Conf.CLUSTER_NAME:
+        return key[len(prefix) :]
+    return rules.DEFAULT_QUEUE
+
+
+_NEXT_JOB_DUE = """
+SELECT EXTRACT(EPOCH FROM min(due) - clock_timestamp())::float8 FROM (
+    SELECT min(next_attempt_at) AS due FROM {t}
+    WHERE queue = ANY(%(queues)s) AND state IN ('queued', 'retry_wait')
+      AND next_attempt_at IS NOT NULL AND attempts < max_attempts
+    UNION ALL
+    SELECT min(lease_expires_at) FROM {t}
+    WHERE queue = ANY(%(queues)s) AND state = 'running'
+    UNION ALL
+    SELECT min(lock) FROM {q} WHERE key = ANY(%(keys)s) AND lock >= now()
+) d
+"""
+
+
+class ClaimingBroker(PostgresBroker):
+    """django-q2's broker over the jobs table: ``dequeue`` is the claim."""
+
+    def __init__(self, list_key: str | None = None, *, keys: list[str] | None = None) -> None:
+        super().__init__(list_key=list_key, keys=keys)
+        _make_shared()
+        self._reset_claiming()
+
+    def __setstate__(self, state: tuple) -> None:
+        super().__setstate__(state)
+        self._reset_claiming()
+
+    def _reset_claiming(self) -> None:
+        self._turn = 0  # whose turn a contested slot is: even jobs, odd plain messages
+        self._own_verdict_at = 0.0  # monotonic: the last look for expired leases
+        self._full_since = (-1, 0.0)  # (count, monotonic) while every worker is busy
+        self._queue_turn = 0
+
+    @property
+    def queues(self) -> list[str]:
+        return list(dict.fromkeys(queue_of_key(k) for k in self.served))
+
+    @property
+    def capacity(self) -> int:
+        return max(1, int(Conf.WORKERS or 1))
+
+    def info(self) -> str:
+        if not self._info:
+            self._info = f"jobs table (claim) + PostgreSQL LISTEN/NOTIFY {self.connection}"
+        return self._info
+
+    # --- the Broker interface ---------------------------------------------------------
+
+    def dequeue(self) -> list[tuple[int, str]] | None:
+        """Claimed jobs and plain messages for the idle workers; waits when there is none."""
+        try:
+            tasks = self._fill(self._idle())
+            if tasks:
+                return tasks
+            self._wait_for_work()
+            return None
+        except (DatabaseError, InterfaceError) as exc:
+            log.warning("queues %s: claim failed (%s); retrying", self.queues, type(exc).__name__)
+            self._close_django_connection()
+            time.sleep(max(Conf.POLL, 1.0))
+            return None
+
+    def acknowledge(self, task_id: int) -> None:
+        """A plain message's outcome is saved: delete it. A claimed job has none (0): its
+        publish was the acknowledgement. A database error is logged, never raised into
+        django-q2's monitor: the message is handed out again after ``retry``."""
+        if not task_id:
+            return
+        try:
+            self.delete(task_id)
+        except (DatabaseError, InterfaceError) as exc:
+            log.warning("message %s: acknowledgement failed (%s)", task_id, type(exc).__name__)
+
+    def fail(self, task_id: int) -> None:
+        """The pusher could not read a message: delete it; no worker runs it."""
+        _release(1)
+        self.acknowledge(task_id)
+
+    # --- the claim ----------------------------------------------------------------------
+
+    def _idle(self) -> int:
+        in_hand, _r, _w = _make_shared()
+        now = time.monotonic()
+        count = in_hand.value
+        if count < self.capacity:
+            self._full_since = (-1, 0.0)
+            return self.capacity - count
+        if self._full_since[0] != count:
+            self._full_since = (count, now)
+        elif now - self._full_since[1] > float(Conf.TIMEOUT or 0) + 5:
+            # No task outlives django-q2's timeout: the workers that never said they were
+            # done were killed in their task. Count again from nothing.
+            log.warning("cluster: %d task(s) never reported done; counting workers again", count)
+            with in_hand.get_lock():
+                in_hand.value = 0
+            self._full_since = (-1, 0.0)
+            return self.capacity
+        return 0
+
+    def _fill(self, idle: int) -> list[tuple[int, str]]:
+        tasks: list[tuple[int, str]] = []
+        jobs_left, plain_left = True, True
+        while len(tasks) < idle and (jobs_left or plain_left):
+            self._turn += 1
+            order = ("job", "plain") if self._turn % 2 else ("plain", "job")
+            got = None
+            for source in order:
+                if source == "job" and jobs_left:
+                    got = self._claim_one()
+                    jobs_left = got is not None
+                elif source == "plain" and plain_left:
+                    got = self._take_plain()
+                    plain_left = got is not None
+                if got is not None:
+                    break
+            if got is not None:
+                tasks.append(got)
+        if tasks:
+            in_hand, _r, _w = _make_shared()
+            with in_hand.get_lock():
+                in_hand.value += len(tasks)
+        return tasks
+
+    def _claim_one(self) -> tuple[int, str] | None:
+        """One claimed job as a package for a worker, or None when no queue has one."""
+        from jobs.executors import pgclaim
+
+        owner = self._owner()
+        lease, bound = conf.lease_seconds(), conf.tenant_concurrency()
+        queues = self.queues
+        now = time.monotonic()
+        if now - self._own_verdict_at >= OWN_VERDICT_EVERY:
+            self._own_verdict_at = now
+            for queue in queues:
+                claim = pgclaim.decide_own_verdict(queue, owner, lease=lease, bound=bound)
+                if claim is not None and claim.won:
+                    return self._package(claim)
+        # Several queues take turns: each claim starts from the next one.
+        self._queue_turn += 1
+        for i in range(len(queues)):
+            queue = queues[(self._queue_turn + i) % len(queues)]
+            for _ in range(4):  # a picked job held back is deferred: look at the next
+                claim = pgclaim.claim_next(queue, owner, lease=lease, bound=bound)
+                if claim is None:
+                    break
+                if claim.won:
+                    return self._package(claim)
+        return None
+
+    def _owner(self) -> str:
+        from jobs.engine.job_machine import worker_identity
+
+        return worker_identity()
+
+    def _package(self, claim) -> tuple[int, str]:
+        job, attempt = claim.job, claim.attempt
+        task = {
+            "id": uuid.uuid4().hex,
+            "name": f"job-{job.pk}",
+            "func": RUN_CLAIMED,
+            "args": (job.pk, job.lease_owner, attempt.pk, job.version),
+            "kwargs": {},
+            "started": timezone.now(),
+            "save": False,
+        }
+        return 0, SignedPackage.dumps(task)
+
+    def _take_plain(self) -> tuple[int, str] | None:
+        params = {"keys": self.served, "bulk": 1, "retry": float(Conf.RETRY)}
+        rows = self._execute(TAKE, params, fetch="all")
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    # --- waiting ------------------------------------------------------------------------
+
+    def _wait_for_work(self) -> None:
+        """Until a NOTIFY, a worker that finished, or the nearest due time (at most a
+        heartbeat, ``broker_heartbeat``; ``poll`` when not listening)."""
+        listening = self._ensure_listener()
+        wait = float(_option("broker_heartbeat", 5.0))
+        if self._idle() > 0:
+            due_in = self._next_due()
+            if due_in is not None and due_in <= 0:
+                # Due and not claimed: a lease that ran out waits for its own verdict.
+                self._own_verdict_at = 0.0
+                wait = min(wait, 0.05)
+            elif due_in is not None:
+                wait = min(wait, due_in + 0.005)
+        if not listening:
+            wait = min(wait, float(Conf.POLL))
+        _in_hand, r, _w = _make_shared()
+        fds = [r] + ([self._listener.fileno()] if listening else [])
+        try:
+            ready, _, _ = select.select(fds, [], [], wait)
+        except InterruptedError:
+            return
+        if r in ready:
+            _drain(r)
+        if listening:
+            self._drain_notifications()
+
+    def _next_due(self) -> float | None:
+        from jobs.models import Job
+
+        sql = _NEXT_JOB_DUE.format(t=Job._meta.db_table, q=TABLE)
+        params = {"queues": self.queues, "keys": self.served}
+        row = self._execute(sql, params, fetch="one")
+        return None if row is None or row[0] is None else float(row[0])
+
+    def _drain_notifications(self) -> None:
+        try:
+            for _note in self._listener.notifies(timeout=0):
+                pass
+        except Exception as exc:  # psycopg.Error: the listener is gone
+            self._drop_listener(f"listener failed ({type(exc).__name__})")
+
+
+def _option(name: str, default: Any) -> Any:
+    from django.conf import settings
+
+    return (getattr(settings, "Q_CLUSTER", None) or {}).get(name, default)
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
+    except OSError as exc:  # pragma: no cover - a closed pipe
+        if exc.errno != errno.EBADF:
+            raise
+
+
+def _release(n: int) -> None:
+    """``n`` tasks ended: lower the count in hand and wake the pusher."""
+    if _shared is None:
+        return
+    in_hand, _r, w = _shared
+    with in_hand.get_lock():
+        in_hand.value = max(0, in_hand.value - n)
+    with contextlib.suppress(OSError):  # the pipe is full: the pusher wakes anyway
+        os.write(w, b"x")
+
+
+@receiver(post_execute_in_worker, dispatch_uid="jobs.claiming.task_done")
+def _task_done(sender, task=None, **kwargs) -> None:
+    """A worker finished a task the pusher handed it: one more idle worker."""
+    if task is not None and not task.get("sync"):
+        _release(1)

@@ -1,0 +1,158 @@
+"""The PostgreSQL claim of the next due job of a queue: the dequeue of the one queue.
+
+``jobs.claiming.ClaimingBroker`` calls this for each idle worker of its cluster: the
+jobs table is the queue, there is no message naming a job. One statement picks the
+queue's next job (its two candidates, the best by priority and the longest waiting,
+each ``FOR UPDATE SKIP LOCKED``: the row is locked before any admission, and a
+concurrent claim on another host passes over it), admits it and starts it, as the
+named claim's statement does (``jobs.executors.postgres``), under the same rules
+rendered from ``jobs.rules``.
+
+A job the statement picked but could not plainly start (its tenant's lock busy, a
+flow rule holding it back) is decided by the named claim (``postgres.claim``), which
+records the verdict (deferred, spending no attempt). A job that must have its own
+verdict (an expired lease, a spent budget: ``rules.OWN_VERDICT``) is picked under its
+row lock and decided by the ORM claim in the same transaction, so two hosts never both
+decide about it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from django.db import connection
+
+from jobs import clock, rules
+from jobs.engine import job_machine
+from jobs.engine.plan import Claim
+from jobs.executors import postgres
+from jobs.executors.postgres import NOW, _compact, _cursor, _int8, _job_from_row, _q
+from jobs.models import Attempt, Job
+
+log = logging.getLogger("jobs.executors")
+
+
+@functools.cache
+def _next_statement() -> tuple[str, rules.Rendered]:
+    job_t, attempt_t = _q(Job._meta.db_table), _q(Attempt._meta.db_table)
+    claimable = rules.to_sql(rules.CLAIMABLE, Job, quote=_q)
+    ruled = rules.flow_ruled_sql(job_t, quote=_q)
+    queue_ruled = rules.queue_ruled_sql(job_t, quote=_q)
+    assert not ruled.slots and not queue_ruled.slots
+    t_now = "(SELECT now FROM t)"
+    cand = rules.literal_sql(rules.CLAIMABLE, Job, alias="j", quote=_q, now=t_now)
+    since = rules.waiting_since_sql("j")
+    eff = rules.effective_priority_sql("j", now=t_now)
+    # Each candidate is the first row of one of migration 0017's partial indexes, locked
+    # or skipped: a job another claim holds is passed over, never waited for.
+    candidate = f"""
+        SELECT j.id, j.tenant_key, {eff} AS eff, {since} AS since FROM {job_t} j
+        WHERE j.queue = %s AND {cand}"""
+    text = f"""
+        WITH t AS MATERIALIZED (
+            SELECT {NOW} AS now,
+                CASE WHEN %s THEN set_config('synchronous_commit', 'off', true) END AS quick
+        ), by_priority AS MATERIALIZED (
+            {candidate} ORDER BY j.priority DESC, {since}, j.id LIMIT 1 FOR UPDATE SKIP LOCKED
+        ), by_wait AS MATERIALIZED (
+            {candidate} ORDER BY {since}, j.id LIMIT 1 FOR UPDATE SKIP LOCKED
+        ), picked AS MATERIALIZED (
+            SELECT id, tenant_key FROM (
+                SELECT * FROM by_priority UNION ALL SELECT * FROM by_wait
+            ) c ORDER BY c.eff DESC, c.since, c.id LIMIT 1
+        ), locked AS MATERIALIZED (
+            SELECT id, tenant_key FROM {job_t}
+            WHERE id = (SELECT id FROM picked) AND {claimable.text}
+              AND NOT {queue_ruled.text}
+              AND pg_try_advisory_xact_lock({rules.CLAIM_LOCK_CLASS}, hashtext(id::text))
+        ), admitted AS MATERIALIZED (
+            SELECT id FROM {job_t}
+            WHERE id = (SELECT id FROM locked)
+              AND CASE WHEN {ruled.text}
+                    THEN jobs_flow_admits_v2(kind, tenant_key, id, %s::integer)
+                    ELSE tenant_key = '' OR jobs_tenant_admits_v2(tenant_key, id, %s::integer)
+                    END
+        ), claimed AS (
+            UPDATE {job_t} SET
+                state = %s, attempts = attempts + 1, lease_owner = %s,
+                lease_expires_at = {NOW} + make_interval(secs => %s),
+                next_attempt_at = NULL, started_at = COALESCE(started_at, {NOW}),
+                version = version + 1, updated_at = {NOW}
+            WHERE id = (SELECT id FROM admitted) AND {claimable.text}
+            RETURNING *
+        ), attempt AS (
+            INSERT INTO {attempt_t}
+                (job_id, number, worker, started_at, outcome, error_class, error_code)
+            SELECT id, attempts, %s, {NOW}, '', '', '' FROM claimed
+            RETURNING id, started_at
+        )
+        SELECT claimed.*, attempt.id, attempt.started_at, (SELECT id FROM picked)
+        FROM (SELECT 1) one LEFT JOIN (claimed CROSS JOIN attempt) ON true
+    """
+    return _compact(text), claimable
+
+
+def next_statement(queue: str, worker: str, *, lease: float, bound: int) -> tuple[str, list]:
+    """The statement claiming ``queue``'s next job for ``worker``, and its parameters."""
+    sql, claimable = _next_statement()
+    aging = rules.aging_seconds()
+    quick = not connection.in_atomic_block
+    params = [quick, aging, queue, aging, queue]
+    params += [*claimable.params(), _int8(bound), _int8(bound)]
+    params += [Job.State.RUNNING, worker, float(lease), *claimable.params(), worker]
+    return sql, params
+
+
+_columns: dict[int, list[str]] = {}
+
+
+def claim_next(queue: str, worker: str, *, lease: float, bound: int) -> Claim | None:
+    """Claim ``queue``'s next due job for ``worker``: the claim, a verdict on the job it
+    picked and could not start (deferred, ...), or None when the queue has no due job."""
+    sql, params = next_statement(queue, worker, lease=lease, bound=bound)
+    with _cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+        names = _columns.get(len(row))
+        if names is None:
+            names = _columns[len(row)] = [d.name for d in cursor.description[:-3]]
+    *values, attempt_id, started_at, picked = row
+    if picked is None:
+        return None
+    if attempt_id is None:
+        # Picked, not plainly startable (its tenant's lock busy, a flow rule's hold): the
+        # named claim decides and records why.
+        return postgres.claim(picked, worker, lease=lease, bound=bound)
+    job = _job_from_row(names, values)
+    attempt = Attempt(
+        pk=attempt_id, job=job, number=job.attempts, worker=worker, started_at=started_at
+    )
+    attempt._state.adding, attempt._state.db = False, job._state.db
+    job_machine.log_arrow(job, "claim", worker, reclaimed=False)
+    return Claim("claimed", job, attempt)
+
+
+@functools.cache
+def _own_verdict_statement() -> str:
+    own = rules.literal_sql(rules.OWN_VERDICT, Job, quote=_q, now="clock_timestamp()")
+    order = f"COALESCE(lease_expires_at, {rules.waiting_since_sql()})"
+    return _compact(
+        f"""SELECT id FROM {_q(Job._meta.db_table)} WHERE queue = %s AND {own}
+        ORDER BY {order}, id LIMIT 1 FOR UPDATE SKIP LOCKED"""
+    )
+
+
+def decide_own_verdict(queue: str, worker: str, *, lease: float, bound: int) -> Claim | None:
+    """The queue's longest-due job that needs its own verdict (a lease that ran out: it
+    is reclaimed; a spent budget: it is buried), decided under its row lock by the ORM
+    claim; None when there is none."""
+    from jobs.executors import orm
+
+    with clock.worker_transaction():
+        with connection.cursor() as cursor:
+            cursor.execute(_own_verdict_statement(), [queue])
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        return orm.claim(row[0], worker, lease=lease, bound=bound)

@@ -1,0 +1,244 @@
+"""The jobs table as the queue (``jobs.claiming.ClaimingBroker``): the dequeue is the claim.
+
+In process, on PostgreSQL: the broker's ``dequeue`` is called as django-q2's pusher calls
+it, and each package is run as a worker would (``jobs.tasks.run_claimed``). The real
+``qcluster`` runs are in ``tests/e2e``.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import pytest
+from django.db import OperationalError, connection
+from django.db.models import F
+from django_q.conf import Conf
+from django_q.models import OrmQ
+from django_q.signing import SignedPackage
+from django_q.tasks import async_task
+
+import jobs
+from jobs import claiming, services, tasks
+from jobs.models import Attempt, Job
+from jobs.registry import kinds, register_kind
+
+pytestmark = [pytest.mark.postgres]
+
+KIND = "test.claiming"
+ran: list[int] = []
+
+
+def _record(ctx) -> list:
+    ctx.check_owner()
+    ran.append(ctx.job.pk)
+    return []
+
+
+if KIND not in kinds():
+    register_kind(KIND, _record)
+
+
+@pytest.fixture(autouse=True)
+def claiming_broker(monkeypatch, settings):
+    """The claiming broker, 2 workers, a fresh idle count, and a dequeue that does not wait
+    long when it finds nothing (no LISTEN: it sleeps ``poll``)."""
+    monkeypatch.setattr(Conf, "BROKER_CLASS", "jobs.claiming.ClaimingBroker")
+    monkeypatch.setattr(Conf, "WORKERS", 2)
+    monkeypatch.setattr(Conf, "POLL", 0.01)
+    monkeypatch.setattr(claiming, "_shared", None)
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "broker_listen": False}
+    ran.clear()
+    yield
+    ran.clear()
+
+
+def ask(name: str, *, priority: int = 0, queue: str = "default") -> Job:
+    return jobs.request(KIND, ("claiming", name), priority=priority, queue=queue).job
+
+
+def broker(queues: tuple[str, ...] = ("default",)) -> claiming.ClaimingBroker:
+    from jobs.queue import serving_keys
+
+    keys = serving_keys(list(queues))
+    return claiming.ClaimingBroker(list_key=keys[0], keys=keys)
+
+
+def take(b: claiming.ClaimingBroker) -> list[dict]:
+    """One dequeue, unpacked as django-q2's pusher does."""
+    return [{**SignedPackage.loads(payload), "ack_id": ack} for ack, payload in b.dequeue() or []]
+
+
+def run(task: dict) -> str:
+    """Run a package as django-q2's worker would, then say the worker is idle again."""
+    try:
+        if task["func"] == claiming.RUN_CLAIMED:
+            return tasks.run_claimed(*task["args"])
+        return "plain"
+    finally:
+        claiming._release(1)
+
+
+def test_claiming__a_job_has_no_message_and_the_dequeue_claims_and_runs_exactly_it(db):
+    job = ask("one")
+    assert OrmQ.objects.count() == 0, "the job's row is its queue entry"
+    [task] = take(broker())
+    assert task["func"] == "jobs.tasks.run_claimed" and task["args"][0] == job.pk
+    job.refresh_from_db()
+    assert job.state == Job.State.RUNNING and job.attempts == 1
+    assert task["args"][1:] == (job.lease_owner, job.attempt_set.get().pk, job.version)
+    assert task["save"] is False, "django-q2 saves no result for an engine job"
+    assert run(task) == Attempt.Outcome.SUCCEEDED and ran == [job.pk]
+    job.refresh_from_db()
+    assert job.state == Job.State.SUCCEEDED and job.attempt_set.count() == 1
+    assert OrmQ.objects.count() == 0
+
+
+def test_claiming__at_most_one_claim_per_idle_worker(db):
+    for i in range(5):
+        ask(f"idle-{i}")
+    b = broker()
+    first = take(b)
+    assert len(first) == 2, "two workers, two claims"
+    assert take(b) == [], "no worker is idle: nothing more is claimed"
+    assert Job.objects.filter(state=Job.State.RUNNING).count() == 2
+    run(first[0])
+    assert len(take(b)) == 1, "one worker became idle: one more claim"
+
+
+def test_claiming__a_worker_that_never_reported_is_forgotten_after_djangoq_timeout(db, monkeypatch):
+    for i in range(3):
+        ask(f"lost-{i}")
+    b = broker()
+    assert len(take(b)) == 2
+    assert take(b) == []
+    # Both tasks' workers were killed without a word: once the count stood full longer
+    # than django-q2's timeout (no task outlives it), the cluster counts again.
+    monkeypatch.setattr(Conf, "TIMEOUT", 0)
+    b._full_since = (2, b._full_since[1] - 10)
+    assert len(take(b)) == 1
+
+
+def test_claiming__the_best_job_by_priority_is_claimed_first(db):
+    for i in range(50):
+        ask(f"low-{i}")
+    high = ask("high", priority=10)
+    [first, _second] = take(broker())
+    assert first["args"][0] == high.pk
+
+
+def test_claiming__a_queue_is_served_only_by_its_workers(db):
+    reports = ask("report", queue="reports")
+    ask("plain-default")
+    [task] = take(broker(("reports",)))[:1]
+    assert task["args"][0] == reports.pk
+    assert take(broker(("reports",))) == [], "no other job of that queue"
+
+
+@pytest.mark.django_db(transaction=True)  # a message is due once its enqueue committed
+def test_claiming__plain_tasks_take_turns_with_jobs(monkeypatch):
+    """100 engine jobs and 10 plain tasks enqueued together, one worker: the plain ones
+    start before the 50th job (neither waits for the other to drain)."""
+    monkeypatch.setattr(Conf, "WORKERS", 1)
+    for i in range(100):
+        ask(f"many-{i}")
+    for i in range(10):
+        async_task("math.floor", i)
+    b, order = broker(), []
+    while len(order) < 110:
+        got = take(b)
+        assert got, f"work left undelivered after {len(order)}"
+        for task in got:
+            order.append(task["func"])
+            run(task)
+            if task["func"] != claiming.RUN_CLAIMED:
+                b.acknowledge(task["ack_id"])
+    plain_at = [i for i, f in enumerate(order) if f == "math.floor"]
+    jobs_before_last_plain = order[: plain_at[-1]].count(claiming.RUN_CLAIMED)
+    print(f"plain tasks at positions {plain_at}")
+    assert len(plain_at) == 10 and jobs_before_last_plain < 50
+
+
+def test_claiming__an_expired_lease_is_claimed_again_and_the_first_worker_publishes_nothing(db):
+    job = ask("expired")
+    b = broker()
+    [first] = take(b)
+    # The first worker froze; its lease ran out.
+    Job.objects.filter(pk=job.pk).update(
+        lease_expires_at=F("lease_expires_at") - timedelta(hours=1)
+    )
+    claiming._release(1)
+    b._own_verdict_at = 0.0
+    [second] = take(b)
+    assert second["args"][0] == job.pk and second["args"][2] != first["args"][2]
+    assert run(first) == "stale", "the first claim is no longer held: it does nothing"
+    assert run(second) == Attempt.Outcome.SUCCEEDED
+    assert ran == [job.pk]
+    job.refresh_from_db()
+    assert job.state == Job.State.SUCCEEDED and job.attempts == 2
+
+
+def test_claiming__a_cancel_asked_for_while_the_package_waited_runs_nothing(db):
+    job = ask("cancelled")
+    [task] = take(broker())
+    services.cancel_job(Job.objects.get(pk=job.pk), operator="op")
+    assert run(task) == "stale" and ran == []
+
+
+def test_claiming__a_retry_is_claimed_when_due_without_any_message(db):
+    job = ask("later")
+    Job.objects.filter(pk=job.pk).update(
+        state=Job.State.RETRY_WAIT, next_attempt_at=F("created_at") + timedelta(hours=1)
+    )
+    b = broker()
+    assert take(b) == [], "not due yet"
+    assert OrmQ.objects.count() == 0
+    Job.objects.filter(pk=job.pk).update(next_attempt_at=F("created_at") - timedelta(seconds=1))
+    [task] = take(b)
+    assert task["args"][0] == job.pk
+
+
+def test_claiming__next_due_time_is_the_nearest_job_due_or_lease_expiry(db):
+    job = ask("soon")
+    Job.objects.filter(pk=job.pk).update(
+        state=Job.State.RETRY_WAIT, next_attempt_at=F("created_at") + timedelta(seconds=30)
+    )
+    due_in = broker()._next_due()
+    assert due_in is not None and 0 < due_in <= 31
+
+
+def test_claiming__an_acknowledgement_that_meets_a_database_error_does_not_raise(db, monkeypatch):
+    b = broker()
+
+    def gone(task_id):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(b, "delete", gone)
+    b.acknowledge(7)  # django-q2's monitor calls this outside any try: it must not raise
+    b.acknowledge(0)  # a claimed job: nothing to acknowledge
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claiming__concurrent_clusters_claim_each_job_once(settings):
+    settings.JOBS_LEASE_SECONDS = 60
+    made = {ask(f"race-{i}").pk for i in range(40)}
+    barrier = threading.Barrier(4)
+
+    def cluster(_i: int) -> list[int]:
+        try:
+            b, got = broker(), []
+            barrier.wait()
+            while True:
+                batch = b._fill(2)
+                if not batch:
+                    return got
+                for _ack, payload in batch:
+                    got.append(SignedPackage.loads(payload)["args"][0])
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(4) as pool:
+        claimed = [pk for got in pool.map(cluster, range(4)) for pk in got]
+    assert sorted(claimed) == sorted(made), "every job claimed, none twice"
+    assert not Attempt.objects.filter(outcome=Attempt.Outcome.DUPLICATE_DELIVERY).exists()
