@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, transaction
 from django.db.models import F
 from django_q.conf import Conf
 from django_q.models import OrmQ
@@ -242,3 +242,45 @@ def test_claiming__concurrent_clusters_claim_each_job_once(settings):
         claimed = [pk for got in pool.map(cluster, range(4)) for pk in got]
     assert sorted(claimed) == sorted(made), "every job claimed, none twice"
     assert not Attempt.objects.filter(outcome=Attempt.Outcome.DUPLICATE_DELIVERY).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claiming__an_operator_cancel_racing_the_claim_spends_no_start_and_defers_nothing():
+    """The race of issue 41: an operator's cancel holds the job's row (its transaction not
+    yet committed) while a claim runs. The claim locks rows before any admission, so it
+    passes over that job: the kind's only rate start of the hour is not spent, and no
+    other job is deferred on a spent start."""
+    from jobs import flow
+    from jobs.executors import pgclaim
+    from jobs.models import FlowRule
+
+    flow.set_rule(f"kind:{KIND}", actor="test", rate=1, period_seconds=3600)
+    first = ask("race-cancelled")
+    holding, done = threading.Event(), threading.Event()
+
+    def operator() -> None:
+        try:
+            with transaction.atomic():
+                assert services.cancel_job(Job.objects.get(pk=first.pk), operator="op")
+                holding.set()
+                done.wait(30)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    assert holding.wait(30)
+    try:
+        claim = pgclaim.claim_next("default", "w1", lease=60, bound=4)
+    finally:
+        done.set()
+        thread.join()
+    assert claim is None, "the row the operator holds is passed over, not waited for"
+    rule = FlowRule.objects.get(scope=f"kind:{KIND}")
+    assert rule.next_free_at is None, "no rate start was spent"
+    assert Job.objects.get(pk=first.pk).state == Job.State.CANCELLED
+
+    second = ask("race-next")
+    claim = pgclaim.claim_next("default", "w1", lease=60, bound=4)
+    assert claim is not None and claim.won and claim.job.pk == second.pk
+    assert not Job.objects.filter(state=Job.State.RETRY_WAIT).exists(), "nothing deferred"
