@@ -20,14 +20,15 @@ LABELS = {
     BARE: "bare django-q2 no-op (ORM)",
     PLAIN_MINIMAL: "plain minimal's work (ORM)",
     PLAIN_MINIMAL_PG: "plain minimal's work (PG brk)",
-    SUMMARY: "demo.summary (engine, PG brk)",
+    SUMMARY: "demo.summary (engine, jobs table)",
     PLAIN_REPORT: "plain report's work (ORM)",
     PLAIN_REPORT_PG: "plain report's work (PG brk)",
-    REPORT: "permits.report (engine, PG brk)",
+    REPORT: "permits.report (engine, jobs table)",
 }
 # The broker each kind's cluster runs: django-q2's ORM broker for the bare no-op and
-# the plain tasks (their default), the site's default (jobs.broker.PostgresBroker on
-# PostgreSQL) for the engine and the plain tasks' second run.
+# the plain tasks (their default), the site's default on PostgreSQL for the engine and the
+# plain tasks' second run (jobs.claiming.ClaimingBroker: jobs claimed from their table,
+# plain tasks taken from django_q_ormq with PostgresBroker's statement).
 ORM_BROKER_ENV = {"Q_BROKER": "orm"}
 BROKER_ENV = {BARE: ORM_BROKER_ENV, PLAIN_MINIMAL: ORM_BROKER_ENV, PLAIN_REPORT: ORM_BROKER_ENV}
 

@@ -386,7 +386,7 @@ def check_broker_pooler(app_configs=None, databases=None, **kwargs):
     works. Silent with the ORM broker or with ``broker_listen`` off.
     """
     cluster = conf.q_cluster()
-    if cluster.get("broker_class") != queue.POSTGRES_BROKER:
+    if cluster.get("broker_class") not in (queue.POSTGRES_BROKER, queue.CLAIMING_BROKER):
         return []
     if not cluster.get("broker_listen", True):
         return []

@@ -49,7 +49,7 @@ log = logging.getLogger("jobs.claiming")
 
 RUN_CLAIMED = "jobs.tasks.run_claimed"
 # How often a busy cluster looks for jobs that need their own verdict (a lease that ran
-# out, a spent budget): an idle one looks whenever it wakes.
+# out, a spent budget): an idle one looks when its nearest due time has come.
 OWN_VERDICT_EVERY = 1.0
 
 # The cluster's shared state, made before django-q2 forks its pusher and workers:
@@ -79,7 +79,7 @@ _NEXT_JOB_DUE = """
 SELECT EXTRACT(EPOCH FROM min(due) - clock_timestamp())::float8 FROM (
     SELECT min(next_attempt_at) AS due FROM {t}
     WHERE queue = ANY(%(queues)s) AND state IN ('queued', 'retry_wait')
-      AND next_attempt_at IS NOT NULL AND attempts < max_attempts
+      AND next_attempt_at IS NOT NULL
     UNION ALL
     SELECT min(lease_expires_at) FROM {t}
     WHERE queue = ANY(%(queues)s) AND state = 'running'
@@ -103,7 +103,8 @@ class ClaimingBroker(PostgresBroker):
 
     def _reset_claiming(self) -> None:
         self._turn = 0  # whose turn a contested slot is: even jobs, odd plain messages
-        self._own_verdict_at = 0.0  # monotonic: the last look for expired leases
+        self._own_verdict_at = 0.0  # monotonic: the last look for expired leases (0: look)
+        self._busy = False  # the last dequeue handed out work
         self._full_since = (-1, 0.0)  # (count, monotonic) while every worker is busy
         self._queue_turn = 0
 
@@ -125,7 +126,10 @@ class ClaimingBroker(PostgresBroker):
     def dequeue(self) -> list[tuple[int, str]] | None:
         """Claimed jobs and plain messages for the idle workers; waits when there is none."""
         try:
-            tasks = self._fill(self._idle())
+            idle = self._idle()
+            tasks = self._fill(idle)
+            if idle:  # a full cluster found nothing because it looked for nothing
+                self._busy = bool(tasks)
             if tasks:
                 return tasks
             self._wait_for_work()
@@ -205,7 +209,10 @@ class ClaimingBroker(PostgresBroker):
         lease, bound = conf.lease_seconds(), conf.tenant_concurrency()
         queues = self.queues
         now = time.monotonic()
-        if now - self._own_verdict_at >= OWN_VERDICT_EVERY:
+        # Idle, the nearest due time says when a lease ran out (``_wait_for_work`` asks for
+        # a look); busy, the cluster looks once a second.
+        looked = self._own_verdict_at
+        if looked == 0.0 or (self._busy and now - looked >= OWN_VERDICT_EVERY):
             self._own_verdict_at = now
             for queue in queues:
                 claim = pgclaim.decide_own_verdict(queue, owner, lease=lease, bound=bound)
