@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from jobs import asyncctx
 from jobs.exceptions import PayloadInvalid, UnknownKind
 
 if TYPE_CHECKING:
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
     from jobs.providers import Provider
 
 # A kind's handler takes a ``jobs.JobContext`` (defined above this module, in the
-# delivery, which imports the registry) and returns its effects.
+# delivery, which imports the registry) and returns its effects; an ``async def`` one
+# takes a ``jobs.AsyncJobContext`` (``jobs.asyncctx``) and is wrapped at registration.
 Handler = Callable[[Any], "list[EffectSpec] | None"]
 
 
@@ -126,6 +128,7 @@ def validate_output(produced: object) -> Output:
     not be published. Reasons name fields and kinds, never values."""
     if produced is None:
         return Output()
+    asyncctx.refuse_coroutine(produced)  # a def handler that returned a coroutine: say so
     if isinstance(produced, str | bytes | dict) or not hasattr(produced, "__iter__"):
         raise PayloadInvalid(
             f"a job handler returns a list (effects, jobs.then, jobs.group, jobs.result), "
@@ -305,7 +308,13 @@ def register_kind(
     True (or a predicate returning True for an exception) keeps only the class
     and the traceback's frames of its failures. ``schedule`` makes it periodic
     (``jobs.schedules``; its cron and time zone are read by check jobs.E040 at start-up).
+    An ``async def`` handler is wrapped here so the worker runs it in an event loop of
+    its own (``jobs.asyncctx``); one it could only fail on (a def wrapping an async def,
+    an async generator) raises TypeError now rather than at every run.
     """
+    asyncctx.refuse_unrunnable(name, handler)
+    if asyncctx.is_async_handler(handler) and not isinstance(handler, asyncctx.AsyncHandler):
+        handler = asyncctx.AsyncHandler(handler)
     if schedule is not None and not isinstance(schedule, str | datetime.timedelta):
         raise ValueError(f"schedule must be a cron string or a timedelta, not {schedule!r}")
     if catch_up not in CATCH_UP:
