@@ -366,3 +366,132 @@ def test_wheel__quickstart_in_a_fresh_project(variant, source, sdist, clone, tmp
     commands = set(re.findall(r"^    (\w+)$", help_text, re.M))
     assert {"qcluster", "jobs_worker", "jobs_dispatcher", "jobs_stats", "migrate"} <= commands
     assert not commands & {"burst", "fake_provider", "drill", "seed_demo"}
+
+
+# --- the wheel on every supported (Python, Django) pair ---------------------------------
+
+EXAMPLE = ROOT / "tests" / "docs" / "shop_example"
+EXAMPLE_IMPORT = (
+    "from tests.docs.shop_example import jobkinds  # noqa: F401  (registers shop.welcome)\n"
+)
+EXAMPLE_RETURN = 'return [jobs.EffectSpec("welcome-mail", "email", str(users[0].pk))]'
+SHOP_SETTINGS = """
+INSTALLED_APPS += ["django_q", "jobs", "shop"]
+Q_CLUSTER = {"name": "shop", "orm": "default", "timeout": 120, "retry": 180}
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "artifacts": {"BACKEND": "jobs.artifacts.AtomicFileSystemStorage",
+                  "OPTIONS": {"location": BASE_DIR / "artifacts"}},
+}
+"""
+
+
+def supported_pairs() -> list[tuple[str, str]]:
+    """Every (Python, Django) pair the classifiers name that Django itself supports:
+    Django 6.0 and 6.1 need Python 3.12 or later."""
+    return [
+        (python, django)
+        for python in SUPPORTED["python"]
+        for django in SUPPORTED["django"]
+        if django.startswith("5.") or tuple(map(int, python.split("."))) >= (3, 12)
+    ]
+
+
+def _django_pin(django: str) -> str:
+    major, minor = django.split(".")
+    return f"Django>={django},<{major}.{int(minor) + 1}"
+
+
+def _fresh_shop(python: str, django: str, wheel: Path, where: Path) -> dict:
+    """A new project with the wheel installed, the testing page's example as its app's
+    kind and tests: the example's tests as written, then with a kind that sends twice."""
+    from tests.docs.test_sqlite_recipe import DEPLOYMENT  # the one SQLite recipe's page
+
+    row = {"python": python, "django": django}
+    venv, project = where / "venv", where / "project"
+    project.mkdir(parents=True)
+    env = {
+        "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "VIRTUAL_ENV": str(venv),
+        "PIP_CACHE_DIR": str(PIP_CACHE),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    began = time.monotonic()
+    _run([_python(python), "-m", "venv", venv], cwd=where, env=env)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    _run(
+        [*pip, f"{wheel}[postgres]", _django_pin(django), "pytest>=8", "pytest-django>=4.8"],
+        cwd=where,
+        env=env,
+    )
+    row["install_s"] = round(time.monotonic() - began, 1)
+    versions = _run(
+        [
+            "python",
+            "-c",
+            "import sys, django, jobs; "
+            "print(sys.version.split()[0], django.get_version(), jobs.__version__)",
+        ],
+        cwd=where,
+        env=env,
+    ).split()
+    row["python"], row["django"], row["app"] = versions
+    _run(["django-admin", "startproject", "shop_site", "."], cwd=project, env=env)
+    _run(["python", "manage.py", "startapp", "shop"], cwd=project, env=env)
+    section = DEPLOYMENT.read_text().split("## SQLite (one machine)", 1)[1].split("\n## ", 1)[0]
+    [recipe] = re.findall(r"```python\n(.*?)```", section, re.S)
+    settings = project / "shop_site" / "settings.py"
+    settings.write_text(settings.read_text() + SHOP_SETTINGS + recipe)
+    (project / "pytest.ini").write_text("[pytest]\nDJANGO_SETTINGS_MODULE = shop_site.settings\n")
+    kinds = (EXAMPLE / "jobkinds.py").read_text()
+    tests = (EXAMPLE / "test_welcome.py").read_text()
+    assert EXAMPLE_IMPORT in tests and EXAMPLE_RETURN in kinds
+    (project / "shop" / "jobkinds.py").write_text(kinds)  # autodiscovered, as in a project
+    (project / "shop" / "tests.py").write_text(tests.replace(EXAMPLE_IMPORT, ""))
+    row["check"] = _run(["python", "manage.py", "check"], cwd=project, env=env).strip()
+    run_tests = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "shop/tests.py"]
+    done = subprocess.run(run_tests, cwd=project, env=env, capture_output=True, text=True)
+    row["example"] = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
+    row["example_ok"] = done.returncode == 0
+    twice = EXAMPLE_RETURN.replace(
+        "]", ', jobs.EffectSpec("welcome-mail-again", "email", str(users[0].pk))]'
+    )
+    (project / "shop" / "jobkinds.py").write_text(kinds.replace(EXAMPLE_RETURN, twice))
+    done = subprocess.run(run_tests, cwd=project, env=env, capture_output=True, text=True)
+    row["twice"] = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
+    row["twice_fails"] = done.returncode == 1 and " failed" in row["twice"]
+    return row
+
+
+def test_release__the_wheel_in_a_fresh_project_on_every_supported_pair(wheel, tmp_path):
+    """The wheel ``make release`` builds, installed with each (Python, Django) pair of the
+    classifiers into a fresh project whose app is the testing page's example: its tests
+    pass (inline and manual, pytest-django and TestCase, no worker process), and fail
+    when the kind sends its effect twice. Prints the table."""
+    pairs = supported_pairs()
+    assert ("3.11", "6.1") not in pairs and len(pairs) == 7, pairs
+    rows = []
+    for python, django in pairs:
+        try:
+            rows.append(_fresh_shop(python, django, wheel, tmp_path / f"py{python}-dj{django}"))
+        except AssertionError as exc:  # the table still shows the other pairs
+            rows.append({"python": python, "django": django, "error": str(exc)[-500:]})
+    lines = [f"{'python':8} {'django':8} {'app':6} {'install':>8}  example tests / sent twice"]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"{row['python']:8} {row['django']:8} ERROR {row['error']}")
+            continue
+        verdict = "PASS" if row["example_ok"] and row["twice_fails"] else "FAIL"
+        lines.append(
+            f"{row['python']:8} {row['django']:8} {row['app']:6} {row['install_s']:>7}s  "
+            f"{row['example']} / {row['twice']}  {verdict}"
+        )
+    print("\nthe wheel on every supported pair\n" + "\n".join(lines))
+    for row in rows:
+        assert "error" not in row, row
+        assert row["check"] == "System check identified no issues (0 silenced).", row
+        assert row["example_ok"] and "4 passed" in row["example"], row
+        assert row["twice_fails"] and "3 failed" in row["twice"], row
