@@ -497,3 +497,142 @@ def test_release__the_wheel_in_a_fresh_project_on_every_supported_pair(wheel, tm
         assert row["example_ok"] and "4 passed" in row["example"], row
         # All four fail: three count one mail too many, the closed account two withheld rows.
         assert row["twice_fails"] and "4 failed" in row["twice"], row
+
+
+# --- an async kind under a real qcluster, killed mid-handler ------------------------------
+
+ASYNC_SETTINGS = """
+JOBS_LEASE_SECONDS = 3  # a killed worker's job is claimable again 3 s after its claim
+Q_CLUSTER = {"name": "shop", "orm": "default", "workers": 1, "timeout": 30, "retry": 45,
+             "poll": 0.2}
+"""
+ASYNC_KINDS = """
+import asyncio
+import os
+from pathlib import Path
+
+from django.contrib.auth import get_user_model
+
+import jobs
+
+MARKS = Path(__file__).resolve().parent.parent / "marks.txt"
+
+
+def mark(line):
+    with MARKS.open("a") as marks:
+        marks.write(line + "\\n")
+
+
+@jobs.kind("shop.async_receipt", max_attempts=3)
+async def receipt(ctx: jobs.AsyncJobContext):
+    users = await ctx.aread(get_user_model().objects.filter(pk=ctx.params["user_id"]))
+
+    async def count():
+        mark(f"step {ctx.job.pk}")
+        await asyncio.sleep(0)
+        return 7
+
+    total = await ctx.astep("count", count)
+    mark(f"run {ctx.job.pk} {ctx.job.attempts} {os.getpid()}")
+    if ctx.params.get("hang") and ctx.job.attempts == 1:
+        await asyncio.sleep(120)  # SIGKILL arrives here
+    await ctx.astore_artifact(f"receipt {total}\\n".encode(), content_type="text/plain",
+                              extension="txt")
+    return [jobs.EffectSpec("receipt-ready", "inapp", str(users[0].pk))]
+"""
+ASYNC_REQUEST = """
+import jobs
+from django.contrib.auth.models import User
+user = User.objects.create_user("bea")
+for n, hang in ((1, False), (2, True)):
+    handle = jobs.request("shop.async_receipt", ("shop.order", n),
+                          params={"user_id": user.pk, "hang": hang})
+    print("JOB", handle.id)
+"""
+ASYNC_STATE = """
+import json
+from jobs.models import Artifact, Attempt, Effect, Job, Notice
+print("STATE " + json.dumps({
+    str(job.pk): [job.state, job.attempts, Artifact.objects.filter(job=job).count(),
+                  sorted(Effect.objects.filter(job=job).values_list("state", flat=True)),
+                  sorted(Attempt.objects.filter(job=job).values_list("outcome", flat=True))]
+    for job in Job.objects.order_by("pk")
+} | {"notices": Notice.objects.count()}))
+"""
+
+
+def test_async_kind__a_real_qcluster_runs_it_once_and_survives_a_sigkill_mid_handler(
+    wheel, tmp_path
+):
+    """The wheel in a fresh SQLite project (the one recipe): an ``async def`` kind with a
+    fenced read, a durable step and an in-app notice, run by ``qcluster`` with the
+    ``jobs_dispatcher`` loop beside it. One job runs once; the other's worker process is
+    killed (SIGKILL) while its handler awaits, and the job ends with one artifact, one
+    notice, the step run once, and the killed attempt recorded."""
+    from tests.docs.test_sqlite_recipe import DEPLOYMENT
+
+    python = _python("3.11")
+    venv, project = tmp_path / "venv", tmp_path / "project"
+    project.mkdir()
+    env = {
+        "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "VIRTUAL_ENV": str(venv),
+        "PIP_CACHE_DIR": str(PIP_CACHE),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    _run([python, "-m", "venv", venv], cwd=tmp_path, env=env)
+    _run(["pip", "install", "--quiet", str(wheel), "Django>=5.2,<5.3"], cwd=tmp_path, env=env)
+    _run(["django-admin", "startproject", "shop_site", "."], cwd=project, env=env)
+    _run(["python", "manage.py", "startapp", "shop"], cwd=project, env=env)
+    section = DEPLOYMENT.read_text().split("## SQLite (one machine)", 1)[1].split("\n## ", 1)[0]
+    [recipe] = re.findall(r"```python\n(.*?)```", section, re.S)
+    settings = project / "shop_site" / "settings.py"
+    settings.write_text(settings.read_text() + SHOP_SETTINGS + ASYNC_SETTINGS + recipe)
+    (project / "shop" / "jobkinds.py").write_text(ASYNC_KINDS)
+
+    def manage(*args: str) -> str:
+        return _run(["python", "manage.py", *args], cwd=project, env=env)
+
+    manage("migrate", "-v0")
+    ids = [
+        line.split()[1]
+        for line in manage("shell", "-c", ASYNC_REQUEST).splitlines()
+        if line.startswith("JOB ")
+    ]
+    calm, hanging = ids
+    marks = project / "marks.txt"
+
+    def state() -> dict:
+        return json.loads(manage("shell", "-c", ASYNC_STATE).split("STATE ", 1)[1])
+
+    procs = Processes(env, tmp_path, command=(str(venv / "bin" / "python"),), cwd=project)
+    try:
+        procs.start("qcluster", "manage.py", "qcluster")
+        procs.start("dispatcher", "manage.py", "jobs_dispatcher", "--interval", "0.5")
+        deadline, killed = time.monotonic() + 150, None
+        while time.monotonic() < deadline:
+            runs = marks.read_text().splitlines() if marks.exists() else []
+            first = [r for r in runs if r.startswith(f"run {hanging} 1 ")]
+            if first and killed is None:
+                killed = int(first[0].split()[3])
+                time.sleep(0.3)  # inside its asyncio.sleep
+                os.kill(killed, signal.SIGKILL)
+            seen = state()
+            if killed and all(seen[i][0] == "succeeded" for i in ids):
+                break
+            time.sleep(1)
+        procs.check_alive()
+    finally:
+        procs.stop_all()
+    runs = marks.read_text().splitlines()
+    print(f"\nkilled worker {killed}; marks: {runs}\nstate: {seen}")
+    assert killed is not None, f"the hanging job never started: {runs}"
+    assert seen[calm][:4] == ["succeeded", 1, 1, ["applied"]], seen
+    assert seen[hanging][0] == "succeeded" and seen[hanging][2:4] == [1, ["applied"]], seen
+    assert seen[hanging][1] >= 2, "the killed attempt counts"
+    assert "succeeded" in seen[hanging][4] and len(seen[hanging][4]) >= 2, seen
+    assert seen["notices"] == 2
+    assert runs.count(f"step {hanging}") == 1, "the step's output was reused, not run again"
+    assert len([r for r in runs if r.startswith(f"run {calm} ")]) == 1
