@@ -123,7 +123,11 @@ async def _watch_cancel(ctx: JobContext, handler: asyncio.Future) -> bool:
     """Cancel ``handler`` (at its next await) once a cancel of its job was asked for."""
     while not handler.done():
         await asyncio.sleep(CANCEL_POLL_SECONDS)
-        if await sync_to_async(lambda: ctx.cancelled)():
+        try:
+            asked = await sync_to_async(lambda: ctx.cancelled)()
+        except Exception:  # the handler's own next check meets the same error, and reports it
+            return False
+        if asked:
             handler.cancel()
             return True
     return False
