@@ -14,8 +14,10 @@ import warnings
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth import get_user_model
+from django.test import TestCase
 
 import jobs
+import jobs.testing
 from jobs import asyncctx, registry
 from jobs.delivery.runner import run_delivery
 from jobs.exceptions import TemporaryFailure
@@ -212,3 +214,17 @@ def test_register__the_declaration_keeps_its_name_and_may_repeat():
     jobs.kind("test.async.report", max_attempts=3)(_report)  # a second ready(): same function
     registry.register_kind("test.async.report", handler, max_attempts=3)  # not wrapped twice
     assert registry.get_kind("test.async.report").handler.func is _report
+
+
+class AsyncTestDrains(TestCase):
+    """docs/app/testing.md: from an async test, the testing mode runs through sync_to_async."""
+
+    async def test_async_test__drains_an_async_kind(self):
+        user = await get_user_model().objects.acreate(username="async-test")
+        handle = await sync_to_async(jobs.request)(
+            "test.async.report", user, params={"user": user.pk}
+        )
+        done = await sync_to_async(jobs.testing.drain)()
+        self.assertEqual(done.jobs, [(handle.id, "succeeded")])
+        state = await Job.objects.filter(pk=handle.id).values_list("state", flat=True).aget()
+        self.assertEqual(state, "succeeded")
