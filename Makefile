@@ -119,3 +119,13 @@ format: $(STAMP)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache *.egg-info
+
+## make release: the app's sdist and wheel of jobs.__version__ in var/dist/, twine-checked;
+## prints the tag and upload commands (docs/app/releasing.md). Uploads nothing.
+.PHONY: release
+release: package
+	@version=$$($(PY) -c 'import jobs; print(jobs.__version__)'); \
+	ls var/dist/django_jobs_ledger-$$version.tar.gz var/dist/django_jobs_ledger-$$version-py3-none-any.whl >/dev/null || exit 1; \
+	echo "release: django-jobs-ledger $$version built and checked in var/dist/ (nothing uploaded)"; \
+	echo "  tag:    git tag -a v$$version -m \"django-jobs-ledger $$version\" && git push origin v$$version"; \
+	echo "  upload: $(PY) -m twine upload var/dist/django_jobs_ledger-$$version.tar.gz var/dist/django_jobs_ledger-$$version-py3-none-any.whl"

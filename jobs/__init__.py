@@ -8,6 +8,9 @@ is safe before Django's apps are ready (in settings, in ``jobkinds.py``)::
     @jobs.kind("billing.invoice", max_attempts=5)
     def invoice(ctx: jobs.JobContext) -> list[jobs.EffectSpec]: ...
 
+    @jobs.kind("billing.reminder")  # async def: its own event loop per delivery
+    async def reminder(ctx: jobs.AsyncJobContext) -> list[jobs.EffectSpec]: ...
+
     handle = jobs.request("billing.invoice", order, revision=1, params={"user_id": 7})
 
 It imports nothing from the project; kinds and providers register themselves
@@ -19,7 +22,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # name -> module that defines it
 _EXPORTS = {
@@ -40,6 +43,7 @@ _EXPORTS = {
     "register_provider": "jobs.registry",
     "register_subject": "jobs.hooks",
     "JobContext": "jobs.delivery.runner",
+    "AsyncJobContext": "jobs.asyncctx",
     "Provider": "jobs.providers",
     "JobError": "jobs.exceptions",
     "PayloadInvalid": "jobs.exceptions",
@@ -50,6 +54,7 @@ _EXPORTS = {
     "JobTimeout": "jobs.exceptions",
 }
 __all__ = [
+    "AsyncJobContext",
     "EffectSpec",
     "JobCancelled",
     "JobConflict",
@@ -90,6 +95,7 @@ if TYPE_CHECKING:
         request,
         request_many,
     )
+    from jobs.asyncctx import AsyncJobContext
     from jobs.chains import group, result, then
     from jobs.delivery.runner import JobContext
     from jobs.exceptions import (

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -32,9 +32,14 @@ from jobs.models import Artifact, Effect, Job
 from jobs.queue import enqueue_job
 
 if TYPE_CHECKING:
+    from jobs.asyncctx import AsyncJobContext
     from jobs.delivery.runner import JobContext
 
-Handler = Callable[["JobContext"], "list[registry.EffectSpec] | None"]
+# A handler is a function of the context or an ``async def`` of the async context.
+Handler = (
+    Callable[["JobContext"], "list[registry.EffectSpec] | None"]
+    | Callable[["AsyncJobContext"], Awaitable["list[registry.EffectSpec] | None"]]
+)
 
 
 class JobConflict(JobError, ValueError):

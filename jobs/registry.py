@@ -7,13 +7,17 @@ looks them up by name, so ``jobs`` never imports the project.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import functools
 import json
 import re
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from jobs import asyncctx
 from jobs.exceptions import PayloadInvalid, UnknownKind
 
 if TYPE_CHECKING:
@@ -21,7 +25,8 @@ if TYPE_CHECKING:
     from jobs.providers import Provider
 
 # A kind's handler takes a ``jobs.JobContext`` (defined above this module, in the
-# delivery, which imports the registry) and returns its effects.
+# delivery, which imports the registry) and returns its effects; an ``async def`` one
+# takes a ``jobs.AsyncJobContext`` (``jobs.asyncctx``) and is wrapped at registration.
 Handler = Callable[[Any], "list[EffectSpec] | None"]
 
 
@@ -126,6 +131,7 @@ def validate_output(produced: object) -> Output:
     not be published. Reasons name fields and kinds, never values."""
     if produced is None:
         return Output()
+    asyncctx.refuse_coroutine(produced)  # a def handler that returned a coroutine: say so
     if isinstance(produced, str | bytes | dict) or not hasattr(produced, "__iter__"):
         raise PayloadInvalid(
             f"a job handler returns a list (effects, jobs.then, jobs.group, jobs.result), "
@@ -210,6 +216,8 @@ def _check_follow_up(item: FollowUp, where: str) -> None:
 
 
 def _checked_result(value: object) -> object:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)  # a typed result (docs/app/kinds.md): stored as JSON
     try:
         text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError):
@@ -255,6 +263,56 @@ class JobKind:
     # As the join of a group (docs/app/chains.md): what a child that did not succeed does
     # to this join: "fail" or "skip" it (it never runs), or "run" it anyway.
     on_child_failure: str = "fail"
+    # The handler's declared result (``-> MyResult``: a dataclass or a TypedDict), or None.
+    result_type: type | None = None
+
+
+def declared_result(handler: object) -> type | None:
+    """The dataclass or TypedDict a handler's return annotation names, else None.
+
+    Other annotations (``list[EffectSpec]``, none at all, a name only importable for type
+    checkers) leave the handler as it is."""
+    func = getattr(handler, "func", handler)  # an async handler's own function
+    try:
+        hints = typing.get_type_hints(func)
+    except Exception:  # a forward reference to a TYPE_CHECKING import: not declared here
+        return None
+    declared = hints.get("return")
+    if isinstance(declared, type) and (
+        dataclasses.is_dataclass(declared) or typing.is_typeddict(declared)
+    ):
+        return declared
+    return None
+
+
+class TypedResultHandler:
+    """A handler that returns its declared result type: the worker stores the value as
+    the job's ``jobs.result`` (JSON); a list (effects, follow-ups) passes unchanged."""
+
+    def __init__(self, handler: Handler, result_type: type):
+        self.handler = handler
+        self.result_type = result_type
+        functools.update_wrapper(self, handler)
+
+    def __call__(self, ctx: Any) -> Any:
+        produced = self.handler(ctx)
+        if isinstance(
+            produced, self.result_type if not typing.is_typeddict(self.result_type) else dict
+        ):
+            return [ResultSpec(produced)]
+        return produced
+
+
+def load_result(kind: str, value: Any) -> Any:
+    """A stored result as its kind declared it: the dataclass built again from its JSON
+    (top-level fields), a TypedDict's dict as it is; anything else unchanged."""
+    result_type = _kinds[kind].result_type if kind in _kinds else None
+    if value is None or result_type is None or not dataclasses.is_dataclass(result_type):
+        return value
+    if not isinstance(value, dict):
+        return value
+    names = {f.name for f in dataclasses.fields(result_type) if f.init}
+    return result_type(**{k: v for k, v in value.items() if k in names})
 
 
 CATCH_UP = ("latest", "all")  # a periodic kind's ticks missed while down: the newest, or each
@@ -305,7 +363,17 @@ def register_kind(
     True (or a predicate returning True for an exception) keeps only the class
     and the traceback's frames of its failures. ``schedule`` makes it periodic
     (``jobs.schedules``; its cron and time zone are read by check jobs.E040 at start-up).
+    An ``async def`` handler is wrapped here so the worker runs it in an event loop of
+    its own (``jobs.asyncctx``); one it could only fail on (a def wrapping an async def,
+    an async generator) raises TypeError now rather than at every run.
     """
+    asyncctx.refuse_unrunnable(name, handler)
+    if asyncctx.is_async_handler(handler) and not isinstance(handler, asyncctx.AsyncHandler):
+        handler = asyncctx.AsyncHandler(handler)
+    # ``-> MyResult`` (a dataclass or TypedDict): the returned value is the job's result.
+    result_type = declared_result(handler)
+    if result_type is not None and not isinstance(handler, TypedResultHandler):
+        handler = TypedResultHandler(handler, result_type)
     if schedule is not None and not isinstance(schedule, str | datetime.timedelta):
         raise ValueError(f"schedule must be a cron string or a timedelta, not {schedule!r}")
     if catch_up not in CATCH_UP:
@@ -330,6 +398,7 @@ def register_kind(
         schedule_tz=schedule_tz,
         catch_up=catch_up,
         on_child_failure=on_child_failure,
+        result_type=result_type,
     )
     _kinds[name] = kind
     return kind

@@ -52,6 +52,26 @@ PIP_CACHE = Path(os.environ.get("PIP_CACHE_DIR") or Path.home() / ".cache" / "pi
 VARIANTS = {"django-5.2": "3.11", "django-6.1": "3.12"}
 # Django 6.1 is what CI tests on 6.x (the package's classifiers say the same).
 DJANGO_PINS = {"django-5.2": "Django>=5.2,<5.3", "django-6.1": "Django>=6.1,<6.2"}
+# The one install line (README.md, the package's README, docs/index.md, the quickstart).
+INSTALL_LINE = 'pip install "$JOBS_LEDGER/packaging/django-jobs-ledger[postgres]"'
+PYPROJECT = ROOT / "packaging" / "django-jobs-ledger" / "pyproject.toml"
+
+
+def _supported() -> dict[str, list[str]]:
+    """The Python and Django versions the package's classifiers name."""
+    import tomllib
+
+    classifiers = tomllib.loads(PYPROJECT.read_text())["project"]["classifiers"]
+    found: dict[str, list[str]] = {"python": [], "django": []}
+    for classifier in classifiers:
+        if m := re.fullmatch(r"Programming Language :: Python :: (3\.\d+)", classifier):
+            found["python"].append(m[1])
+        elif m := re.fullmatch(r"Framework :: Django :: (\d+\.\d+)", classifier):
+            found["django"].append(m[1])
+    return found
+
+
+SUPPORTED = _supported()
 # (variant, what the quickstart's install line installs)
 RUNS = [("django-5.2", "sdist"), ("django-6.1", "sdist"), ("django-6.1", "folder")]
 
@@ -165,15 +185,13 @@ def dists(tmp_path_factory, clone) -> dict[str, Path]:
 
     assert f"Version: {jobs.__version__}" in metadata  # the one place the version lives
     for field in (
-        "Project-URL: Documentation, ",
-        "Project-URL: Homepage, ",
         "License-Expression: MIT",
-        "Framework :: Django :: 5.2",
-        "Framework :: Django :: 6.1",
-        "Programming Language :: Python :: 3.11",
-        "Programming Language :: Python :: 3.12",
+        *(f"Framework :: Django :: {django}" for django in SUPPORTED["django"]),
+        *(f"Programming Language :: Python :: {python}" for python in SUPPORTED["python"]),
     ):
         assert field in metadata, field
+    # No URL nobody could open: the repository has no public address yet.
+    assert "Project-URL:" not in metadata and "Home-page:" not in metadata, metadata
     return {"sdist": sdist, "wheel": built}
 
 
@@ -283,12 +301,11 @@ def test_wheel__quickstart_in_a_fresh_project(variant, source, sdist, clone, tmp
 
     def shell(command: str) -> str:
         if command.startswith("pip install"):
-            folder = '"$JOBS_LEDGER/packaging/django-jobs-ledger"'
-            assert folder in command, command
-            target = folder if source == "folder" else f'"{sdist}"'
-            if old_django:  # what it says for 5.2
-                target = target[:-1] + '[tasks]"'
-            command = command.replace(folder, target, 1) + f' "{DJANGO_PINS[variant]}"'
+            assert command == INSTALL_LINE, command  # the one install line (docs test)
+            extras = "postgres,tasks" if old_django else "postgres"  # what it says for 5.2
+            folder = f"{clone}/packaging/django-jobs-ledger"
+            target = f'"{folder if source == "folder" else sdist}[{extras}]"'
+            command = f'pip install {target} "{DJANGO_PINS[variant]}"'
             log.append(f"  install: {target}")
         if command.startswith("createdb "):
             scratchdb.create(server, db_name)
@@ -349,3 +366,273 @@ def test_wheel__quickstart_in_a_fresh_project(variant, source, sdist, clone, tmp
     commands = set(re.findall(r"^    (\w+)$", help_text, re.M))
     assert {"qcluster", "jobs_worker", "jobs_dispatcher", "jobs_stats", "migrate"} <= commands
     assert not commands & {"burst", "fake_provider", "drill", "seed_demo"}
+
+
+# --- the wheel on every supported (Python, Django) pair ---------------------------------
+
+EXAMPLE = ROOT / "tests" / "docs" / "shop_example"
+EXAMPLE_IMPORT = (
+    "from tests.docs.shop_example import jobkinds  # noqa: F401  (registers shop.welcome)\n"
+)
+EXAMPLE_RETURN = 'return [jobs.EffectSpec("welcome-mail", "email", str(users[0].pk))]'
+SHOP_SETTINGS = """
+INSTALLED_APPS += ["django_q", "jobs", "shop"]
+Q_CLUSTER = {"name": "shop", "orm": "default", "timeout": 120, "retry": 180}
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "artifacts": {"BACKEND": "jobs.artifacts.AtomicFileSystemStorage",
+                  "OPTIONS": {"location": BASE_DIR / "artifacts"}},
+}
+"""
+
+
+def supported_pairs() -> list[tuple[str, str]]:
+    """Every (Python, Django) pair the classifiers name that Django itself supports:
+    Django 6.0 and 6.1 need Python 3.12 or later."""
+    return [
+        (python, django)
+        for python in SUPPORTED["python"]
+        for django in SUPPORTED["django"]
+        if django.startswith("5.") or tuple(map(int, python.split("."))) >= (3, 12)
+    ]
+
+
+def _django_pin(django: str) -> str:
+    major, minor = django.split(".")
+    return f"Django>={django},<{major}.{int(minor) + 1}"
+
+
+def _fresh_shop(python: str, django: str, wheel: Path, where: Path) -> dict:
+    """A new project with the wheel installed, the testing page's example as its app's
+    kind and tests: the example's tests as written, then with a kind that sends twice."""
+    from tests.docs.test_sqlite_recipe import DEPLOYMENT  # the one SQLite recipe's page
+
+    row = {"python": python, "django": django}
+    venv, project = where / "venv", where / "project"
+    project.mkdir(parents=True)
+    env = {
+        "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "VIRTUAL_ENV": str(venv),
+        "PIP_CACHE_DIR": str(PIP_CACHE),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    began = time.monotonic()
+    _run([_python(python), "-m", "venv", venv], cwd=where, env=env)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    _run(
+        [*pip, f"{wheel}[postgres]", _django_pin(django), "pytest>=8", "pytest-django>=4.8"],
+        cwd=where,
+        env=env,
+    )
+    row["install_s"] = round(time.monotonic() - began, 1)
+    versions = _run(
+        [
+            "python",
+            "-c",
+            "import sys, django, jobs; "
+            "print(sys.version.split()[0], django.get_version(), jobs.__version__)",
+        ],
+        cwd=where,
+        env=env,
+    ).split()
+    row["python"], row["django"], row["app"] = versions
+    _run(["django-admin", "startproject", "shop_site", "."], cwd=project, env=env)
+    _run(["python", "manage.py", "startapp", "shop"], cwd=project, env=env)
+    section = DEPLOYMENT.read_text().split("## SQLite (one machine)", 1)[1].split("\n## ", 1)[0]
+    [recipe] = re.findall(r"```python\n(.*?)```", section, re.S)
+    settings = project / "shop_site" / "settings.py"
+    settings.write_text(settings.read_text() + SHOP_SETTINGS + recipe)
+    (project / "pytest.ini").write_text("[pytest]\nDJANGO_SETTINGS_MODULE = shop_site.settings\n")
+    kinds = (EXAMPLE / "jobkinds.py").read_text()
+    tests = (EXAMPLE / "test_welcome.py").read_text()
+    assert EXAMPLE_IMPORT in tests and EXAMPLE_RETURN in kinds
+    (project / "shop" / "jobkinds.py").write_text(kinds)  # autodiscovered, as in a project
+    (project / "shop" / "tests.py").write_text(tests.replace(EXAMPLE_IMPORT, ""))
+    row["check"] = _run(["python", "manage.py", "check"], cwd=project, env=env).strip()
+    run_tests = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "shop/tests.py"]
+    done = subprocess.run(run_tests, cwd=project, env=env, capture_output=True, text=True)
+    row["example"] = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
+    row["example_ok"] = done.returncode == 0
+    twice = EXAMPLE_RETURN.replace(
+        "]", ', jobs.EffectSpec("welcome-mail-again", "email", str(users[0].pk))]'
+    )
+    (project / "shop" / "jobkinds.py").write_text(kinds.replace(EXAMPLE_RETURN, twice))
+    done = subprocess.run(run_tests, cwd=project, env=env, capture_output=True, text=True)
+    row["twice"] = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
+    row["twice_fails"] = done.returncode == 1 and " failed" in row["twice"]
+    return row
+
+
+def test_release__the_wheel_in_a_fresh_project_on_every_supported_pair(wheel, tmp_path):
+    """The wheel ``make release`` builds, installed with each (Python, Django) pair of the
+    classifiers into a fresh project whose app is the testing page's example: its tests
+    pass (inline and manual, pytest-django and TestCase, no worker process), and fail
+    when the kind sends its effect twice. Prints the table. ``manage.py check`` is clean
+    with the one SQLite recipe (docs/app/deployment.md) in the project's settings."""
+    pairs = supported_pairs()
+    assert ("3.11", "6.1") not in pairs and len(pairs) == 7, pairs
+    rows = []
+    for python, django in pairs:
+        try:
+            rows.append(_fresh_shop(python, django, wheel, tmp_path / f"py{python}-dj{django}"))
+        except AssertionError as exc:  # the table still shows the other pairs
+            rows.append({"python": python, "django": django, "error": str(exc)[-500:]})
+    lines = [f"{'python':8} {'django':8} {'app':6} {'install':>8}  example tests / sent twice"]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"{row['python']:8} {row['django']:8} ERROR {row['error']}")
+            continue
+        verdict = "PASS" if row["example_ok"] and row["twice_fails"] else "FAIL"
+        lines.append(
+            f"{row['python']:8} {row['django']:8} {row['app']:6} {row['install_s']:>7}s  "
+            f"{row['example']} / {row['twice']}  {verdict}"
+        )
+    print("\nthe wheel on every supported pair\n" + "\n".join(lines))
+    for row in rows:
+        assert "error" not in row, row
+        assert row["check"] == "System check identified no issues (0 silenced).", row
+        assert row["example_ok"] and "4 passed" in row["example"], row
+        # All four fail: three count one mail too many, the closed account two withheld rows.
+        assert row["twice_fails"] and "4 failed" in row["twice"], row
+
+
+# --- an async kind under a real qcluster, killed mid-handler ------------------------------
+
+ASYNC_SETTINGS = """
+JOBS_LEASE_SECONDS = 3  # a killed worker's job is claimable again 3 s after its claim
+Q_CLUSTER = {"name": "shop", "orm": "default", "workers": 1, "timeout": 30, "retry": 45,
+             "poll": 0.2}
+"""
+ASYNC_KINDS = """
+import asyncio
+import os
+from pathlib import Path
+
+from django.contrib.auth import get_user_model
+
+import jobs
+
+MARKS = Path(__file__).resolve().parent.parent / "marks.txt"
+
+
+def mark(line):
+    with MARKS.open("a") as marks:
+        marks.write(line + "\\n")
+
+
+@jobs.kind("shop.async_receipt", max_attempts=3)
+async def receipt(ctx: jobs.AsyncJobContext):
+    users = await ctx.aread(get_user_model().objects.filter(pk=ctx.params["user_id"]))
+
+    async def count():
+        mark(f"step {ctx.job.pk}")
+        await asyncio.sleep(0)
+        return 7
+
+    total = await ctx.astep("count", count)
+    mark(f"run {ctx.job.pk} {ctx.job.attempts} {os.getpid()}")
+    if ctx.params.get("hang") and ctx.job.attempts == 1:
+        await asyncio.sleep(120)  # SIGKILL arrives here
+    await ctx.astore_artifact(f"receipt {total}\\n".encode(), content_type="text/plain",
+                              extension="txt")
+    return [jobs.EffectSpec("receipt-ready", "inapp", str(users[0].pk))]
+"""
+ASYNC_REQUEST = """
+import jobs
+from django.contrib.auth.models import User
+user = User.objects.create_user("bea")
+for n, hang in ((1, False), (2, True)):
+    handle = jobs.request("shop.async_receipt", ("shop.order", n),
+                          params={"user_id": user.pk, "hang": hang})
+    print("JOB", handle.id)
+"""
+ASYNC_STATE = """
+import json
+from jobs.models import Artifact, Attempt, Effect, Job, Notice
+print("STATE " + json.dumps({
+    str(job.pk): [job.state, job.attempts, Artifact.objects.filter(job=job).count(),
+                  sorted(Effect.objects.filter(job=job).values_list("state", flat=True)),
+                  sorted(Attempt.objects.filter(job=job).values_list("outcome", flat=True))]
+    for job in Job.objects.order_by("pk")
+} | {"notices": Notice.objects.count()}))
+"""
+
+
+def test_async_kind__a_real_qcluster_runs_it_once_and_survives_a_sigkill_mid_handler(
+    wheel, tmp_path
+):
+    """The wheel in a fresh SQLite project (the one recipe): an ``async def`` kind with a
+    fenced read, a durable step and an in-app notice, run by ``qcluster`` with the
+    ``jobs_dispatcher`` loop beside it. One job runs once; the other's worker process is
+    killed (SIGKILL) while its handler awaits, and the job ends with one artifact, one
+    notice, the step run once, and the killed attempt recorded."""
+    from tests.docs.test_sqlite_recipe import DEPLOYMENT
+
+    python = _python("3.11")
+    venv, project = tmp_path / "venv", tmp_path / "project"
+    project.mkdir()
+    env = {
+        "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "VIRTUAL_ENV": str(venv),
+        "PIP_CACHE_DIR": str(PIP_CACHE),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    _run([python, "-m", "venv", venv], cwd=tmp_path, env=env)
+    _run(["pip", "install", "--quiet", str(wheel), "Django>=5.2,<5.3"], cwd=tmp_path, env=env)
+    _run(["django-admin", "startproject", "shop_site", "."], cwd=project, env=env)
+    _run(["python", "manage.py", "startapp", "shop"], cwd=project, env=env)
+    section = DEPLOYMENT.read_text().split("## SQLite (one machine)", 1)[1].split("\n## ", 1)[0]
+    [recipe] = re.findall(r"```python\n(.*?)```", section, re.S)
+    settings = project / "shop_site" / "settings.py"
+    settings.write_text(settings.read_text() + SHOP_SETTINGS + ASYNC_SETTINGS + recipe)
+    (project / "shop" / "jobkinds.py").write_text(ASYNC_KINDS)
+
+    def manage(*args: str) -> str:
+        return _run(["python", "manage.py", *args], cwd=project, env=env)
+
+    manage("migrate", "-v0")
+    ids = [
+        line.split()[1]
+        for line in manage("shell", "-c", ASYNC_REQUEST).splitlines()
+        if line.startswith("JOB ")
+    ]
+    calm, hanging = ids
+    marks = project / "marks.txt"
+
+    def state() -> dict:
+        return json.loads(manage("shell", "-c", ASYNC_STATE).split("STATE ", 1)[1])
+
+    procs = Processes(env, tmp_path, command=(str(venv / "bin" / "python"),), cwd=project)
+    try:
+        procs.start("qcluster", "manage.py", "qcluster")
+        procs.start("dispatcher", "manage.py", "jobs_dispatcher", "--interval", "0.5")
+        deadline, killed = time.monotonic() + 150, None
+        while time.monotonic() < deadline:
+            runs = marks.read_text().splitlines() if marks.exists() else []
+            first = [r for r in runs if r.startswith(f"run {hanging} 1 ")]
+            if first and killed is None:
+                killed = int(first[0].split()[3])
+                time.sleep(0.3)  # inside its asyncio.sleep
+                os.kill(killed, signal.SIGKILL)
+            seen = state()
+            if killed and all(seen[i][0] == "succeeded" for i in ids):
+                break
+            time.sleep(1)
+        procs.check_alive()
+    finally:
+        procs.stop_all()
+    runs = marks.read_text().splitlines()
+    print(f"\nkilled worker {killed}; marks: {runs}\nstate: {seen}")
+    assert killed is not None, f"the hanging job never started: {runs}"
+    assert seen[calm][:4] == ["succeeded", 1, 1, ["applied"]], seen
+    assert seen[hanging][0] == "succeeded" and seen[hanging][2:4] == [1, ["applied"]], seen
+    assert seen[hanging][1] >= 2, "the killed attempt counts"
+    assert "succeeded" in seen[hanging][4] and len(seen[hanging][4]) >= 2, seen
+    assert seen["notices"] == 2
+    assert runs.count(f"step {hanging}") == 1, "the step's output was reused, not run again"
+    assert len([r for r in runs if r.startswith(f"run {calm} ")]) == 1
