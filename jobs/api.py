@@ -289,8 +289,10 @@ class JobHandle:
 
     @property
     def result(self) -> Any:
-        """The job's ``jobs.result`` value (read now), or None if it returned none."""
-        return Job.objects.values_list("result", flat=True).get(pk=self.job.pk)
+        """The job's ``jobs.result`` value (read now), or None if it returned none; a kind
+        whose handler is annotated ``-> SomeDataclass`` gets that dataclass back."""
+        value = Job.objects.values_list("result", flat=True).get(pk=self.job.pk)
+        return registry.load_result(self.job.kind, value)
 
     @property
     def follow_ups(self) -> list[Job]:

@@ -89,6 +89,45 @@ SELECT EXTRACT(EPOCH FROM min(due) - clock_timestamp())::float8 FROM (
 """
 
 
+class Claimer:
+    """Claims the next due job of ``queues`` for this cluster (its pusher, or a worker that
+    keeps going): the queues take turns, and a job that needs its own verdict (a lease
+    that ran out, a spent budget) is looked for first, once a second while busy."""
+
+    def __init__(self, queues: list[str]) -> None:
+        self.queues = list(queues)
+        self._own_verdict_at = 0.0  # monotonic: the last look (0: look at the next claim)
+        self._queue_turn = 0
+
+    def look_now(self) -> None:
+        self._own_verdict_at = 0.0
+
+    def next(self, owner: str, *, busy: bool = True):
+        """The next claim for ``owner`` (``jobs.engine.plan.Claim``, won), or None when no
+        queue has a due job this cluster may start now."""
+        from jobs.executors import pgclaim
+
+        lease, bound = conf.lease_seconds(), conf.tenant_concurrency()
+        now = time.monotonic()
+        looked = self._own_verdict_at
+        if looked == 0.0 or (busy and now - looked >= OWN_VERDICT_EVERY):
+            self._own_verdict_at = now
+            for queue in self.queues:
+                claim = pgclaim.decide_own_verdict(queue, owner, lease=lease, bound=bound)
+                if claim is not None and claim.won:
+                    return claim
+        self._queue_turn += 1
+        for i in range(len(self.queues)):
+            queue = self.queues[(self._queue_turn + i) % len(self.queues)]
+            for _ in range(4):  # a picked job held back is deferred: look at the next
+                claim = pgclaim.claim_next(queue, owner, lease=lease, bound=bound)
+                if claim is None:
+                    break
+                if claim.won:
+                    return claim
+        return None
+
+
 class ClaimingBroker(PostgresBroker):
     """django-q2's broker over the jobs table: ``dequeue`` is the claim."""
 
@@ -103,10 +142,9 @@ class ClaimingBroker(PostgresBroker):
 
     def _reset_claiming(self) -> None:
         self._turn = 0  # whose turn a contested slot is: even jobs, odd plain messages
-        self._own_verdict_at = 0.0  # monotonic: the last look for expired leases (0: look)
+        self._claimer = Claimer(self.queues)
         self._busy = False  # the last dequeue handed out work
         self._full_since = (-1, 0.0)  # (count, monotonic) while every worker is busy
-        self._queue_turn = 0
 
     @property
     def queues(self) -> list[str]:
@@ -203,37 +241,11 @@ class ClaimingBroker(PostgresBroker):
 
     def _claim_one(self) -> tuple[int, str] | None:
         """One claimed job as a package for a worker, or None when no queue has one."""
-        from jobs.executors import pgclaim
-
-        owner = self._owner()
-        lease, bound = conf.lease_seconds(), conf.tenant_concurrency()
-        queues = self.queues
-        now = time.monotonic()
-        # Idle, the nearest due time says when a lease ran out (``_wait_for_work`` asks for
-        # a look); busy, the cluster looks once a second.
-        looked = self._own_verdict_at
-        if looked == 0.0 or (self._busy and now - looked >= OWN_VERDICT_EVERY):
-            self._own_verdict_at = now
-            for queue in queues:
-                claim = pgclaim.decide_own_verdict(queue, owner, lease=lease, bound=bound)
-                if claim is not None and claim.won:
-                    return self._package(claim)
-        # Several queues take turns: each claim starts from the next one.
-        self._queue_turn += 1
-        for i in range(len(queues)):
-            queue = queues[(self._queue_turn + i) % len(queues)]
-            for _ in range(4):  # a picked job held back is deferred: look at the next
-                claim = pgclaim.claim_next(queue, owner, lease=lease, bound=bound)
-                if claim is None:
-                    break
-                if claim.won:
-                    return self._package(claim)
-        return None
-
-    def _owner(self) -> str:
         from jobs.engine.job_machine import worker_identity
 
-        return worker_identity()
+        # The cluster's claims are its pusher's: the owner its workers adopt.
+        claim = self._claimer.next(worker_identity(), busy=self._busy)
+        return None if claim is None else self._package(claim)
 
     def _package(self, claim) -> tuple[int, str]:
         job, attempt = claim.job, claim.attempt
@@ -242,7 +254,7 @@ class ClaimingBroker(PostgresBroker):
             "name": f"job-{job.pk}",
             "func": RUN_CLAIMED,
             "args": (job.pk, job.lease_owner, attempt.pk, job.version),
-            "kwargs": {},
+            "kwargs": {"queues": self.queues},
             "started": timezone.now(),
             "save": False,
         }
@@ -264,7 +276,7 @@ class ClaimingBroker(PostgresBroker):
             due_in = self._next_due()
             if due_in is not None and due_in <= 0:
                 # Due and not claimed: a lease that ran out waits for its own verdict.
-                self._own_verdict_at = 0.0
+                self._claimer.look_now()
                 wait = min(wait, 0.05)
             elif due_in is not None:
                 wait = min(wait, due_in + 0.005)
@@ -295,6 +307,36 @@ class ClaimingBroker(PostgresBroker):
                 pass
         except Exception as exc:  # psycopg.Error: the listener is gone
             self._drop_listener(f"listener failed ({type(exc).__name__})")
+
+
+# A worker's claimer per served queues (its own turn and its look for expired leases).
+_claimers: dict[tuple[str, ...], Claimer] = {}
+
+
+def keep_going(queues: list[str], owner: str, *, started: float, run) -> int:
+    """A worker that finished a claimed job claims its queues' next due job itself and runs
+    it (``run(claim)``), while ``JOBS_FOLLOW_ON_SECONDS`` from ``started`` lasts (cut to
+    leave the longest kind its timeout before django-q2's alarm): a burst is not handed
+    job by job through the pusher. Returns how many it ran. A database error stops it;
+    the claim it may have made is reclaimed when its lease runs out."""
+    from jobs.tasks import follow_on_budget
+
+    budget = follow_on_budget()
+    if budget <= 0 or not queues:
+        return 0
+    claimer = _claimers.setdefault(tuple(queues), Claimer(queues))
+    ran = 0
+    try:
+        while time.monotonic() - started < budget:
+            claim = claimer.next(owner)
+            if claim is None:
+                break
+            ran += 1
+            if not run(claim):
+                break
+    except (DatabaseError, InterfaceError) as exc:
+        log.warning("worker stopped claiming on (%s)", type(exc).__name__)
+    return ran
 
 
 def _option(name: str, default: Any) -> Any:

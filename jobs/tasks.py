@@ -58,14 +58,34 @@ def run_job(job_id: int, due: str | None = None) -> str:
     return _deliver_then_follow(RUN_JOB, job_id)
 
 
-def run_claimed(job_id: int, owner: str, attempt_id: int, version: int) -> str:
+def run_claimed(
+    job_id: int, owner: str, attempt_id: int, version: int, queues: list[str] | None = None
+) -> str:
     """Run the job the broker claimed for this worker (``jobs.claiming``): the worker
     adopts the claim's owner and attempt, it does not claim again. Nothing to
-    acknowledge: the outcome's commit is the job's acknowledgement."""
+    acknowledge: the outcome's commit is the job's acknowledgement. Then, while its
+    queues have due work, the worker claims and runs their next jobs itself
+    (``jobs.claiming.keep_going``)."""
+    from jobs import claiming
+
+    started = time.monotonic()
     with delivery("run_job", job_id):
         result = runner.run_adopted(job_id, owner, attempt_id, version)
         backends.announce_finished(result.job_id, result.outcome)
-        return result.outcome
+    claiming.keep_going(queues or [], owner, started=started, run=_run_claim)
+    return result.outcome
+
+
+def _run_claim(claim) -> bool:
+    """Run a job this worker claimed itself; False when its delivery failed outside the
+    engine (the job's lease runs out and it is claimed again)."""
+    try:
+        with delivery("run_job", claim.job.pk):
+            result = runner.run_claim(claim, claim.job.lease_owner)
+            backends.announce_finished(result.job_id, result.outcome)
+    except DeliveryFailed:
+        return False
+    return True
 
 
 def release_effect(effect_pk: int) -> str:

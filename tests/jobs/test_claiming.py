@@ -169,7 +169,7 @@ def test_claiming__an_expired_lease_is_claimed_again_and_the_first_worker_publis
         lease_expires_at=F("lease_expires_at") - timedelta(hours=1)
     )
     claiming._release(1)
-    b._own_verdict_at = 0.0
+    b._claimer.look_now()
     [second] = take(b)
     assert second["args"][0] == job.pk and second["args"][2] != first["args"][2]
     assert run(first) == "stale", "the first claim is no longer held: it does nothing"
@@ -177,6 +177,19 @@ def test_claiming__an_expired_lease_is_claimed_again_and_the_first_worker_publis
     assert ran == [job.pk]
     job.refresh_from_db()
     assert job.state == Job.State.SUCCEEDED and job.attempts == 2
+
+
+def test_claiming__a_worker_that_finished_claims_its_queues_next_jobs_itself(db, monkeypatch):
+    """A burst is not handed job by job through the pusher: the worker keeps claiming (the
+    same owner, one claim statement a job) while its queue has due work."""
+    monkeypatch.setattr(Conf, "WORKERS", 1)
+    made = [ask(f"burst-{i}").pk for i in range(5)]
+    [task] = take(broker())
+    assert tasks.run_claimed(*task["args"], **task["kwargs"]) == Attempt.Outcome.SUCCEEDED
+    assert ran == made, "one task ran the whole queue, in order"
+    assert Job.objects.filter(pk__in=made, state=Job.State.SUCCEEDED).count() == 5
+    owners = set(Attempt.objects.filter(job_id__in=made).values_list("worker", flat=True))
+    assert owners == {task["args"][1]}
 
 
 def test_claiming__a_cancel_asked_for_while_the_package_waited_runs_nothing(db):

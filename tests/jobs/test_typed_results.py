@@ -83,8 +83,9 @@ def test_typed_result__stored_as_json_and_loaded_as_declared(kind, stored, loade
     job = _run(kind)
     assert job.state == Job.State.SUCCEEDED
     handle = jobs.JobHandle(job)
-    assert handle.result == stored
-    assert registry.load_result(kind, handle.result) == loaded
+    assert job.result == stored, "stored as JSON"
+    assert handle.result == loaded, "the handle gives it back as the kind declared it"
+    assert registry.load_result(kind, job.result) == loaded
     assert registry.get_kind(kind).result_type in (Totals, Counted)
 
 
