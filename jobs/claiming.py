@@ -33,6 +33,7 @@ import os
 import select
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError
@@ -48,6 +49,7 @@ from jobs.broker import TABLE, TAKE, PostgresBroker
 log = logging.getLogger("jobs.claiming")
 
 RUN_CLAIMED = "jobs.tasks.run_claimed"
+RELEASE_CLAIMED = "jobs.tasks.release_claimed"
 # How often a busy cluster looks for jobs that need their own verdict (a lease that ran
 # out, a spent budget): an idle one looks when its nearest due time has come.
 OWN_VERDICT_EVERY = 1.0
@@ -85,8 +87,21 @@ SELECT EXTRACT(EPOCH FROM min(due) - clock_timestamp())::float8 FROM (
     WHERE queue = ANY(%(queues)s) AND state = 'running'
     UNION ALL
     SELECT min(lock) FROM {q} WHERE key = ANY(%(keys)s) AND lock >= now()
+    UNION ALL
+    SELECT min(COALESCE(next_attempt_at, clock_timestamp())) FROM {e}
+    WHERE %(releases)s AND state IN ('pending', 'unknown')
+    UNION ALL
+    SELECT min(lease_expires_at) FROM {e} WHERE %(releases)s AND state = 'sending'
 ) d
 """
+
+
+@dataclass(frozen=True)
+class Leased:
+    """An effect leased for sending (``effect_machine.claim_send``) and its state before."""
+
+    effect: Any
+    prior: str
 
 
 class Claimer:
@@ -98,13 +113,34 @@ class Claimer:
         self.queues = list(queues)
         self._own_verdict_at = 0.0  # monotonic: the last look (0: look at the next claim)
         self._queue_turn = 0
+        # Effect releases are the default queue's (as their messages were on the message
+        # brokers); they take turns with its jobs.
+        self.releases = rules.DEFAULT_QUEUE in self.queues
+        self._effect_turn = False
 
     def look_now(self) -> None:
         self._own_verdict_at = 0.0
 
     def next(self, owner: str, *, busy: bool = True):
-        """The next claim for ``owner`` (``jobs.engine.plan.Claim``, won), or None when no
-        queue has a due job this cluster may start now."""
+        """The next claim for ``owner``: a job's (``jobs.engine.plan.Claim``, won) or an
+        effect's lease (``Leased``), or None when nothing is due that this cluster may
+        start now."""
+        from jobs.executors import pgclaim
+
+        if self.releases:
+            self._effect_turn = not self._effect_turn
+            if self._effect_turn:
+                leased = pgclaim.claim_effect(owner)
+                if leased is not None:
+                    return Leased(*leased)
+        claim = self._next_job(owner, busy=busy)
+        if claim is None and self.releases and not self._effect_turn:
+            leased = pgclaim.claim_effect(owner)
+            if leased is not None:
+                return Leased(*leased)
+        return claim
+
+    def _next_job(self, owner: str, *, busy: bool):
         from jobs.executors import pgclaim
 
         lease, bound = conf.lease_seconds(), conf.tenant_concurrency()
@@ -244,10 +280,23 @@ class ClaimingBroker(PostgresBroker):
         from jobs.engine.job_machine import worker_identity
 
         # The cluster's claims are its pusher's: the owner its workers adopt.
-        claim = self._claimer.next(worker_identity(), busy=self._busy)
-        return None if claim is None else self._package(claim)
+        owner = worker_identity()
+        claim = self._claimer.next(owner, busy=self._busy)
+        return None if claim is None else self._package(claim, owner)
 
-    def _package(self, claim) -> tuple[int, str]:
+    def _package(self, claim, owner: str) -> tuple[int, str]:
+        if isinstance(claim, Leased):
+            effect = claim.effect
+            task = {
+                "id": uuid.uuid4().hex,
+                "name": f"effect-{effect.pk}",
+                "func": RELEASE_CLAIMED,
+                "args": (effect.pk, owner, claim.prior),
+                "kwargs": {"queues": self.queues},
+                "started": timezone.now(),
+                "save": False,
+            }
+            return 0, SignedPackage.dumps(task)
         job, attempt = claim.job, claim.attempt
         task = {
             "id": uuid.uuid4().hex,
@@ -294,10 +343,10 @@ class ClaimingBroker(PostgresBroker):
             self._drain_notifications()
 
     def _next_due(self) -> float | None:
-        from jobs.models import Job
+        from jobs.models import Effect, Job
 
-        sql = _NEXT_JOB_DUE.format(t=Job._meta.db_table, q=TABLE)
-        params = {"queues": self.queues, "keys": self.served}
+        sql = _NEXT_JOB_DUE.format(t=Job._meta.db_table, q=TABLE, e=Effect._meta.db_table)
+        params = {"queues": self.queues, "keys": self.served, "releases": self._claimer.releases}
         row = self._execute(sql, params, fetch="one")
         return None if row is None or row[0] is None else float(row[0])
 
@@ -319,7 +368,7 @@ def keep_going(queues: list[str], owner: str, *, started: float, run) -> int:
     leave the longest kind its timeout before django-q2's alarm): a burst is not handed
     job by job through the pusher. Returns how many it ran. A database error stops it;
     the claim it may have made is reclaimed when its lease runs out."""
-    from jobs.tasks import follow_on_budget
+    from jobs.delivery.runner import follow_on_budget
 
     budget = follow_on_budget()
     if budget <= 0 or not queues:

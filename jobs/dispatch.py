@@ -33,20 +33,16 @@ def dispatch_once(*, limit: int = 500) -> dict[str, int]:
     sent["ticks"] = sum(handle.created for handle in schedules.fire_due())
     # Group children ended outside an arrow (an operator's edit): counted, joins requested.
     sent["group_ends"] = groups.sweep()
-    # On the claiming broker a due job or an expired lease is claimed from its row: no
-    # message to send (jobs.claiming).
-    plans = (
-        []
-        if queue.claims_jobs()
-        else [
-            ("due_jobs", Job, rules.JOB_DUE, "next_attempt_at", enqueue_job),
-            ("expired_leases", Job, rules.JOB_LEASE_EXPIRED, "lease_expires_at", enqueue_job),
-        ]
-    )
-    plans += [
+    plans = [
+        ("due_jobs", Job, rules.JOB_DUE, "next_attempt_at", enqueue_job),
+        ("expired_leases", Job, rules.JOB_LEASE_EXPIRED, "lease_expires_at", enqueue_job),
         ("effects", Effect, rules.EFFECT_DUE, "next_attempt_at", enqueue_effect),
         ("effects", Effect, rules.EFFECT_LEASE_EXPIRED, "lease_expires_at", enqueue_effect),
     ]
+    if queue.claims_jobs():
+        # Due jobs, expired leases and due effects are claimed from their rows: no message
+        # to send (jobs.claiming).
+        plans = []
     for label, model, rule, field, enqueue in plans:
         qs = model.objects.filter(rules.to_q(rule), needs_message(field))
         # A job's message goes to its own queue's list (``jobs.queue.list_key``).

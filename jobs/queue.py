@@ -85,7 +85,11 @@ def wakes_at_due_time() -> bool:
 
 
 def enqueue_effect(effect: Effect) -> None:
-    """Put one message for sending ``effect`` on the queue."""
+    """Put one message for sending ``effect`` on the queue (on the claiming broker the
+    effect's row is its queue entry: only the default queue's clusters are woken)."""
+    if claims_jobs():
+        notify_queues([rules.DEFAULT_QUEUE])
+        return
     async_task("jobs.tasks.release_effect", effect.pk, task_name=f"effect-{effect.pk}")
 
 

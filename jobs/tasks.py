@@ -28,7 +28,7 @@ from django_q.monitor import save_task
 from django_q.signals import post_execute, pre_execute
 from django_q.signing import SignedPackage
 
-from jobs import backends, conf, dispatch, queue, registry
+from jobs import backends, dispatch, queue
 from jobs.delivery import release, runner
 from jobs.engine.job_machine import worker_identity
 from jobs.exceptions import DeliveryFailed
@@ -76,10 +76,38 @@ def run_claimed(
     return result.outcome
 
 
+def release_claimed(effect_pk: int, owner: str, prior: str, queues: list[str] | None = None) -> str:
+    """Send the effect the broker leased for this worker (``jobs.claiming``): the lease is
+    adopted (one read), not taken again; then, as ``run_claimed``, the worker keeps
+    claiming while its queues have due work."""
+    from jobs import claiming
+
+    started = time.monotonic()
+    with delivery("release_effect", effect_pk):
+        outcome = _send_leased(effect_pk, owner, prior)
+    claiming.keep_going(queues or [], owner, started=started, run=_run_claim)
+    return outcome
+
+
+def _send_leased(effect_pk: int, owner: str, prior: str) -> str:
+    effect = Effect.objects.select_related("job").filter(pk=effect_pk).first()
+    if effect is None:
+        return "missing"
+    if effect.state != Effect.State.SENDING or effect.lease_owner != owner:
+        return "stale"  # its lease ran out and another sender took it, or an operator acted
+    return release.send_claimed(effect, owner, prior)
+
+
 def _run_claim(claim) -> bool:
-    """Run a job this worker claimed itself; False when its delivery failed outside the
-    engine (the job's lease runs out and it is claimed again)."""
+    """Run a job or send an effect this worker claimed itself; False when its delivery
+    failed outside the engine (the lease runs out and it is claimed again)."""
+    from jobs.claiming import Leased
+
     try:
+        if isinstance(claim, Leased):
+            with delivery("release_effect", claim.effect.pk):
+                _send_leased(claim.effect.pk, claim.effect.lease_owner, claim.prior)
+            return True
         with delivery("run_job", claim.job.pk):
             result = runner.run_claim(claim, claim.job.lease_owner)
             backends.announce_finished(result.job_id, result.outcome)
@@ -153,7 +181,7 @@ def follow_on(done: int | None, *, started: float, list_key: str | None = None) 
     Only on the PostgreSQL broker, outside ``sync``. The budget counts from the start of
     django-q2's task (``started``, monotonic): its alarm and its guard time the whole call.
     """
-    budget = follow_on_budget()
+    budget = runner.follow_on_budget()
     if budget <= 0 or not queue.on_postgres_broker():
         return 0
     from jobs.broker import PostgresBroker
@@ -214,21 +242,6 @@ def _run_followed(call: dict, msg_id: int, broker) -> bool:
             broker.acknowledge(msg_id)
     post_execute.send(sender="django_q", task=task)
     return task["success"]
-
-
-def follow_on_budget() -> float:
-    """``JOBS_FOLLOW_ON_SECONDS``, cut so that a job taken at its end still has its kind's
-    whole timeout and grace before django-q2's alarm (which counts from the task's start)."""
-    budget = conf.follow_on_seconds()
-    q_timeout = Conf.TIMEOUT
-    if budget <= 0 or not q_timeout or q_timeout < 0:
-        return budget
-    timeouts = [k.timeout for k in registry.kinds().values() if k.timeout]
-    # A kind without a timeout has django-q2's alone: a followed job of it has that less
-    # what the budget spent (docs/broker.md).
-    longest = max(timeouts) + conf.timeout_grace_seconds() if timeouts else 0.0
-    room = float(q_timeout) - longest - runner.HARD_STOP_MARGIN
-    return max(0.0, min(budget, room))
 
 
 def _followable(payload: str) -> dict | None:

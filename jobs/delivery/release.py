@@ -39,6 +39,12 @@ def release(effect: Effect, worker: str) -> str:
     claimed = effect_machine.claim_send(effect, worker)
     if claimed != "claimed":
         return claimed
+    return send_claimed(effect, worker, prior)
+
+
+def send_claimed(effect: Effect, worker: str, prior: str) -> str:
+    """Deliver an effect ``worker`` has leased (``claim_send``; ``prior``: its state before);
+    returns the state it ended in, as ``release``."""
     provider = registry.get_provider(effect.provider)
     if provider.transactional:
         return _release_transactional(effect, worker, provider)

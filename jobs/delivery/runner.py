@@ -498,3 +498,21 @@ def claim_for(job_id: int, worker: str, *, lease_seconds: float | None = None) -
     (or ``lease_seconds``) and the tenant bound: the first step of every delivery."""
     lease = conf.lease_seconds() if lease_seconds is None else lease_seconds
     return executors.current().claim(job_id, worker, lease=lease, bound=conf.tenant_concurrency())
+
+
+def follow_on_budget() -> float:
+    """``JOBS_FOLLOW_ON_SECONDS``: how long a worker keeps taking its queue's next work in
+    one django-q2 task, cut so that a job taken at its end still has its kind's whole
+    timeout and grace before django-q2's alarm (which counts from the task's start)."""
+    budget = conf.follow_on_seconds()
+    from django_q.conf import Conf
+
+    q_timeout = Conf.TIMEOUT
+    if budget <= 0 or not q_timeout or q_timeout < 0:
+        return budget
+    timeouts = [k.timeout for k in registry.kinds().values() if k.timeout]
+    # A kind without a timeout has django-q2's alone: a followed job of it has that less
+    # what the budget spent (docs/broker.md).
+    longest = max(timeouts) + conf.timeout_grace_seconds() if timeouts else 0.0
+    room = float(q_timeout) - longest - HARD_STOP_MARGIN
+    return max(0.0, min(budget, room))

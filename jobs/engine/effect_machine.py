@@ -342,7 +342,16 @@ def defer(
         next_attempt_at=clock.after(delay),
     )
     log_outcome(effect, "deferred", worker, reason=code, delay=f"{delay:.2f}")
+    if won:
+        _wake_when_due()
     return "deferred" if won else "lease_lost"
+
+
+def _wake_when_due() -> None:
+    """On the claiming broker an effect's due time is its queue entry: idle clusters are
+    woken to learn the new one (the message brokers' dispatcher re-drives it instead)."""
+    if queue.claims_jobs():
+        queue.notify_queues([rules.DEFAULT_QUEUE])
 
 
 def circuit_expired(effect: Effect, worker: str, reason: str) -> str:
@@ -391,6 +400,8 @@ def record_failure(
     )
     if not won:
         _event_row(effect, worker, action, "lease_lost", **fields).save()
+    elif verdict.retry:
+        _wake_when_due()
     outcome = verdict.state if won else "lease_lost"
     log_outcome(effect, outcome, worker, error_class=c.error_class, code=c.code)
     return outcome

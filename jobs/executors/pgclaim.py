@@ -28,7 +28,7 @@ from jobs.engine import job_machine
 from jobs.engine.plan import Claim
 from jobs.executors import postgres
 from jobs.executors.postgres import NOW, _compact, _cursor, _int8, _job_from_row, _q
-from jobs.models import Attempt, Job
+from jobs.models import Attempt, Effect, Job
 
 log = logging.getLogger("jobs.executors")
 
@@ -156,3 +156,36 @@ def decide_own_verdict(queue: str, worker: str, *, lease: float, bound: int) -> 
         if row is None:
             return None
         return orm.claim(row[0], worker, lease=lease, bound=bound)
+
+
+@functools.cache
+def _effect_statement() -> str:
+    due = rules.literal_sql(rules.EFFECT_RELEASABLE, Effect, quote=_q, now="clock_timestamp()")
+    order = "COALESCE(next_attempt_at, lease_expires_at, created_at)"
+    return _compact(
+        f"""SELECT id FROM {_q(Effect._meta.db_table)} WHERE {due}
+        ORDER BY {order}, id LIMIT 1 FOR UPDATE SKIP LOCKED"""
+    )
+
+
+def claim_effect(worker: str) -> tuple[Effect, str] | None:
+    """Lease the ledger's longest-due releasable effect to ``worker`` (pending or unknown
+    and due, or sending whose lease ran out): the effect and its state before, or None
+    when none is due. Picked under its row lock (another cluster passes over it) and
+    leased by the ledger's own arrow (``effect_machine.claim_send``) in one transaction;
+    an effect whose send budget is spent goes to ``needs_review`` here, and the next due
+    one is looked at."""
+    from jobs.engine import effect_machine
+
+    for _ in range(4):
+        with clock.worker_transaction():
+            with connection.cursor() as cursor:
+                cursor.execute(_effect_statement())
+                row = cursor.fetchone()
+            if row is None:
+                return None
+            effect = Effect.objects.select_related("job").get(pk=row[0])
+            prior = effect.state
+            if effect_machine.claim_send(effect, worker) == "claimed":
+                return effect, prior
+    return None

@@ -75,6 +75,8 @@ def run(task: dict) -> str:
     try:
         if task["func"] == claiming.RUN_CLAIMED:
             return tasks.run_claimed(*task["args"])
+        if task["func"] == claiming.RELEASE_CLAIMED:
+            return tasks.release_claimed(*task["args"])
         return "plain"
     finally:
         claiming._release(1)
@@ -179,10 +181,15 @@ def test_claiming__an_expired_lease_is_claimed_again_and_the_first_worker_publis
     assert job.state == Job.State.SUCCEEDED and job.attempts == 2
 
 
-def test_claiming__a_worker_that_finished_claims_its_queues_next_jobs_itself(db, monkeypatch):
+def test_claiming__a_worker_that_finished_claims_its_queues_next_jobs_itself(
+    db, monkeypatch, settings
+):
     """A burst is not handed job by job through the pusher: the worker keeps claiming (the
     same owner, one claim statement a job) while its queue has due work."""
     monkeypatch.setattr(Conf, "WORKERS", 1)
+    # Room under django-q2's alarm whatever kinds' timeouts other tests registered.
+    monkeypatch.setattr(Conf, "TIMEOUT", 600)
+    settings.JOBS_FOLLOW_ON_SECONDS = 30
     made = [ask(f"burst-{i}").pk for i in range(5)]
     [task] = take(broker())
     assert tasks.run_claimed(*task["args"], **task["kwargs"]) == Attempt.Outcome.SUCCEEDED
@@ -297,3 +304,31 @@ def test_claiming__an_operator_cancel_racing_the_claim_spends_no_start_and_defer
     claim = pgclaim.claim_next("default", "w1", lease=60, bound=4)
     assert claim is not None and claim.won and claim.job.pk == second.pk
     assert not Job.objects.filter(state=Job.State.RETRY_WAIT).exists(), "nothing deferred"
+
+
+def test_claiming__an_external_effect_is_leased_from_the_ledger_and_sent_once(db, make_user):
+    """No message for a release either: the publish leaves the e-mail effect pending in
+    the ledger, the next dequeue leases it (sending, one attempt) and a worker sends it."""
+    from django.core import mail
+
+    from jobs.models import Effect
+
+    user = make_user(email="reviewer@example.org")
+    job = jobs.request(
+        "test.notify_only",
+        ("auth.user", user.pk),
+        params={"recipient": user.pk, "providers": ["email"]},
+    ).job
+    b = broker()
+    [task] = take(b)
+    run(task)
+    effect = Effect.objects.get(job=job)
+    assert effect.state == Effect.State.PENDING and OrmQ.objects.count() == 0
+    [release] = take(b)
+    assert release["func"] == "jobs.tasks.release_claimed" and release["args"][0] == effect.pk
+    effect.refresh_from_db()
+    assert (effect.state, effect.attempts) == (Effect.State.SENDING, 1)
+    assert run(release) == Effect.State.APPLIED
+    assert len(mail.outbox) == 1
+    assert take(b) == [], "nothing more is due"
+    assert OrmQ.objects.count() == 0

@@ -162,6 +162,7 @@ def test_ledger_arrow__rolls_back_when_its_event_cannot_be_written(
 # --- operator actions enqueue and return; a worker sends --------------------------------------
 
 
+@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 @pytest.mark.django_db
 def test_send_again__enqueues_with_a_fresh_budget_and_the_operator_named(make_user, settings):
     settings.JOBS_EFFECT_MAX_ATTEMPTS = 2

@@ -171,6 +171,7 @@ def test_crash_after_publish_before_ack__the_in_app_notice_committed_with_publis
     assert Notice.objects.count() == 1
 
 
+@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_published_effect_left_pending__is_sent_by_its_own_message_once(make_user, monkeypatch):
     """A notice that could not be built at publish goes pending with its own message.
 

@@ -262,7 +262,7 @@ def test_follow_on__off_at_zero_seconds_leaves_the_queue_to_the_pushers(
 def test_follow_on__stops_when_the_budget_is_spent(pg_queue, django_user_model, monkeypatch):
     user = django_user_model.objects.create_user(username="follow-budget")
     jobs = _jobs(user, 3)
-    monkeypatch.setattr(tasks, "follow_on_budget", lambda: 0.5)
+    monkeypatch.setattr(runner, "follow_on_budget", lambda: 0.5)
     [(msg_id, _payload)] = pg_queue._take()
     tasks.run_job(OrmQ.objects.get(pk=msg_id).args()[0])  # no pre_execute: no follow-on
     assert tasks.follow_on(msg_id, started=time.monotonic() - 0.6) == 0
@@ -282,7 +282,7 @@ def test_follow_on__budget_leaves_the_longest_kind_its_timeout_and_grace(monkeyp
 
     def with_timeout(seconds):
         monkeypatch.setitem(registry._kinds, kind.name, dataclasses.replace(kind, timeout=seconds))
-        return tasks.follow_on_budget()
+        return runner.follow_on_budget()
 
     assert with_timeout(10) == 1.0
     assert with_timeout(113.5) == 0.5  # 120 - 113.5 - 5 - 1 (runner.HARD_STOP_MARGIN)

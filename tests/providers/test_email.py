@@ -225,6 +225,7 @@ def run_job(job):
     return job
 
 
+@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_email__sender_lost_mid_send_goes_to_review_instead_of_a_blind_resend(make_user):
     from tests.jobs.helpers import Crash
 

@@ -73,6 +73,7 @@ def test_webhook__accepted_then_timeout_is_retried_with_the_same_key_and_applied
     assert webhook.record.duplicate_effects() == {}
 
 
+@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_webhook__an_existing_effect_never_gets_a_new_key(make_user, webhook):
     user = make_user()
     job = notify_job(user)
