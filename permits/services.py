@@ -18,7 +18,7 @@ from guardian.shortcuts import assign_perm, get_user_perms, remove_perm
 import jobs
 from jobs.models import Job, Notice
 from permits import offices, reports, selectors
-from permits.models import PermitRequest, ReportRebuild, ReviewDecision
+from permits.models import PermitRequest, ReportRebuild, ReviewDecision, Tenant
 
 
 def report_request(permit: PermitRequest, *, revision: int | None = None) -> tuple[Job, bool]:
@@ -369,3 +369,58 @@ def mark_notices_read(user, *, pk: int | None = None) -> int:
     if pk is not None:
         unread = unread.filter(pk=pk)
     return unread.update(read_at=timezone.now())
+
+
+# --- offices that hold: a grant on a request never outlives the office it came from -----
+
+
+def _grants_on(permit_ids, user_ids=None):
+    """guardian's user rows on the requests ``permit_ids`` (of ``user_ids`` when given)."""
+    from django.contrib.contenttypes.models import ContentType
+    from guardian.models import UserObjectPermission
+
+    rows = UserObjectPermission.objects.filter(
+        content_type=ContentType.objects.get_for_model(PermitRequest),
+        object_pk__in=[str(pk) for pk in permit_ids],
+    )
+    return rows if user_ids is None else rows.filter(user_id__in=list(user_ids))
+
+
+def revoke_office_grants(tenant_ids, user_ids, *, via: str = "office members") -> int:
+    """Take every object grant of ``user_ids`` on the requests of ``tenant_ids``.
+
+    Called when people leave an office, in the transaction that removes them: what bound
+    them to those requests is gone, so is what they held on them. Each deleted row is
+    recorded as a revocation (``permits.signals``) under the current actor, and the
+    reviewer's notices of the request turn into "No longer assigned". Returns how many.
+    """
+    permit_ids = list(
+        PermitRequest.objects.filter(tenant_id__in=list(tenant_ids)).values_list("pk", flat=True)
+    )
+    if not permit_ids or not user_ids:
+        return 0
+    actor, current_via = current_actor()
+    with transaction.atomic(), acting(actor, current_via or via):
+        rows = list(_grants_on(permit_ids, user_ids))
+        for row in rows:
+            row.delete()  # one post_delete each: one recorded revocation each
+    return len(rows)
+
+
+def move_request(permit: PermitRequest, tenant, *, by, via: str = "admin: office moved") -> int:
+    """Move ``permit`` to office ``tenant`` (a superuser's duty) with its grants.
+
+    In one transaction: the request changes office, and whoever held an object grant on it
+    without belonging to the new office loses it (recorded as revocations by ``by``).
+    Returns how many grants were revoked.
+    """
+    if not (by is not None and by.is_active and by.is_superuser):
+        raise PermissionDenied("Only a superuser moves a request to another office.")
+    with transaction.atomic(), acting(by, via):
+        PermitRequest.objects.filter(pk=permit.pk).update(tenant=tenant)
+        permit.tenant = tenant
+        staying = Tenant.members.through.objects.filter(tenant_id=tenant.pk).values("user_id")
+        rows = list(_grants_on([permit.pk]).exclude(user_id__in=staying))
+        for row in rows:
+            row.delete()
+    return len(rows)

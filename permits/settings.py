@@ -443,13 +443,22 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "plain": {
+            "()": "permits.logs.PlainFormatter",
+            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        },
         "json": {"()": "jobs.logformat.JsonFormatter"},
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "loggers": {
         "jobs": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": True},
         "permits": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": True},
+        # Django's own errors through the site's handler, whatever DEBUG says (Django's
+        # default prints them only with DEBUG on, with messages, and mails them otherwise).
+        "django": {"handlers": ["console"], "level": "ERROR"},
+        # A server error (500): one line with its traceback, messages redacted (the
+        # handler is django's, above, so it is written once).
+        "django.request": {"level": "ERROR", "propagate": True},
         "django-q": {"handlers": ["console"], "level": os.environ.get("Q_LOG_LEVEL", "WARNING")},
     },
 }
