@@ -31,6 +31,9 @@ NOT_FOR_OPERATORS = {"view_applicant_contact", "assign_reviewer", "delete_review
 OPERATOR_VIEW_ONLY = {
     "django_q": ["ormq", "success", "failure", "schedule"],
     "permits": ["reviewerassignment"],
+    # What the engine records of a job beside its attempts (issue 44: without these the
+    # job page hid its steps, its group and its history from operators).
+    "jobs": ["jobstep", "jobgroup", "jobevent", "flowrulechange", "schedulestate"],
 }
 OFFICE_ADMINS = "office-admins"
 OFFICE_ADMIN_PERMS = [

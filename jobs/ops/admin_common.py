@@ -97,7 +97,7 @@ class EngineAdmin(OperableAdmin):
 
     class Media:
         css = {"all": ["jobs/admin.css"]}
-        js = ["jobs/follow.js"]
+        js = ["jobs/follow.js", "jobs/live.js"]
 
     def get_inline_instances(self, request, obj=None):
         inlines = super().get_inline_instances(request, obj)

@@ -208,11 +208,23 @@ class FollowUpInline(ReadOnlyInline):
 class JobAdmin(LastErrorColumn, EngineAdmin):
     operations = JOB_OPERATIONS
     actions = [operation_action(op) for op in JOB_OPERATIONS.values()]
-    list_display = ("id", "subject_and_kind", "state_word", "tries", "last_error", "updated")
+    list_display = (
+        "id",
+        "subject_and_kind",
+        "state_word",
+        "queue_column",
+        "priority_column",
+        "progress_column",
+        "tries",
+        "last_error",
+        "updated",
+    )
     list_display_links = ("id",)
     list_filter = (
         state_filter(Job),
         "kind",
+        value_filter("queue", "queue"),
+        "priority",
         value_filter("tenant_key", "tenant key"),
         value_filter("last_error_class", "last error class"),
     )
@@ -242,7 +254,20 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
     # actions above the form); the engine's bookkeeping is folded and comes last
     # (admin/jobs/job/change_form.html renders folded fieldsets after the inlines).
     fieldsets = [
-        (None, {"fields": ("state_word", "subject", "kind", "tries", "progress", "chain")}),
+        (
+            None,
+            {
+                "fields": (
+                    "state_word",
+                    "subject",
+                    "kind",
+                    ("queue", "priority"),
+                    "tries",
+                    "progress",
+                    "chain",
+                )
+            },
+        ),
         ("Error", {"fields": ("error_class", "error_message")}),
         (
             "Times",
@@ -370,15 +395,23 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
 
     @admin.display(description="progress")
     def progress(self, obj):
-        """What the handler last said of its progress (``ctx.progress``), when it did."""
+        """What the handler last said of its progress (``ctx.progress``), when it did; an
+        open page keeps it current (``jobs/live.js`` polls the follow URL)."""
         if obj.progress_at is None:
             return "—"
-        done, total = obj.progress_done, obj.progress_total
-        counts = f"{done} of {total}" if total else f"{done}"
-        if total and done is not None:
-            counts += f" ({min(100, round(100 * done / total))}%)"
-        note = f": {obj.progress_note}" if obj.progress_note else ""
-        return f"{counts}{note}, at {shown_time(obj.progress_at)}"
+        return f"{words.job_progress(obj)}, at {shown_time(obj.progress_at)}"
+
+    @admin.display(description="progress")
+    def progress_column(self, obj):
+        return words.job_progress(obj)
+
+    @admin.display(description="queue", ordering="queue")
+    def queue_column(self, obj):
+        return obj.queue
+
+    @admin.display(description="priority", ordering="-priority")
+    def priority_column(self, obj):
+        return obj.priority
 
     @admin.display(description="chain")
     def chain(self, obj):

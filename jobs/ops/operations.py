@@ -33,6 +33,7 @@ from jobs import rules, services
 from jobs.engine import effect_machine
 from jobs.models import Attempt, Effect, Job, JobEvent
 from jobs.ops.console import error_of
+from jobs.ops.words import job_progress, job_state_word
 
 log = logging.getLogger("jobs.admin")
 JobState = Job.State
@@ -371,8 +372,12 @@ class OperableAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(change_url)
 
     def follow_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        """Where the object stands now, for the change page that follows an operation."""
+        """Where the object stands now, for the change page that follows an operation and
+        for an open job page's live progress (``jobs/live.js``): its view permission
+        asked, like the page's."""
         obj = get_object_or_404(self.get_queryset(request), pk=self._pk(object_id))
+        if not self.has_view_permission(request, obj):
+            raise PermissionDenied
         settled = obj.state in getattr(obj, "TERMINAL", ()) or obj.state in SETTLED_EFFECT
         state = obj.state.replace("_", " ")
         text = f"Now {state}."
@@ -388,7 +393,13 @@ class OperableAdmin(admin.ModelAdmin):
                 text = f"Settled: {state}."
         elif settled:
             text = f"Settled: {state}."
-        return JsonResponse({"state": obj.state, "settled": settled, "text": text})
+        answer = {"state": obj.state, "settled": settled, "text": text}
+        if isinstance(obj, Job):
+            answer["progress"] = job_progress(obj)
+            answer["state_word"] = job_state_word(obj.state).word
+        response = JsonResponse(answer)
+        response["Cache-Control"] = "no-store"
+        return response
 
     def bulk_log(self) -> list[LogEntry]:
         """The last bulk summaries on this model (object-less entries), for the list page."""
@@ -418,6 +429,8 @@ class OperableAdmin(admin.ModelAdmin):
             extra["operation_url"] = f"admin:{self._url_name('operate')}"
             extra["follow_url"] = reverse(f"admin:{self._url_name('follow')}", args=[obj.pk])
             extra["follow"] = request.GET.get("follow") == "1"
+            # An open page of unfinished work keeps its state and progress current.
+            extra["live"] = not extra["follow"] and obj.state not in getattr(obj, "TERMINAL", ())
             extra["same_error"] = same_error_as_before_requeue(obj)
             extra["operator_log"] = LogEntry.objects.filter(
                 content_type__app_label=self.opts.app_label,

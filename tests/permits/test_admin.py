@@ -243,6 +243,8 @@ def test_job_page__action_buttons_run_the_transition_and_log_who(demo):
         "state": "queued",
         "settled": False,
         "text": f"Now queued, 3 of {job.max_attempts + 3} attempts used.",
+        "progress": "—",
+        "state_word": "Requested",
     }
     job.refresh_from_db()
     assert job.state == Job.State.QUEUED
