@@ -21,8 +21,9 @@ from reportlab.lib.units import mm
 from reportlab.platypus import Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
 
 from jobs.delivery.runner import JobContext
-from jobs.exceptions import LeaseLost, NotAuthorized, PayloadInvalid
+from jobs.exceptions import JobError, LeaseLost, NotAuthorized, PayloadInvalid
 from jobs.models import Effect, Job
+from jobs.ops.causes import Cause, register_cause
 from jobs.registry import EffectSpec, register_kind
 from permits.models import REVIEW_PERM, PermitRequest
 
@@ -162,6 +163,37 @@ def render_report(permit: PermitRequest, job: Job) -> bytes:
     return buf.getvalue()
 
 
+class ReportDataInvalid(JobError):
+    """Raised when a stored value of the request is none the report knows (a work type
+    outside the choices): the request needs correcting, its applicant data is not read."""
+
+    # Tried again up to its budget, as an unexplained error is: the office may correct the
+    # request meanwhile, and then a try succeeds (the operator's "Fix the subject").
+    error_class = "unknown"
+    code = "work_type_invalid"
+
+
+# What the site's own failure codes mean, in the operator's and the reviewer's words
+# (``jobs.ops.causes``); the code is stored, the words are looked up when shown.
+CAUSES = {
+    "work_type_invalid": Cause(
+        "The request's work type is not one of the valid choices, so its fees and "
+        "inspections cannot be worked out.",
+        reviewer="The request's work type is not a valid choice; the office has to correct "
+        "the request before the report can be built.",
+        field="work_type",
+        fix="Correct the work type on the request (Fix the subject), then requeue the job.",
+    ),
+}
+
+
+def check_request_data(permit: PermitRequest) -> None:
+    """Refuse (``ReportDataInvalid``) a request whose stored choices the report cannot use,
+    before anything is rendered: the failure then says which field, not ``KeyError``."""
+    if permit.work_type not in BASE_FEES:
+        raise ReportDataInvalid("the request's work type is not a valid choice")
+
+
 def _load_permit(ctx: JobContext) -> PermitRequest:
     try:
         permit_id = int(ctx.job.subject_id)
@@ -222,6 +254,7 @@ def _build_report(ctx: JobContext) -> list[EffectSpec]:
     reason = read_policy(permit, job)
     if reason:
         raise NotAuthorized(reason)
+    check_request_data(permit)
     ctx.heartbeat()
     pdf = render_report(permit, job)
     ctx.heartbeat()
@@ -335,3 +368,5 @@ def register() -> None:
     # The report reads applicant contacts: an exception's message could quote one, so its
     # failures keep class and frames only (DESIGN: no private field in an error field).
     register_kind(KIND, build_report, authorize_release=authorize_release, redact_errors=True)
+    for code, cause in CAUSES.items():
+        register_cause(code, cause, kind=KIND)

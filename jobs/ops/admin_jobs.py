@@ -15,7 +15,7 @@ from django.utils.html import format_html, format_html_join
 from jobs.engine import groups
 from jobs.hooks import SUBJECTS, subject_labels
 from jobs.models import Artifact, Attempt, Effect, Job, JobEvent, JobGroup, JobStep
-from jobs.ops import words
+from jobs.ops import causes, words
 from jobs.ops.admin_common import (
     EngineAdmin,
     LastErrorColumn,
@@ -245,6 +245,7 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
         "chain",
         "tries",
         "state_word",
+        "cause",
         "error_class",
         "error_message",
         "error_and_traceback",
@@ -268,7 +269,7 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
                 )
             },
         ),
-        ("Error", {"fields": ("error_class", "error_message")}),
+        ("Error", {"fields": ("cause", "error_class", "error_message")}),
         (
             "Times",
             {
@@ -383,6 +384,9 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
             return text + revision
         if not getattr(obj, "_on_change_page", False):
             return format_html('<a href="{}">{}</a>{}', url, text, revision)
+        if not (obj.last_error_class and causes.subject_fix_helps(obj)):
+            # No failure, or one whose cause is not in the subject: the link cannot help.
+            return format_html('<a href="{}">{}</a>{}', url, text, revision)
         # On the job's page: the way to the cause and back (saving the subject returns here).
         return format_html(
             '<a href="{}">{}</a>{} · <a href="{}?_job={}" id="fix-subject">Fix the subject</a>',
@@ -470,6 +474,21 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
     @admin.display(description="error class")
     def error_class(self, obj):
         return error_of(obj)[0]
+
+    @admin.display(description="cause")
+    def cause(self, obj):
+        """What failed, in words (``jobs.ops.causes``), and the one thing that helps."""
+        words_ = causes.plain_words(obj)
+        if not words_:
+            return "—"
+        found = causes.cause_of(obj)
+        if found is not None and found.fix:
+            return format_html(
+                '<span class="jobs-cause">{}</span><br><span class="jobs-cause__fix">{}</span>',
+                words_,
+                found.fix,
+            )
+        return format_html('<span class="jobs-cause">{}</span>', words_)
 
     def get_object(self, request, object_id, from_field=None):
         obj = super().get_object(request, object_id, from_field)

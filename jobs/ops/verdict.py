@@ -216,7 +216,7 @@ def health(snap: Snapshot) -> Health:
     )
     reasons = [
         *_stopper_reasons(snap),
-        *_queue_reasons(snap),
+        *queue_reasons(snap),
         *_try_reasons(snap, window, recovering),
         *_wait_reasons(snap, window),
     ]
@@ -389,7 +389,7 @@ def _stopper_reasons(snap: Snapshot) -> list[Reason]:
     return found
 
 
-def _queue_reasons(snap: Snapshot) -> list[Reason]:
+def queue_reasons(snap: Snapshot) -> list[Reason]:
     found = []
     for q in snap.queues:
         if not q.due or q.claimed_recently or q.oldest_due_at is None:
@@ -409,11 +409,6 @@ def _queue_reasons(snap: Snapshot) -> list[Reason]:
     return found
 
 
-def unserved_queues(snap: Snapshot) -> set[str]:
-    """The queues the console flags as served by no worker (for the actions offered)."""
-    return {r.command.rsplit(" ", 1)[-1] for r in _queue_reasons(snap)}
-
-
 def _one_subject_reason(alone: FailingSubject, window: str) -> Reason:
     from django.apps import apps
     from django.urls import reverse
@@ -427,7 +422,8 @@ def _one_subject_reason(alone: FailingSubject, window: str) -> Reason:
         noun = str(apps.get_model(alone.subject_type)._meta.verbose_name)
     except (LookupError, ValueError):
         noun = "subject"
-    how = "fails every try" if not alone.succeeded else f"failed {alone.failed} tries"
+    tries = f"{alone.failed} tr{'y' if alone.failed == 1 else 'ies'}"
+    how = "fails every try" if not alone.succeeded else f"failed {tries}"
     return Reason(
         "one-subject",
         "warn",
