@@ -8,6 +8,7 @@ verifying the stored artifact means something.
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 from collections.abc import Callable
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
@@ -247,18 +248,39 @@ def build_report(ctx: JobContext) -> list[EffectSpec]:
         raise
 
 
+STAGES = ("gather", "render", "store")
+
+
 def _build_report(ctx: JobContext) -> list[EffectSpec]:
-    """Fence, policy, render, store, then ask for one notice per reviewer."""
+    """Fence, policy, then the durable steps gather → render → store with progress, then
+    one notice per reviewer.
+
+    Each step records what it did as references only (ids, a hash, a size: never the
+    request's data) under this worker's fence, so the job page shows how far each attempt
+    got. The reads and the policy check run on every attempt (release and reading follow
+    current authorization); rendering is deterministic and the artifact's key is stable,
+    so an attempt after a lost lease renders the same bytes and the store verifies them.
+    """
     job = ctx.job
+    ctx.progress(0, len(STAGES), "gather")
     permit = _load_permit(ctx)  # read only while this worker still holds the job
     reason = read_policy(permit, job)
     if reason:
         raise NotAuthorized(reason)
     check_request_data(permit)
+    ctx.step(
+        "gather",
+        lambda: {"permit": permit.pk, "revision": job.output_revision, "office": permit.tenant.key},
+    )
+    ctx.progress(1, len(STAGES), "render")
     ctx.heartbeat()
     pdf = render_report(permit, job)
+    ctx.step("render", lambda: {"sha256": hashlib.sha256(pdf).hexdigest(), "bytes": len(pdf)})
+    ctx.progress(2, len(STAGES), "store")
     ctx.heartbeat()
-    ctx.store_artifact(pdf, content_type="application/pdf", extension="pdf")
+    art = ctx.store_artifact(pdf, content_type="application/pdf", extension="pdf")
+    ctx.step("store", lambda: {"file": art.storage_name, "sha256": art.sha256})
+    ctx.progress(3, len(STAGES), "stored")
     title = f"Report ready: {permit.reference} revision {job.output_revision}"
     link = f"/requests/{permit.pk}/"
     specs = []

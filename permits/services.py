@@ -20,12 +20,25 @@ from jobs.models import Job, Notice
 from permits import offices, reports, selectors
 from permits.models import PermitRequest, ReportRebuild, ReviewDecision, Tenant
 
+#: A reviewer's "Rebuild report" waits in front of the reports asked for by assignment and
+#: review (the claim takes higher priority first, then the longest waiting).
+REBUILD_PRIORITY = 10
 
-def report_request(permit: PermitRequest, *, revision: int | None = None) -> tuple[Job, bool]:
-    """The one report job for ``permit`` at ``revision`` (default: current); idempotent."""
+
+def report_request(
+    permit: PermitRequest, *, revision: int | None = None, priority: int | None = None
+) -> tuple[Job, bool]:
+    """The one report job for ``permit`` at ``revision`` (default: current); idempotent.
+
+    ``priority`` (default: the kind's) orders it among due reports; asking again for an
+    existing job returns it unchanged."""
     revision = permit.output_revision if revision is None else revision
     handle = jobs.request(
-        reports.KIND, (reports.SUBJECT_TYPE, permit.pk), revision=revision, tenant=permit.tenant.key
+        reports.KIND,
+        (reports.SUBJECT_TYPE, permit.pk),
+        revision=revision,
+        tenant=permit.tenant.key,
+        priority=priority,
     )
     return handle.job, handle.created
 
@@ -166,7 +179,9 @@ def rebuild_report(permit: PermitRequest, user, *, seen_revision: int) -> tuple[
                 raise RebuildLimitReached(
                     limit, minutes, counted["first"] + timedelta(minutes=minutes)
                 )
-        job, created = request_new_revision(current, seen_revision=seen_revision)
+        job, created = request_new_revision(
+            current, seen_revision=seen_revision, priority=REBUILD_PRIORITY
+        )
         permit.output_revision = current.output_revision
         if created:
             ReportRebuild.objects.create(
@@ -175,14 +190,16 @@ def rebuild_report(permit: PermitRequest, user, *, seen_revision: int) -> tuple[
     return job, created
 
 
-def request_new_revision(permit: PermitRequest, *, seen_revision: int) -> tuple[Job, bool]:
+def request_new_revision(
+    permit: PermitRequest, *, seen_revision: int, priority: int | None = None
+) -> tuple[Job, bool]:
     """Bump the output revision once per revision a reviewer saw: a double submit is one bump."""
     with transaction.atomic():
         bumped = PermitRequest.objects.filter(pk=permit.pk, output_revision=seen_revision).update(
             output_revision=F("output_revision") + 1
         )
         permit.refresh_from_db(fields=["output_revision"])
-        job, created = report_request(permit)
+        job, created = report_request(permit, priority=priority)
     return job, bool(bumped) and created
 
 

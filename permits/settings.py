@@ -404,6 +404,11 @@ JOBS_BACKOFF_CAP_SECONDS = env_float("JOBS_BACKOFF_CAP_SECONDS", 300.0)
 JOBS_PREPARED_STATEMENTS = env_bool("JOBS_PREPARED_STATEMENTS", True)
 # Several simulated hosts on one machine (make scaleout) tell themselves apart by this.
 JOBS_HOST_NAME = os.environ.get("JOBS_HOST_NAME", "")
+# The reviewers' morning digest (``permits.digest``): a cron in TIME_ZONE; empty: no
+# schedule (the kind stays registered). The demo runs it at 07:00 on weekdays; a deployment
+# names its own time (docs/site.md), and the test settings none (engine tests count rounds
+# of a dispatcher that has no periodic kind).
+PERMITS_DIGEST_CRON = os.environ.get("PERMITS_DIGEST_CRON", "0 7 * * 1-5" if DEMO else "")
 
 Q_CLUSTER = {
     "name": "permits",

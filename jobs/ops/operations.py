@@ -492,7 +492,9 @@ class OperableAdmin(admin.ModelAdmin):
             extra["follow_url"] = reverse(f"admin:{self._url_name('follow')}", args=[obj.pk])
             extra["follow"] = request.GET.get("follow") == "1"
             # An open page of unfinished work keeps its state and progress current.
-            extra["live"] = not extra["follow"] and obj.state not in getattr(obj, "TERMINAL", ())
+            extra["live"] = (
+                isinstance(obj, Job) and not extra["follow"] and obj.state not in obj.TERMINAL
+            )
             extra["same_error"] = same_error_as_before_requeue(obj)
             extra["operator_log"] = LogEntry.objects.filter(
                 content_type__app_label=self.opts.app_label,
