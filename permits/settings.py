@@ -409,6 +409,9 @@ JOBS_HOST_NAME = os.environ.get("JOBS_HOST_NAME", "")
 # names its own time (docs/site.md), and the test settings none (engine tests count rounds
 # of a dispatcher that has no periodic kind).
 PERMITS_DIGEST_CRON = os.environ.get("PERMITS_DIGEST_CRON", "0 7 * * 1-5" if DEMO else "")
+# Seconds the report waits between its stages (a stand-in for a heavy render, so a demo
+# or a browser test sees its progress move); 0 in production.
+PERMITS_REPORT_STAGE_SECONDS = env_float("PERMITS_REPORT_STAGE_SECONDS", 0.0)
 
 Q_CLUSTER = {
     "name": "permits",

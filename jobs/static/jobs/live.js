@@ -1,13 +1,12 @@
 // An open page of an unfinished job keeps its progress current: poll the job's follow URL
-// every 2 s (view permission asked there), write the progress and the state's word into
-// their fields, and reload once the job finished so every field is current. No inline
-// script (CSP); without JavaScript the line says to reload.
+// every second (view permission asked there), write the progress into its field and the
+// state's word into the line, and reload once the job finished so every field is current.
+// No inline script (CSP); without JavaScript the line says to reload.
 document.addEventListener("DOMContentLoaded", function () {
   "use strict";
   var line = document.getElementById("jobs-live");
   if (!line) return;
   var url = line.dataset.liveUrl;
-  var shown = line.dataset.state;
   var progress = document.querySelector(".field-progress .readonly");
   function tick() {
     fetch(url, { credentials: "same-origin", cache: "no-store" })
@@ -18,15 +17,16 @@ document.addEventListener("DOMContentLoaded", function () {
           progress.textContent = data.progress;
           progress.dataset.live = "1";
         }
-        if (data.settled || data.state !== shown) {
-          // Finished (or moved on): the whole page, once, shows where it ended.
+        if (data.settled) {
+          // Finished: the whole page, once, shows where it ended (its steps, its result).
           window.location.replace(window.location.pathname);
           return;
         }
-        line.textContent = data.state_word + ": " + data.progress + " (updates every 2 s).";
-        window.setTimeout(tick, 2000);
+        var said = data.state_word + ": " + data.progress + " (updates every second).";
+        if (line.textContent !== said) line.textContent = said;  // no repeat for screen readers
+        window.setTimeout(tick, 1000);
       })
       .catch(function () { window.setTimeout(tick, 5000); });
   }
-  window.setTimeout(tick, 2000);
+  window.setTimeout(tick, 1000);
 });
