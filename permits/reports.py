@@ -252,6 +252,25 @@ def build_report(ctx: JobContext) -> list[EffectSpec]:
 STAGES = ("gather", "render", "store")
 
 
+def _restoring(ctx: JobContext) -> bool:
+    """Whether the handler runs to put a lost file back (``jobs.restore``): no attempt,
+    no lease, so no step is recorded and no progress said (both are fenced by a lease)."""
+    from jobs.restore import RestoreContext
+
+    return isinstance(ctx, RestoreContext)
+
+
+def _step(ctx: JobContext, name: str, output: Callable[[], dict]) -> None:
+    """Record step ``name`` (references only), except in a restore."""
+    if not _restoring(ctx):
+        ctx.step(name, output)
+
+
+def _progress(ctx: JobContext, done: int, note: str) -> None:
+    if not _restoring(ctx):
+        ctx.progress(done, len(STAGES), note)
+
+
 def _paced(ctx: JobContext) -> None:
     """Wait ``PERMITS_REPORT_STAGE_SECONDS`` between stages, heartbeating (0: no wait).
 
@@ -275,27 +294,28 @@ def _build_report(ctx: JobContext) -> list[EffectSpec]:
     so an attempt after a lost lease renders the same bytes and the store verifies them.
     """
     job = ctx.job
-    ctx.progress(0, len(STAGES), "gather")
+    _progress(ctx, 0, "gather")
     permit = _load_permit(ctx)  # read only while this worker still holds the job
     reason = read_policy(permit, job)
     if reason:
         raise NotAuthorized(reason)
     check_request_data(permit)
-    ctx.step(
+    _step(
+        ctx,
         "gather",
         lambda: {"permit": permit.pk, "revision": job.output_revision, "office": permit.tenant.key},
     )
     _paced(ctx)
-    ctx.progress(1, len(STAGES), "render")
+    _progress(ctx, 1, "render")
     ctx.heartbeat()
     pdf = render_report(permit, job)
-    ctx.step("render", lambda: {"sha256": hashlib.sha256(pdf).hexdigest(), "bytes": len(pdf)})
+    _step(ctx, "render", lambda: {"sha256": hashlib.sha256(pdf).hexdigest(), "bytes": len(pdf)})
     _paced(ctx)
-    ctx.progress(2, len(STAGES), "store")
+    _progress(ctx, 2, "store")
     ctx.heartbeat()
     art = ctx.store_artifact(pdf, content_type="application/pdf", extension="pdf")
-    ctx.step("store", lambda: {"file": art.storage_name, "sha256": art.sha256})
-    ctx.progress(3, len(STAGES), "stored")
+    _step(ctx, "store", lambda: {"file": art.storage_name, "sha256": art.sha256})
+    _progress(ctx, 3, "stored")
     title = f"Report ready: {permit.reference} revision {job.output_revision}"
     link = f"/requests/{permit.pk}/"
     specs = []
