@@ -427,9 +427,10 @@ def revoke_office_grants(tenant_ids, user_ids, *, via: str = "office members") -
 def move_request(permit: PermitRequest, tenant, *, by, via: str = "admin: office moved") -> int:
     """Move ``permit`` to office ``tenant`` (a superuser's duty) with its grants.
 
-    In one transaction: the request changes office, and whoever held an object grant on it
-    without belonging to the new office loses it (recorded as revocations by ``by``).
-    Returns how many grants were revoked.
+    In one transaction: the request changes office, whoever held an object grant on it
+    without belonging to the new office loses it (recorded as revocations by ``by``), and
+    a request in review gets its next revision's report under the new office. Returns how
+    many grants were revoked.
     """
     if not (by is not None and by.is_active and by.is_superuser):
         raise PermissionDenied("Only a superuser moves a request to another office.")
@@ -440,4 +441,8 @@ def move_request(permit: PermitRequest, tenant, *, by, via: str = "admin: office
         rows = list(_grants_on([permit.pk]).exclude(user_id__in=staying))
         for row in rows:
             row.delete()
+        if permit.status in REVIEWING:
+            # The report jobs carry the old office's key, which the report's read policy
+            # refuses from now on: the next revision is built under the new office.
+            request_new_revision(permit, seen_revision=permit.output_revision)
     return len(rows)

@@ -90,8 +90,9 @@ def test_office__superuser_move_revokes_grants_outside_the_new_office(
     both.groups.add(Group.objects.get(name="reviewers"))
     office_a.members.add(both)
     office_b.members.add(both)
-    permit = factories.permit(office_a, reviewer=reviewer)
+    permit = factories.permit(office_a, reviewer=reviewer, status=PermitRequest.Status.IN_REVIEW)
     services.assign_reviewer(permit, both)
+    revision = permit.output_revision
     client = signed_in(boss)
     data = _change_form_data(client.get(change_url(permit)))
     saved = client.post(change_url(permit), {**data, "tenant": str(office_b.pk)})
@@ -102,6 +103,11 @@ def test_office__superuser_move_revokes_grants_outside_the_new_office(
     assert "review_permitrequest" in get_perms(both, permit), "of the new office: kept"
     record = ReviewerAssignment.objects.get(request=permit, reviewer=reviewer, action="revoked")
     assert record.actor == boss and record.via == "admin: office moved"
+    # The old report's office key no longer passes its read policy: a new revision's does.
+    assert permit.output_revision == revision + 1
+    from permits import selectors
+
+    assert selectors.report_job(permit).tenant_key == "shelbyville"
 
 
 def test_office__move_request_is_refused_to_anyone_but_a_superuser(operator, office_a, office_b):
