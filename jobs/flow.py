@@ -86,19 +86,43 @@ _RATE_RE = re.compile(r"(\d+)/(\d*(?:\.\d+)?(?:e[+-]?\d+)?)([smh])")
 PERIOD_MAX_SECONDS = 86_400.0
 RATE_MAX = 1_000_000  # starts per period
 CONCURRENCY_MAX = 100_000  # at once
+NOTE_MAX = 120  # a change's note, kept in the audit row's 300 characters with the rule
 
 
 class FlowError(ValueError):
     """Raised when a scope or a rate is not written the way ``jobs_limits`` expects."""
 
 
+def scope_max_length() -> int:
+    """The longest scope the rule's column holds (``FlowRule.scope``, 200 characters)."""
+    return FlowRule._meta.get_field("scope").max_length or 200
+
+
 def check_scope(scope: str) -> str:
-    """``scope`` if it is one of the five forms, whole and without whitespace, else
-    ``FlowError``."""
-    if not isinstance(scope, str) or not SCOPE_RE.fullmatch(scope):
-        shown = str(scope)[:80]
+    """``scope`` if it is one of the five forms, whole, without whitespace and no longer
+    than its column, else ``FlowError``: the one check the console, the admin and
+    ``jobs_limits`` share, so a bad scope never reaches the database as a ``DataError``."""
+    if not isinstance(scope, str):
+        raise FlowError(f"a scope must be text: {SCOPE_FORMS}")
+    limit = scope_max_length()
+    if len(scope) > limit:
+        raise FlowError(
+            f"a scope is at most {limit} characters, this one has {len(scope)} "
+            f"(it starts {scope[:40]!r})"
+        )
+    if not SCOPE_RE.fullmatch(scope):
+        shown = scope[:80]
         raise FlowError(f"{shown!r} is not a scope: {SCOPE_FORMS} (no spaces or newlines)")
     return scope
+
+
+def check_note(note: object) -> str:
+    """A change's note as text that fits the audit row beside the rule (at most 120
+    characters), else ``FlowError``."""
+    text = "" if note is None else str(note)
+    if len(text) > NOTE_MAX:
+        raise FlowError(f"a note is at most {NOTE_MAX} characters, this one has {len(text)}")
+    return text
 
 
 def _integer(value: object, what: str) -> int:
@@ -473,6 +497,7 @@ def set_rule(
 ) -> FlowRule:
     """Create or change the rule of ``scope``; the change and its audit row commit together."""
     check_scope(scope)
+    note = check_note(note)
     if concurrency is not _UNSET:
         concurrency = check_concurrency(concurrency)
     if rate is not _UNSET:
@@ -521,6 +546,7 @@ def resume(scope: str, *, actor: str) -> FlowRule:
 
 
 def delete_rule(scope: str, *, actor: str) -> bool:
+    """Remove the rule of ``scope`` (the settings' defaults apply again); audited."""
     with transaction.atomic():
         rule = FlowRule.objects.select_for_update().filter(scope=scope).first()
         if rule is None:

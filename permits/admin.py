@@ -241,8 +241,31 @@ class PermitRequestAdmin(PrivateFieldsGuard, GuardedModelAdmin):
             *super().get_urls(),
         ]
 
+    def get_readonly_fields(self, request, obj=None):
+        fields = tuple(super().get_readonly_fields(request, obj))
+        if obj is not None and not offices.is_global(request.user):
+            # The office binds who may see and be assigned to a request: moving it is a
+            # superuser's act, done with its grants (``services.move_request``).
+            fields = ("tenant", *fields)
+        return fields
+
     def save_model(self, request, obj, form, change):
+        moved_to = None
+        if change and "tenant" in form.changed_data:
+            if not offices.is_global(request.user):
+                raise PermissionDenied  # the field is read-only for them; a forged POST
+            moved_to = obj.tenant
+            obj.tenant_id = form.initial.get("tenant") or obj.tenant_id
         super().save_model(request, obj, form, change)
+        if moved_to is not None:
+            # Same transaction as the save (the admin's change view is atomic): the move
+            # and the revocation of grants held by people outside the new office.
+            revoked = services.move_request(obj, moved_to, by=request.user)
+            self.message_user(
+                request,
+                f"{obj} moved to {moved_to}; {revoked} grant(s) of people outside it revoked.",
+                messages.INFO,
+            )
         # A request saved into review gets its report asked for (the one rule, in services).
         services.ensure_report(obj)
 
@@ -497,6 +520,12 @@ class TenantAdmin(PrivateFieldsGuard, admin.ModelAdmin):
             return ()
         return ("members",)
 
+    def save_related(self, request, form, formsets, change):
+        # Members removed here lose their grants on this office's requests in the same
+        # transaction (``permits.signals.revoke_on_leaving``), recorded as this user's.
+        with services.acting(request.user, "admin: office members"):
+            super().save_related(request, form, formsets, change)
+
 
 class AuditTrailAdmin(PrivateFieldsGuard, admin.ModelAdmin):
     """An audit trail: listed and read, never added, changed or deleted in the admin."""
@@ -532,6 +561,11 @@ class ReviewDecisionAdmin(PrivateFieldsGuard, admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+    def has_delete_permission(self, request, obj=None):
+        # The reviewers' record: only a superuser deletes one (logged, and Django's admin
+        # log keeps who); deleting a request that holds decisions is refused likewise.
+        return bool(request.user.is_active and request.user.is_superuser)
 
 
 @admin.register(ReviewerAssignment)

@@ -97,6 +97,14 @@ class PermitRequest(models.Model):
     def is_withdrawn(self) -> bool:
         return self.status == self.Status.WITHDRAWN
 
+    @property
+    def work_type_words(self) -> str:
+        """The work type as people read it; a stored value outside the choices says so
+        instead of showing the raw value as if it were one."""
+        if self.work_type in self.WorkType.values:
+            return self.get_work_type_display()
+        return f"{self.work_type} (not a valid work type: the office has to correct it)"
+
 
 class ReviewDecision(models.Model):
     class Decision(models.TextChoices):

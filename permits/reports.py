@@ -8,7 +8,9 @@ verifying the stored artifact means something.
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
+import time
 from collections.abc import Callable
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 from xml.sax.saxutils import escape
@@ -21,8 +23,9 @@ from reportlab.lib.units import mm
 from reportlab.platypus import Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
 
 from jobs.delivery.runner import JobContext
-from jobs.exceptions import LeaseLost, NotAuthorized, PayloadInvalid
+from jobs.exceptions import JobError, LeaseLost, NotAuthorized, PayloadInvalid
 from jobs.models import Effect, Job
+from jobs.ops.causes import Cause, register_cause
 from jobs.registry import EffectSpec, register_kind
 from permits.models import REVIEW_PERM, PermitRequest
 
@@ -162,6 +165,37 @@ def render_report(permit: PermitRequest, job: Job) -> bytes:
     return buf.getvalue()
 
 
+class ReportDataInvalid(JobError):
+    """Raised when a stored value of the request is none the report knows (a work type
+    outside the choices): the request needs correcting, its applicant data is not read."""
+
+    # Tried again up to its budget, as an unexplained error is: the office may correct the
+    # request meanwhile, and then a try succeeds (the operator's "Fix the subject").
+    error_class = "unknown"
+    code = "work_type_invalid"
+
+
+# What the site's own failure codes mean, in the operator's and the reviewer's words
+# (``jobs.ops.causes``); the code is stored, the words are looked up when shown.
+CAUSES = {
+    "work_type_invalid": Cause(
+        "The request's work type is not one of the valid choices, so its fees and "
+        "inspections cannot be worked out.",
+        reviewer="The request's work type is not a valid choice; the office has to correct "
+        "the request before the report can be built.",
+        field="work_type",
+        fix="Correct the work type on the request (Fix the subject), then requeue the job.",
+    ),
+}
+
+
+def check_request_data(permit: PermitRequest) -> None:
+    """Refuse (``ReportDataInvalid``) a request whose stored choices the report cannot use,
+    before anything is rendered: the failure then says which field, not ``KeyError``."""
+    if permit.work_type not in BASE_FEES:
+        raise ReportDataInvalid("the request's work type is not a valid choice")
+
+
 def _load_permit(ctx: JobContext) -> PermitRequest:
     try:
         permit_id = int(ctx.job.subject_id)
@@ -215,17 +249,73 @@ def build_report(ctx: JobContext) -> list[EffectSpec]:
         raise
 
 
+STAGES = ("gather", "render", "store")
+
+
+def _restoring(ctx: JobContext) -> bool:
+    """Whether the handler runs to put a lost file back (``jobs.restore``): no attempt,
+    no lease, so no step is recorded and no progress said (both are fenced by a lease)."""
+    from jobs.restore import RestoreContext
+
+    return isinstance(ctx, RestoreContext)
+
+
+def _step(ctx: JobContext, name: str, output: Callable[[], dict]) -> None:
+    """Record step ``name`` (references only), except in a restore."""
+    if not _restoring(ctx):
+        ctx.step(name, output)
+
+
+def _progress(ctx: JobContext, done: int, note: str) -> None:
+    if not _restoring(ctx):
+        ctx.progress(done, len(STAGES), note)
+
+
+def _paced(ctx: JobContext) -> None:
+    """Wait ``PERMITS_REPORT_STAGE_SECONDS`` between stages, heartbeating (0: no wait).
+
+    A stand-in for a heavy render (a demo or a browser test watching the progress move);
+    the heartbeats keep the lease while it waits."""
+    left = float(getattr(settings, "PERMITS_REPORT_STAGE_SECONDS", 0) or 0)
+    while left > 0:
+        time.sleep(min(0.25, left))
+        left -= 0.25
+        ctx.heartbeat()
+
+
 def _build_report(ctx: JobContext) -> list[EffectSpec]:
-    """Fence, policy, render, store, then ask for one notice per reviewer."""
+    """Fence, policy, then the durable steps gather → render → store with progress, then
+    one notice per reviewer.
+
+    Each step records what it did as references only (ids, a hash, a size: never the
+    request's data) under this worker's fence, so the job page shows how far each attempt
+    got. The reads and the policy check run on every attempt (release and reading follow
+    current authorization); rendering is deterministic and the artifact's key is stable,
+    so an attempt after a lost lease renders the same bytes and the store verifies them.
+    """
     job = ctx.job
+    _progress(ctx, 0, "gather")
     permit = _load_permit(ctx)  # read only while this worker still holds the job
     reason = read_policy(permit, job)
     if reason:
         raise NotAuthorized(reason)
+    check_request_data(permit)
+    _step(
+        ctx,
+        "gather",
+        lambda: {"permit": permit.pk, "revision": job.output_revision, "office": permit.tenant.key},
+    )
+    _paced(ctx)
+    _progress(ctx, 1, "render")
     ctx.heartbeat()
     pdf = render_report(permit, job)
+    _step(ctx, "render", lambda: {"sha256": hashlib.sha256(pdf).hexdigest(), "bytes": len(pdf)})
+    _paced(ctx)
+    _progress(ctx, 2, "store")
     ctx.heartbeat()
-    ctx.store_artifact(pdf, content_type="application/pdf", extension="pdf")
+    art = ctx.store_artifact(pdf, content_type="application/pdf", extension="pdf")
+    _step(ctx, "store", lambda: {"file": art.storage_name, "sha256": art.sha256})
+    _progress(ctx, 3, "stored")
     title = f"Report ready: {permit.reference} revision {job.output_revision}"
     link = f"/requests/{permit.pk}/"
     specs = []
@@ -335,3 +425,5 @@ def register() -> None:
     # The report reads applicant contacts: an exception's message could quote one, so its
     # failures keep class and frames only (DESIGN: no private field in an error field).
     register_kind(KIND, build_report, authorize_release=authorize_release, redact_errors=True)
+    for code, cause in CAUSES.items():
+        register_cause(code, cause, kind=KIND)

@@ -18,14 +18,27 @@ from guardian.shortcuts import assign_perm, get_user_perms, remove_perm
 import jobs
 from jobs.models import Job, Notice
 from permits import offices, reports, selectors
-from permits.models import PermitRequest, ReportRebuild, ReviewDecision
+from permits.models import PermitRequest, ReportRebuild, ReviewDecision, Tenant
+
+#: A reviewer's "Rebuild report" waits in front of the reports asked for by assignment and
+#: review (the claim takes higher priority first, then the longest waiting).
+REBUILD_PRIORITY = 10
 
 
-def report_request(permit: PermitRequest, *, revision: int | None = None) -> tuple[Job, bool]:
-    """The one report job for ``permit`` at ``revision`` (default: current); idempotent."""
+def report_request(
+    permit: PermitRequest, *, revision: int | None = None, priority: int | None = None
+) -> tuple[Job, bool]:
+    """The one report job for ``permit`` at ``revision`` (default: current); idempotent.
+
+    ``priority`` (default: the kind's) orders it among due reports; asking again for an
+    existing job returns it unchanged."""
     revision = permit.output_revision if revision is None else revision
     handle = jobs.request(
-        reports.KIND, (reports.SUBJECT_TYPE, permit.pk), revision=revision, tenant=permit.tenant.key
+        reports.KIND,
+        (reports.SUBJECT_TYPE, permit.pk),
+        revision=revision,
+        tenant=permit.tenant.key,
+        priority=priority,
     )
     return handle.job, handle.created
 
@@ -166,7 +179,9 @@ def rebuild_report(permit: PermitRequest, user, *, seen_revision: int) -> tuple[
                 raise RebuildLimitReached(
                     limit, minutes, counted["first"] + timedelta(minutes=minutes)
                 )
-        job, created = request_new_revision(current, seen_revision=seen_revision)
+        job, created = request_new_revision(
+            current, seen_revision=seen_revision, priority=REBUILD_PRIORITY
+        )
         permit.output_revision = current.output_revision
         if created:
             ReportRebuild.objects.create(
@@ -175,14 +190,16 @@ def rebuild_report(permit: PermitRequest, user, *, seen_revision: int) -> tuple[
     return job, created
 
 
-def request_new_revision(permit: PermitRequest, *, seen_revision: int) -> tuple[Job, bool]:
+def request_new_revision(
+    permit: PermitRequest, *, seen_revision: int, priority: int | None = None
+) -> tuple[Job, bool]:
     """Bump the output revision once per revision a reviewer saw: a double submit is one bump."""
     with transaction.atomic():
         bumped = PermitRequest.objects.filter(pk=permit.pk, output_revision=seen_revision).update(
             output_revision=F("output_revision") + 1
         )
         permit.refresh_from_db(fields=["output_revision"])
-        job, created = report_request(permit)
+        job, created = report_request(permit, priority=priority)
     return job, bool(bumped) and created
 
 
@@ -369,3 +386,63 @@ def mark_notices_read(user, *, pk: int | None = None) -> int:
     if pk is not None:
         unread = unread.filter(pk=pk)
     return unread.update(read_at=timezone.now())
+
+
+# --- offices that hold: a grant on a request never outlives the office it came from -----
+
+
+def _grants_on(permit_ids, user_ids=None):
+    """guardian's user rows on the requests ``permit_ids`` (of ``user_ids`` when given)."""
+    from django.contrib.contenttypes.models import ContentType
+    from guardian.models import UserObjectPermission
+
+    rows = UserObjectPermission.objects.filter(
+        content_type=ContentType.objects.get_for_model(PermitRequest),
+        object_pk__in=[str(pk) for pk in permit_ids],
+    )
+    return rows if user_ids is None else rows.filter(user_id__in=list(user_ids))
+
+
+def revoke_office_grants(tenant_ids, user_ids, *, via: str = "office members") -> int:
+    """Take every object grant of ``user_ids`` on the requests of ``tenant_ids``.
+
+    Called when people leave an office, in the transaction that removes them: what bound
+    them to those requests is gone, so is what they held on them. Each deleted row is
+    recorded as a revocation (``permits.signals``) under the current actor, and the
+    reviewer's notices of the request turn into "No longer assigned". Returns how many.
+    """
+    permit_ids = list(
+        PermitRequest.objects.filter(tenant_id__in=list(tenant_ids)).values_list("pk", flat=True)
+    )
+    if not permit_ids or not user_ids:
+        return 0
+    actor, current_via = current_actor()
+    with transaction.atomic(), acting(actor, current_via or via):
+        rows = list(_grants_on(permit_ids, user_ids))
+        for row in rows:
+            row.delete()  # one post_delete each: one recorded revocation each
+    return len(rows)
+
+
+def move_request(permit: PermitRequest, tenant, *, by, via: str = "admin: office moved") -> int:
+    """Move ``permit`` to office ``tenant`` (a superuser's duty) with its grants.
+
+    In one transaction: the request changes office, whoever held an object grant on it
+    without belonging to the new office loses it (recorded as revocations by ``by``), and
+    a request in review gets its next revision's report under the new office. Returns how
+    many grants were revoked.
+    """
+    if not (by is not None and by.is_active and by.is_superuser):
+        raise PermissionDenied("Only a superuser moves a request to another office.")
+    with transaction.atomic(), acting(by, via):
+        PermitRequest.objects.filter(pk=permit.pk).update(tenant=tenant)
+        permit.tenant = tenant
+        staying = Tenant.members.through.objects.filter(tenant_id=tenant.pk).values("user_id")
+        rows = list(_grants_on([permit.pk]).exclude(user_id__in=staying))
+        for row in rows:
+            row.delete()
+        if permit.status in REVIEWING:
+            # The report jobs carry the old office's key, which the report's read policy
+            # refuses from now on: the next revision is built under the new office.
+            request_new_revision(permit, seen_revision=permit.output_revision)
+    return len(rows)

@@ -404,6 +404,14 @@ JOBS_BACKOFF_CAP_SECONDS = env_float("JOBS_BACKOFF_CAP_SECONDS", 300.0)
 JOBS_PREPARED_STATEMENTS = env_bool("JOBS_PREPARED_STATEMENTS", True)
 # Several simulated hosts on one machine (make scaleout) tell themselves apart by this.
 JOBS_HOST_NAME = os.environ.get("JOBS_HOST_NAME", "")
+# The reviewers' morning digest (``permits.digest``): a cron in TIME_ZONE; empty: no
+# schedule (the kind stays registered). The demo runs it at 07:00 on weekdays; a deployment
+# names its own time (docs/site.md), and the test settings none (engine tests count rounds
+# of a dispatcher that has no periodic kind).
+PERMITS_DIGEST_CRON = os.environ.get("PERMITS_DIGEST_CRON", "0 7 * * 1-5" if DEMO else "")
+# Seconds the report waits between its stages (a stand-in for a heavy render, so a demo
+# or a browser test sees its progress move); 0 in production.
+PERMITS_REPORT_STAGE_SECONDS = env_float("PERMITS_REPORT_STAGE_SECONDS", 0.0)
 
 Q_CLUSTER = {
     "name": "permits",
@@ -444,13 +452,22 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "plain": {
+            "()": "permits.logs.PlainFormatter",
+            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        },
         "json": {"()": "jobs.logformat.JsonFormatter"},
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "loggers": {
         "jobs": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": True},
         "permits": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": True},
+        # Django's own errors through the site's handler, whatever DEBUG says (Django's
+        # default prints them only with DEBUG on, with messages, and mails them otherwise).
+        "django": {"handlers": ["console"], "level": "ERROR"},
+        # A server error (500): one line with its traceback, messages redacted (the
+        # handler is django's, above, so it is written once).
+        "django.request": {"level": "ERROR", "propagate": True},
         "django-q": {"handlers": ["console"], "level": os.environ.get("Q_LOG_LEVEL", "WARNING")},
     },
 }

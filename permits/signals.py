@@ -23,12 +23,17 @@ OPERATOR_MODELS = {
     "permits": ["tenant", "permitrequest", "reviewdecision"],
     "axes": ["accessattempt"],  # deleting a lockout's row unlocks that login
 }
-NOT_FOR_OPERATORS = {"view_applicant_contact", "assign_reviewer"}
+# Decisions are the reviewers' record: a superuser alone deletes one (issue 44), and
+# a request with decisions cannot be deleted around that rule either.
+NOT_FOR_OPERATORS = {"view_applicant_contact", "assign_reviewer", "delete_reviewdecision"}
 # Read-only for operators: django-q2's queue and task pages (evidence, not controls), and
 # the record of assignments.
 OPERATOR_VIEW_ONLY = {
     "django_q": ["ormq", "success", "failure", "schedule"],
     "permits": ["reviewerassignment"],
+    # What the engine records of a job beside its attempts (issue 44: without these the
+    # job page hid its steps, its group and its history from operators).
+    "jobs": ["jobstep", "jobgroup", "jobevent", "flowrulechange", "schedulestate"],
 }
 OFFICE_ADMINS = "office-admins"
 OFFICE_ADMIN_PERMS = [
@@ -179,6 +184,59 @@ def record_revocation(sender, instance, **kwargs) -> None:
             forget_request(int(instance.object_pk), user_id)
 
 
+# --- offices that hold: leaving an office takes the grants on its requests -------------
+
+
+def revoke_on_leaving(sender, instance, action, reverse, model, pk_set, **kwargs) -> None:
+    """Whoever leaves an office loses their object grants on its requests, in the
+    transaction that removes them (``Tenant.members``, from either side), recorded."""
+    from permits.models import Tenant
+    from permits.services import revoke_office_grants
+
+    if action not in ("pre_remove", "pre_clear"):
+        return
+    if action == "pre_clear":
+        # Django gives no pk_set for a clear: whom (or which offices) it is about to drop.
+        if reverse:  # user.offices.clear()
+            pk_set = set(instance.offices.values_list("pk", flat=True))
+        else:  # tenant.members.clear()
+            pk_set = set(instance.members.values_list("pk", flat=True))
+    if not pk_set:
+        return
+    if isinstance(instance, Tenant):
+        revoke_office_grants([instance.pk], pk_set)
+    else:
+        revoke_office_grants(pk_set, [instance.pk])
+
+
+def refuse_decision_edit(sender, instance, raw=False, **kwargs) -> None:
+    """A recorded decision is never edited in place: a change is a new row that names the
+    one it replaces (``services.decide``), so the record of every change stays whole."""
+    if raw or instance._state.adding or instance.pk is None:
+        return
+    from django.core.exceptions import PermissionDenied
+
+    raise PermissionDenied("A recorded decision is not edited: record a change instead.")
+
+
+def log_decision_deleted(sender, instance, **kwargs) -> None:
+    """A deleted decision (a superuser's act, or its request's deletion) is logged by id."""
+    import logging
+
+    from permits.services import current_actor
+
+    actor, via = current_actor()
+    logging.getLogger("permits.decisions").warning(
+        "decision deleted: decision=%s request=%s reviewer=%s revision=%s actor=%s via=%s",
+        instance.pk,
+        instance.request_id,
+        instance.reviewer_id,
+        instance.revision,
+        getattr(actor, "pk", None),
+        via or "-",
+    )
+
+
 def connect_assignment_audit() -> None:
     from django.db.models.signals import post_delete, post_save, pre_save
     from guardian.models import GroupObjectPermission, UserObjectPermission
@@ -188,3 +246,14 @@ def connect_assignment_audit() -> None:
         pre_save.connect(refuse_self_grant, sender=model, dispatch_uid=f"permits.self.{uid}")
         post_save.connect(record_grant, sender=model, dispatch_uid=f"permits.grant.{uid}")
         post_delete.connect(record_revocation, sender=model, dispatch_uid=f"permits.revoke.{uid}")
+    from django.db.models.signals import m2m_changed
+
+    from permits.models import ReviewDecision, Tenant
+
+    m2m_changed.connect(
+        revoke_on_leaving, sender=Tenant.members.through, dispatch_uid="permits.leave_office"
+    )
+    pre_save.connect(refuse_decision_edit, sender=ReviewDecision, dispatch_uid="permits.decision")
+    post_delete.connect(
+        log_decision_deleted, sender=ReviewDecision, dispatch_uid="permits.decision_deleted"
+    )

@@ -35,6 +35,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from jobs.artifacts import open_verified
 from jobs.exceptions import ArtifactCorrupt, ArtifactLost, TemporaryFailure
 from jobs.models import Attempt, Effect, Job, Notice
+from jobs.ops import causes
 from jobs.ops.words import JOB_STATE_WORDS, effect_state_word, provider_words
 from jobs.queue import enqueue_restore
 from permits import selectors, services
@@ -334,8 +335,13 @@ def _report_context(permit: PermitRequest, user) -> dict:
         events = attempt_events(
             job, selectors.attempts_of(job), selectors.operator_events_of(job)
         ) + notice_events(deliveries)
+    # A stopped or retrying report says why in the reviewer's words, when the kind knows.
+    cause = None
+    if job is not None and job.state in (State.FAILED, State.DEAD, State.RETRY_WAIT):
+        cause = causes.cause_of(job)
+    explained = [state.explanation] + ([cause.reviewer] if cause and cause.reviewer else [])
     status_text = " ".join(
-        [state.explanation] + [f"Notice to your {d.place}: {d.words}." for d in deliveries]
+        explained + [f"Notice to your {d.place}: {d.words}." for d in deliveries]
     )
     ready = job is not None and job.state == State.SUCCEEDED
     return {

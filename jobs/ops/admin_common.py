@@ -87,6 +87,7 @@ class ReadOnlyInline(admin.TabularInline):
     extra = 0
     can_delete = False
     show_change_link = True
+    template = "admin/jobs/readonly_tabular.html"  # a focusable region (scrolls on a phone)
 
     def has_rows(self, obj) -> bool:
         return self.model._default_manager.filter(**{self.fk_name: obj}).exists()
@@ -97,7 +98,7 @@ class EngineAdmin(OperableAdmin):
 
     class Media:
         css = {"all": ["jobs/admin.css"]}
-        js = ["jobs/follow.js"]
+        js = ["jobs/follow.js", "jobs/live.js"]
 
     def get_inline_instances(self, request, obj=None):
         inlines = super().get_inline_instances(request, obj)

@@ -27,7 +27,13 @@ class FlowRuleForm(forms.ModelForm):
     """The same checks as ``jobs_limits`` (``jobs.flow``): the scope whole (not stripped:
     "kind:x\n" is refused, not saved as a twin), each value within its bound."""
 
-    scope = forms.CharField(max_length=200, strip=False, help_text=flow.SCOPE_FORMS)
+    # No max_length here: ``flow.check_scope`` knows the column's limit and says it in
+    # the same words as the console and ``jobs_limits`` (the browser still stops at it).
+    scope = forms.CharField(
+        strip=False,
+        help_text=f"{flow.SCOPE_FORMS}; at most {flow.scope_max_length()} characters",
+        widget=forms.TextInput(attrs={"maxlength": flow.scope_max_length(), "size": 60}),
+    )
     concurrency = forms.IntegerField(
         required=False,
         help_text=f"most running at once, 1 to {flow.CONCURRENCY_MAX:,} "

@@ -15,7 +15,7 @@ from django.utils.html import format_html, format_html_join
 from jobs.engine import groups
 from jobs.hooks import SUBJECTS, subject_labels
 from jobs.models import Artifact, Attempt, Effect, Job, JobEvent, JobGroup, JobStep
-from jobs.ops import words
+from jobs.ops import causes, words
 from jobs.ops.admin_common import (
     EngineAdmin,
     LastErrorColumn,
@@ -208,11 +208,23 @@ class FollowUpInline(ReadOnlyInline):
 class JobAdmin(LastErrorColumn, EngineAdmin):
     operations = JOB_OPERATIONS
     actions = [operation_action(op) for op in JOB_OPERATIONS.values()]
-    list_display = ("id", "subject_and_kind", "state_word", "tries", "last_error", "updated")
+    list_display = (
+        "id",
+        "subject_and_kind",
+        "state_word",
+        "queue_column",
+        "priority_column",
+        "progress_column",
+        "tries",
+        "last_error",
+        "updated",
+    )
     list_display_links = ("id",)
     list_filter = (
         state_filter(Job),
         "kind",
+        value_filter("queue", "queue"),
+        "priority",
         value_filter("tenant_key", "tenant key"),
         value_filter("last_error_class", "last error class"),
     )
@@ -233,6 +245,7 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
         "chain",
         "tries",
         "state_word",
+        "cause",
         "error_class",
         "error_message",
         "error_and_traceback",
@@ -242,8 +255,21 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
     # actions above the form); the engine's bookkeeping is folded and comes last
     # (admin/jobs/job/change_form.html renders folded fieldsets after the inlines).
     fieldsets = [
-        (None, {"fields": ("state_word", "subject", "kind", "tries", "progress", "chain")}),
-        ("Error", {"fields": ("error_class", "error_message")}),
+        (
+            None,
+            {
+                "fields": (
+                    "state_word",
+                    "subject",
+                    "kind",
+                    ("queue", "priority"),
+                    "tries",
+                    "progress",
+                    "chain",
+                )
+            },
+        ),
+        ("Error", {"fields": ("cause", "error_class", "error_message")}),
         (
             "Times",
             {
@@ -358,6 +384,9 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
             return text + revision
         if not getattr(obj, "_on_change_page", False):
             return format_html('<a href="{}">{}</a>{}', url, text, revision)
+        if not (obj.last_error_class and causes.subject_fix_helps(obj)):
+            # No failure, or one whose cause is not in the subject: the link cannot help.
+            return format_html('<a href="{}">{}</a>{}', url, text, revision)
         # On the job's page: the way to the cause and back (saving the subject returns here).
         return format_html(
             '<a href="{}">{}</a>{} · <a href="{}?_job={}" id="fix-subject">Fix the subject</a>',
@@ -370,15 +399,23 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
 
     @admin.display(description="progress")
     def progress(self, obj):
-        """What the handler last said of its progress (``ctx.progress``), when it did."""
+        """What the handler last said of its progress (``ctx.progress``), when it did; an
+        open page keeps it current (``jobs/live.js`` polls the follow URL)."""
         if obj.progress_at is None:
             return "—"
-        done, total = obj.progress_done, obj.progress_total
-        counts = f"{done} of {total}" if total else f"{done}"
-        if total and done is not None:
-            counts += f" ({min(100, round(100 * done / total))}%)"
-        note = f": {obj.progress_note}" if obj.progress_note else ""
-        return f"{counts}{note}, at {shown_time(obj.progress_at)}"
+        return f"{words.job_progress(obj)}, at {shown_time(obj.progress_at)}"
+
+    @admin.display(description="progress")
+    def progress_column(self, obj):
+        return words.job_progress(obj)
+
+    @admin.display(description="queue", ordering="queue")
+    def queue_column(self, obj):
+        return obj.queue
+
+    @admin.display(description="priority", ordering="-priority")
+    def priority_column(self, obj):
+        return obj.priority
 
     @admin.display(description="chain")
     def chain(self, obj):
@@ -437,6 +474,21 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
     @admin.display(description="error class")
     def error_class(self, obj):
         return error_of(obj)[0]
+
+    @admin.display(description="cause")
+    def cause(self, obj):
+        """What failed, in words (``jobs.ops.causes``), and the one thing that helps."""
+        words_ = causes.plain_words(obj)
+        if not words_:
+            return "—"
+        found = causes.cause_of(obj)
+        if found is not None and found.fix:
+            return format_html(
+                '<span class="jobs-cause">{}</span><br><span class="jobs-cause__fix">{}</span>',
+                words_,
+                found.fix,
+            )
+        return format_html('<span class="jobs-cause">{}</span>', words_)
 
     def get_object(self, request, object_id, from_field=None):
         obj = super().get_object(request, object_id, from_field)

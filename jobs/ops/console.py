@@ -249,7 +249,34 @@ def snapshot(now: datetime | None = None) -> Snapshot:
         succeeded_since_failure=since_failure,
         retrying_same=verdict.retrying_on_the_same_error(LIST_LIMIT),
         schedules=schedules.overview()[0],
+        listening=listening_workers(),
     )
+
+
+LISTENER_NAME = "django-q2 listener %"  # the application_name of a waiting worker's listener
+
+
+def listening_workers() -> int | None:
+    """Worker connections waiting for work on this database (PostgreSQL: the broker's
+    listeners, by their ``application_name``); None where the database cannot tell.
+
+    What says an idle worker is alive: one that serves only queues with nothing due claims
+    nothing and sends nothing, yet it is there (the console must not say "0 workers").
+    """
+    from django.db import DatabaseError, connection
+
+    if connection.vendor != "postgresql":
+        return None
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name LIKE %s",
+                [LISTENER_NAME],
+            )
+            return int(cursor.fetchone()[0])
+    except DatabaseError:  # no right to read the view: say nothing rather than fail the page
+        return None
 
 
 # --- the chart ------------------------------------------------------------------------

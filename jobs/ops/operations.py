@@ -32,7 +32,9 @@ from django.views.decorators.http import require_GET, require_http_methods
 from jobs import rules, services
 from jobs.engine import effect_machine
 from jobs.models import Attempt, Effect, Job, JobEvent
+from jobs.ops import causes
 from jobs.ops.console import error_of
+from jobs.ops.words import job_progress, job_state_word
 
 log = logging.getLogger("jobs.admin")
 JobState = Job.State
@@ -49,6 +51,12 @@ class Operation:
     # Beyond its states: whether it has anything to do on this object, and why not.
     when: Callable[[object], bool] | None = None
     why_not_when: str = ""
+    # What the operator should know before pressing it on this object ("" for nothing):
+    # it still applies, but may not do what they hope (no worker serves the queue, ...).
+    warn: Callable[[object], str] | None = None
+
+    def warning(self, obj) -> str:
+        return self.warn(obj) if self.warn is not None else ""
 
     @property
     def states(self) -> tuple[str, ...]:
@@ -57,6 +65,32 @@ class Operation:
 
     def applies(self, obj) -> bool:
         return obj.state in self.states and (self.when is None or self.when(obj))
+
+
+def _unserved_queue(job) -> str:
+    """Retry now in a queue no worker serves runs nothing: say so, with the command."""
+    from jobs.ops.serving import queue_unserved
+
+    command = queue_unserved(job.queue)
+    if not command:
+        return ""
+    return (
+        f"No worker serves queue {job.queue}: retrying now changes nothing until one "
+        f"runs ({command})."
+    )
+
+
+def _requeue_warning(job) -> str:
+    """A group child's requeue after its join already ended does not run the join again."""
+    if job.group_id is None:
+        return ""
+    join = job.group.join
+    if join is None or join.state not in Job.TERMINAL:
+        return ""
+    return (
+        f"Its group's join (job {join.pk}) has already {join.state.replace('_', ' ')}: "
+        "requeueing this child runs the child alone, not the join again."
+    )
 
 
 JOB_OPERATIONS = {
@@ -68,6 +102,7 @@ JOB_OPERATIONS = {
             "Retried",
             "Run it now instead of at its backoff time.",
             lambda job, operator: services.retry_job_now(job, operator=operator),
+            warn=_unserved_queue,
         ),
         Operation(
             "cancel",
@@ -93,6 +128,12 @@ JOB_OPERATIONS = {
             "Requeued",
             "Give it a fresh attempt budget and queue it again (earlier attempts stay listed).",
             lambda job, operator: services.requeue_job(job, operator=operator),
+            when=causes.requeue_helps,
+            why_not_when=(
+                "its cause is its own parameters, so a requeue would fail the same way; "
+                "leave it failed"
+            ),
+            warn=_requeue_warning,
         ),
     )
 }
@@ -214,10 +255,20 @@ class OperableAdmin(admin.ModelAdmin):
     def operate(self, request, obj, op: Operation) -> tuple[bool, str]:
         """Run ``op`` on ``obj``; log it with the operator's name when it changed something."""
         before = obj.state
+        if op.when is not None and not op.when(obj):
+            # What cannot help is not done, whatever posted it (a requeue of a job whose
+            # own parameters are its cause); the state is the engine's CAS to judge.
+            return False, _why_not(op, obj)
         won = op.run(obj, _operator(request))
         if won:
             obj.refresh_from_db()
-            self.log_change(request, obj, f"{op.label}: {before} → {obj.state}")
+            if obj.state == before:
+                # Asked, not yet done (a running job cancels at its next check): never
+                # "Cancel: running → running".
+                change = f"{op.label}: asked while {before.replace('_', ' ')}"
+            else:
+                change = f"{op.label}: {before} → {obj.state}"
+            self.log_change(request, obj, change)
             return True, ""
         return False, _why_not(op, obj)
 
@@ -360,6 +411,7 @@ class OperableAdmin(admin.ModelAdmin):
                 "applies": op.applies(obj),
                 "why_not": "" if op.applies(obj) else _why_not(op, obj),
                 "preview": preview(op, obj),
+                "warning": op.warning(obj) if op.applies(obj) else "",
                 "change_url": change_url,
             }
             return TemplateResponse(request, "admin/jobs/operate_confirm.html", context)
@@ -371,8 +423,12 @@ class OperableAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(change_url)
 
     def follow_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        """Where the object stands now, for the change page that follows an operation."""
+        """Where the object stands now, for the change page that follows an operation and
+        for an open job page's live progress (``jobs/live.js``): its view permission
+        asked, like the page's."""
         obj = get_object_or_404(self.get_queryset(request), pk=self._pk(object_id))
+        if not self.has_view_permission(request, obj):
+            raise PermissionDenied
         settled = obj.state in getattr(obj, "TERMINAL", ()) or obj.state in SETTLED_EFFECT
         state = obj.state.replace("_", " ")
         text = f"Now {state}."
@@ -388,7 +444,13 @@ class OperableAdmin(admin.ModelAdmin):
                 text = f"Settled: {state}."
         elif settled:
             text = f"Settled: {state}."
-        return JsonResponse({"state": obj.state, "settled": settled, "text": text})
+        answer = {"state": obj.state, "settled": settled, "text": text}
+        if isinstance(obj, Job):
+            answer["progress"] = job_progress(obj)
+            answer["state_word"] = job_state_word(obj.state).word
+        response = JsonResponse(answer)
+        response["Cache-Control"] = "no-store"
+        return response
 
     def bulk_log(self) -> list[LogEntry]:
         """The last bulk summaries on this model (object-less entries), for the list page."""
@@ -413,11 +475,26 @@ class OperableAdmin(admin.ModelAdmin):
         extra = {**(extra_context or {})}
         if obj is not None:
             can = self.has_operate_permission(request)
-            extra["operations"] = [op for op in self.operations.values() if can and op.applies(obj)]
+            extra["operations"] = [
+                OfferedOperation(op.name, op.label, op.explains, op.warning(obj))
+                for op in self.operations.values()
+                if can and op.applies(obj)
+            ]
+            extra["cause"] = causes.plain_words(obj) if isinstance(obj, Job) else ""
+            extra["no_action_helps"] = (
+                isinstance(obj, Job)
+                and can
+                and not extra["operations"]
+                and not causes.requeue_helps(obj)
+            )
             extra["can_operate"] = can
             extra["operation_url"] = f"admin:{self._url_name('operate')}"
             extra["follow_url"] = reverse(f"admin:{self._url_name('follow')}", args=[obj.pk])
             extra["follow"] = request.GET.get("follow") == "1"
+            # An open page of unfinished work keeps its state and progress current.
+            extra["live"] = (
+                isinstance(obj, Job) and not extra["follow"] and obj.state not in obj.TERMINAL
+            )
             extra["same_error"] = same_error_as_before_requeue(obj)
             extra["operator_log"] = LogEntry.objects.filter(
                 content_type__app_label=self.opts.app_label,
@@ -425,6 +502,16 @@ class OperableAdmin(admin.ModelAdmin):
                 object_id=str(obj.pk),
             ).select_related("user")[:10]
         return super().change_view(request, object_id, form_url, extra_context=extra)
+
+
+@dataclass(frozen=True)
+class OfferedOperation:
+    """An operation as the change page offers it on one object, with its warning."""
+
+    name: str
+    label: str
+    explains: str
+    warning: str = ""
 
 
 BULK_SAMPLE = 10

@@ -19,6 +19,8 @@ from jobs.models import Attempt, Effect, FlowRule, Job
 from jobs.ops.words import duration
 
 WORKER_WINDOW = timedelta(minutes=1)
+# A claim elsewhere this long after a queue's oldest came due: workers pass that queue by.
+PASSED_BY_MARGIN = timedelta(seconds=3)
 # The verdict judges the last JOBS_CONSOLE_WINDOW_SECONDS (docs/app/console.md): short, so
 # it says "Recovering" once failures stop and "Healthy" when the window has passed them.
 DEFAULT_WINDOW_SECONDS = 300
@@ -69,6 +71,7 @@ class Reason:
     action: str = ""  # the one action that fixes it, when it is a button: "resume"
     scope: str = ""  # the flow scope the button acts on
     action_label: str = ""
+    command: str = ""  # the one action that fixes it, when it is a shell command
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,14 @@ class QueueView:
     oldest_due_at: datetime | None
     claimed_recently: bool
     oldest_wait: timedelta | None = None  # the oldest due job's wait, at the read
+    # Workers claimed other queues' work that came due after this queue's oldest: they
+    # are alive and pass it by, so no worker serves it (known at once, no minute's wait).
+    passed_by: bool = False
+
+    @property
+    def serve_command(self) -> str:
+        """The command that starts a worker for this queue."""
+        return f"manage.py jobs_worker --queue {self.name}"
 
 
 @dataclass(frozen=True)
@@ -150,6 +161,9 @@ class Snapshot:
     retrying_same: list[tuple[Job, int]] = field(default_factory=list)
     # Periodic kinds (jobs.schedules.overview): last requested and next tick, paused.
     schedules: list = field(default_factory=list)
+    # Worker processes connected and waiting for work (PostgreSQL's listeners); None
+    # where the database cannot tell (an idle worker then leaves no trace).
+    listening: int | None = None
 
     @property
     def oldest_due_age(self) -> timedelta | None:
@@ -202,7 +216,7 @@ def health(snap: Snapshot) -> Health:
     )
     reasons = [
         *_stopper_reasons(snap),
-        *_queue_reasons(snap),
+        *queue_reasons(snap),
         *_try_reasons(snap, window, recovering),
         *_wait_reasons(snap, window),
     ]
@@ -276,17 +290,7 @@ def _wait_reasons(snap: Snapshot, window: str) -> list[Reason]:
             "admin:jobs_effect_changelist",
         )
     )
-    workers = len(snap.workers)
-    due = snap.oldest_due_at is not None
-    reasons.append(
-        Reason(
-            "workers",
-            # No worker while work is due is a problem; idle without work is not.
-            "bad" if due and not workers else "ok",
-            f"{workers} worker{'s' if workers != 1 else ''} seen in the last minute"
-            + ("" if workers else (" while jobs are due" if due else ", nothing is due")),
-        )
-    )
+    reasons.append(_workers_reason(snap))
     if snap.retrying_same:
         k = len(snap.retrying_same)
         reasons.append(
@@ -307,6 +311,39 @@ def _wait_reasons(snap: Snapshot, window: str) -> list[Reason]:
             )
         )
     return reasons
+
+
+def _workers_reason(snap: Snapshot) -> Reason:
+    """Workers by what they did in the last minute; idle ones by their open listener.
+
+    "0 workers" is said only when none is alive: workers that wait for work (each keeps a
+    listener connection on PostgreSQL) are alive even when the only due work is in a queue
+    they do not serve (that queue has its own line, with the command that serves it).
+    """
+    workers = len(snap.workers)
+    due = snap.oldest_due_at is not None
+    if workers:
+        return Reason(
+            "workers",
+            "ok",
+            f"{workers} worker{'s' if workers != 1 else ''} seen in the last minute",
+        )
+    if snap.listening:
+        n = snap.listening
+        return Reason(
+            "workers",
+            "ok",
+            f"{n} worker{'s' if n != 1 else ''} connected and waiting for work"
+            + ("; none claimed in the last minute" if due else ""),
+        )
+    if not due:
+        return Reason("workers", "ok", "0 workers seen in the last minute, nothing is due")
+    return Reason(
+        "workers",
+        "bad",
+        "No worker is running while jobs are due: start one with manage.py jobs_worker",
+        command="manage.py jobs_worker",
+    )
 
 
 def _clock(at: datetime) -> str:
@@ -352,19 +389,21 @@ def _stopper_reasons(snap: Snapshot) -> list[Reason]:
     return found
 
 
-def _queue_reasons(snap: Snapshot) -> list[Reason]:
+def queue_reasons(snap: Snapshot) -> list[Reason]:
     found = []
     for q in snap.queues:
         if not q.due or q.claimed_recently or q.oldest_due_at is None:
             continue
-        if snap.now - q.oldest_due_at < WORKER_WINDOW:
-            continue  # due just now: a worker has not had its minute yet
+        waited = max(snap.now - q.oldest_due_at, timedelta())
+        if not q.passed_by and waited < WORKER_WINDOW:
+            continue  # due just now, and no worker has passed it by yet
         found.append(
             Reason(
                 "queue-idle",
                 "bad",
-                f"Queue {q.name}: {q.due} due, none claimed in the last minute (the oldest "
-                f"waits {_ago(snap.now - q.oldest_due_at)}): no worker serves this queue",
+                f"Queue {q.name}: {q.due} due, the oldest waiting {_ago(waited)}; no "
+                f"worker serves this queue. Start one with {q.serve_command}",
+                command=q.serve_command,
             )
         )
     return found
@@ -383,7 +422,8 @@ def _one_subject_reason(alone: FailingSubject, window: str) -> Reason:
         noun = str(apps.get_model(alone.subject_type)._meta.verbose_name)
     except (LookupError, ValueError):
         noun = "subject"
-    how = "fails every try" if not alone.succeeded else f"failed {alone.failed} tries"
+    tries = f"{alone.failed} tr{'y' if alone.failed == 1 else 'ies'}"
+    how = "fails every try" if not alone.succeeded else f"failed {tries}"
     return Reason(
         "one-subject",
         "warn",
@@ -491,23 +531,34 @@ def queues() -> list[QueueView]:
         )
         .order_by("queue")
     )
-    claimed = set(
+    # The last claim of each queue in the window: a queue's own says a worker serves it;
+    # another's, made after this queue's oldest came due, says live workers pass it by.
+    claimed = dict(
         Attempt.objects.filter(started_at__gte=since, number__gt=0)
-        .values_list("job__queue", flat=True)
-        .distinct()
+        .values("job__queue")
+        .annotate(last=Max("started_at"))
+        .order_by()
+        .values_list("job__queue", "last")
     )
     now = timezone.now()  # as the snapshot stamps its ages (snap.now)
-    return [
-        QueueView(
-            r["queue"],
-            r["waiting"],
-            r["due"],
-            r["oldest"],
-            r["queue"] in claimed,
-            max(now - r["oldest"], timedelta()) if r["oldest"] else None,
+    found = []
+    for r in rows:
+        oldest = r["oldest"]
+        passed_by = oldest is not None and any(
+            last > oldest + PASSED_BY_MARGIN for name, last in claimed.items() if name != r["queue"]
         )
-        for r in rows
-    ]
+        found.append(
+            QueueView(
+                r["queue"],
+                r["waiting"],
+                r["due"],
+                oldest,
+                r["queue"] in claimed,
+                max(now - oldest, timedelta()) if oldest else None,
+                passed_by=passed_by,
+            )
+        )
+    return found
 
 
 def retrying_on_the_same_error(limit: int = 10) -> list[tuple[Job, int]]:

@@ -13,7 +13,7 @@ from django.views.decorators.cache import never_cache
 
 from jobs import conf, stats
 from jobs.hooks import subject_labels
-from jobs.ops import console, flowview, trends
+from jobs.ops import causes, console, flowview, trends
 from jobs.ops.error_detail import can_view_error_detail
 
 # What /metrics says when the Prometheus client is not installed: a 404 that names the
@@ -62,9 +62,13 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
         key = (job.subject_type, job.subject_id)
         return labels.get(key, f"{job.subject_type}:{job.subject_id}")
 
-    failures = [(job, label(job), *console.error_of(job, detail=detail)) for job in snap.failures]
+    # Each row says what failed in words first (``jobs.ops.causes``), the class and code after.
+    failures = [
+        (job, label(job), *console.error_of(job, detail=detail), causes.plain_words(job))
+        for job in snap.failures
+    ]
     retrying_rows = [
-        (job, label(job), *console.error_of(job, detail=detail), same)
+        (job, label(job), *console.error_of(job, detail=detail), same, causes.plain_words(job))
         for job, same in snap.retrying_same
     ]
     kind = request.GET.get("kind", "")[:64]

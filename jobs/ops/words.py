@@ -121,3 +121,20 @@ def duration(value: timedelta | None) -> str:
     if minutes:
         return f"{minutes} min {seconds} s"
     return f"{seconds} s"
+
+
+def progress_words(done: int | None, total: int | None, note: str = "") -> str:
+    """A handler's progress as read: ``3 of 4 (75%): render``, ``7``, or "—" before any."""
+    if done is None and total is None and not note:
+        return "—"
+    counts = f"{done or 0} of {total}" if total else f"{done or 0}"
+    if total and done is not None:
+        counts += f" ({min(100, round(100 * done / total))}%)"
+    return counts + (f": {note}" if note else "")
+
+
+def job_progress(job) -> str:
+    """A job's last reported progress (``ctx.progress``), or "—" when it reported none."""
+    if job.progress_at is None:
+        return "—"
+    return progress_words(job.progress_done, job.progress_total, job.progress_note)

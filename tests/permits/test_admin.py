@@ -244,6 +244,8 @@ def test_job_page__action_buttons_run_the_transition_and_log_who(demo):
         "state": "queued",
         "settled": False,
         "text": f"Now queued, 3 of {job.max_attempts + 3} attempts used.",
+        "progress": "—",
+        "state_word": "Requested",
     }
     job.refresh_from_db()
     assert job.state == Job.State.QUEUED
@@ -408,9 +410,12 @@ def test_dead_report__bad_value_shown__fix_the_subject_and_back_to_the_job(demo)
         job.refresh_from_db()
         if job.state == Job.State.DEAD:
             break
-    assert job.state == Job.State.DEAD and job.last_error_code == "KeyError"
+    assert job.state == Job.State.DEAD and job.last_error_code == "work_type_invalid"
     client = login(demo, "operator")
     page = client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    # The cause in words (issue 44), no exception class needed to understand it.
+    assert "The request&#x27;s work type is not one of the valid choices" in page
+    assert "Correct the work type on the request (Fix the subject), then requeue" in page
     fix = f"/admin/permits/permitrequest/{permit.pk}/change/?_job={job.pk}"
     assert f'href="{fix}" id="fix-subject">Fix the subject<' in page
     assert f"{job.attempts} of {job.max_attempts}" in page

@@ -210,7 +210,9 @@ def test_health__a_queue_no_worker_claims_from_is_named():
     Job.objects.filter(pk=job.pk).update(next_attempt_at=Now() - timedelta(minutes=3))
     health = console.health(console.snapshot())
     idle = {r.key: r for r in health.reasons}["queue-idle"]
-    assert idle.level == "bad" and idle.text.startswith("Queue reports: 1 due, none claimed")
+    assert idle.level == "bad" and idle.text.startswith("Queue reports: 1 due, the oldest")
+    assert idle.command == "manage.py jobs_worker --queue reports"
+    assert idle.text.endswith("Start one with manage.py jobs_worker --queue reports")
     assert [(q.name, q.due, q.claimed_recently) for q in console.snapshot().queues] == [
         ("reports", 1, False)
     ]
