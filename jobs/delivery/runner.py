@@ -253,10 +253,18 @@ def adopt(job_id: int, owner: str, attempt_id: int, version: int) -> Claim:
     no write. ``stale`` when the job is no longer held under that claim (its lease ran
     out while the package waited, a cancel moved its version): the worker does nothing
     with it, as any worker that lost its lease."""
-    attempt = Attempt.objects.select_related("job").filter(pk=attempt_id, job_id=job_id).first()
+    attempt = (
+        Attempt.objects.select_related("job")
+        .annotate(db_now=clock.ServerNow())
+        .filter(pk=attempt_id, job_id=job_id)
+        .first()
+    )
     if attempt is None:
         return Claim("missing")
     job = attempt.job
+    # The lease has run since the claim, not since this read: the first heartbeat is
+    # due a third of the lease after the claim (``JobContext._extend_lease``).
+    attempt.claimed_ago = max(0.0, (attempt.db_now - attempt.started_at).total_seconds())
     held = (
         job.state == Job.State.RUNNING
         and job.lease_owner == owner
@@ -282,6 +290,7 @@ def run_claim(claim: Claim, worker: str, *, on_stage: StageHook | None = None) -
     job, attempt = claim.job, claim.attempt
     job_id = job.pk
     ctx = JobContext(job, worker, attempt, on_stage)
+    ctx._lease_extended_at -= getattr(attempt, "claimed_ago", 0.0)
     ctx.stage("claimed")
     try:
         kind = registry.get_kind(job.kind)

@@ -332,3 +332,16 @@ def test_claiming__an_external_effect_is_leased_from_the_ledger_and_sent_once(db
     assert len(mail.outbox) == 1
     assert take(b) == [], "nothing more is due"
     assert OrmQ.objects.count() == 0
+
+
+def test_claiming__an_adopted_claim_counts_its_lease_from_the_claim_not_the_adoption(db):
+    """A package that waited before its worker took it: the worker's first heartbeat is
+    due a third of the lease after the claim, so the lease cannot run out unnoticed."""
+    from jobs.delivery import runner
+
+    ask("waited")
+    [task] = take(broker())
+    job_id, owner, attempt_id, version = task["args"]
+    Attempt.objects.filter(pk=attempt_id).update(started_at=F("started_at") - timedelta(seconds=5))
+    claim = runner.adopt(job_id, owner, attempt_id, version)
+    assert claim.won and 5 <= claim.attempt.claimed_ago < 60
