@@ -76,6 +76,10 @@ def queue_depth() -> tuple[int, int, int]:
     ``next_attempt_at`` to the microsecond, which a take's lock, taken + retry, is not)."""
     from django_q.models import OrmQ
 
+    from jobs import queue
+
+    if queue.claims_jobs():
+        return _table_queue_depth(OrmQ)
     ahead = Exists(Job.objects.filter(rules.to_q(rules.WAITING), next_attempt_at=OuterRef("lock")))
     figures = OrmQ.objects.annotate(ahead=ahead).aggregate(
         total=Count("id"),
@@ -83,6 +87,25 @@ def queue_depth() -> tuple[int, int, int]:
         later=Count("id", filter=Q(lock__gt=Now(), ahead=True)),
     )
     return figures["total"], figures["taken"], figures["later"]
+
+
+def _table_queue_depth(messages) -> tuple[int, int, int]:
+    """The same three figures where the jobs table is the queue (``jobs.claiming``): waiting
+    and running jobs with the plain messages; running jobs (taken by a cluster) with the
+    locked messages; waiting jobs not yet due."""
+    jobs = Job.objects.filter(rules.to_q(rules.WAITING) | Q(state=Job.State.RUNNING)).aggregate(
+        total=Count("id"),
+        taken=Count("id", filter=Q(state=Job.State.RUNNING)),
+        later=Count("id", filter=rules.to_q(rules.WAITING) & Q(next_attempt_at__gt=Now())),
+    )
+    plain = messages.objects.aggregate(
+        total=Count("id"), taken=Count("id", filter=Q(lock__gt=Now()))
+    )
+    return (
+        jobs["total"] + plain["total"],
+        jobs["taken"] + plain["taken"],
+        jobs["later"],
+    )
 
 
 def workers_seen(window: timedelta = WORKER_WINDOW) -> list[Worker]:
