@@ -343,7 +343,8 @@ def watch_drain(
     failure: Callable[[int, float], str],
     sample: Callable[[], None] | None = None,
 ) -> Watched:
-    """Poll the queue until it is empty; time and CPU from the first acknowledgement seen.
+    """Poll the queue until it is empty (``LEFT_SQL``); time and CPU from the first
+    acknowledgement (or finished job) seen.
 
     Throughput counts from the first acknowledgement seen to the last, so a cluster's
     start-up (Django import, forks) is left out for both sides alike. ``cpu`` reads the
@@ -359,7 +360,7 @@ def watch_drain(
     cpu_start: dict[str, float] = {}
     deadline = time.monotonic() + timeout
     while True:
-        left = watch.execute("SELECT count(*) FROM django_q_ormq").fetchone()[0]
+        left = watch.execute(LEFT_SQL).fetchone()[0]
         polls += 1
         now = time.monotonic()
         if first_t is None and left < total:
@@ -385,6 +386,14 @@ def watch_drain(
         if first_left
     }
     return Watched(seconds, now, cpu_ms, polls)
+
+
+# What is left of a run: its messages (plain tasks; a job's on the message brokers) or,
+# where the jobs table is the queue (no message for a job), its unfinished jobs.
+LEFT_SQL = (
+    "SELECT GREATEST((SELECT count(*) FROM django_q_ormq), (SELECT count(*) FROM jobs_job "
+    "WHERE state IN ('queued', 'retry_wait', 'running')))"
+)
 
 
 def counters_since(before: dict[str, int], polls: int) -> dict[str, int]:

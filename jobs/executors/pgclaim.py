@@ -27,25 +27,22 @@ from jobs import clock, rules
 from jobs.engine import job_machine
 from jobs.engine.plan import Claim
 from jobs.executors import postgres
-from jobs.executors.postgres import NOW, _compact, _cursor, _int8, _job_from_row, _q
+from jobs.executors.postgres import NOW, _compact, _cursor, _job_from_row, _q
 from jobs.models import Attempt, Effect, Job
 
 log = logging.getLogger("jobs.executors")
 
 
 @functools.cache
-def _next_statement() -> tuple[str, rules.Rendered]:
-    job_t, attempt_t = _q(Job._meta.db_table), _q(Attempt._meta.db_table)
-    claimable = rules.to_sql(rules.CLAIMABLE, Job, quote=_q)
-    ruled = rules.flow_ruled_sql(job_t, quote=_q)
-    queue_ruled = rules.queue_ruled_sql(job_t, quote=_q)
-    assert not ruled.slots and not queue_ruled.slots
+def _next_statement() -> str:
+    job_t = _q(Job._meta.db_table)
     t_now = "(SELECT now FROM t)"
     cand = rules.literal_sql(rules.CLAIMABLE, Job, alias="j", quote=_q, now=t_now)
     since = rules.waiting_since_sql("j")
     eff = rules.effective_priority_sql("j", now=t_now)
     # Each candidate is the first row of one of migration 0017's partial indexes, locked
-    # or skipped: a job another claim holds is passed over, never waited for.
+    # or skipped: a job another claim holds is passed over, never waited for. The rest
+    # (claim lock, admission, start, attempt) is the named claim's (``start_ctes``).
     candidate = f"""
         SELECT j.id, j.tenant_key, {eff} AS eff, {since} AS since FROM {job_t} j
         WHERE j.queue = %s AND {cand}"""
@@ -61,47 +58,19 @@ def _next_statement() -> tuple[str, rules.Rendered]:
             SELECT id, tenant_key FROM (
                 SELECT * FROM by_priority UNION ALL SELECT * FROM by_wait
             ) c ORDER BY c.eff DESC, c.since, c.id LIMIT 1
-        ), locked AS MATERIALIZED (
-            SELECT id, tenant_key FROM {job_t}
-            WHERE id = (SELECT id FROM picked) AND {claimable.text}
-              AND NOT {queue_ruled.text}
-              AND pg_try_advisory_xact_lock({rules.CLAIM_LOCK_CLASS}, hashtext(id::text))
-        ), admitted AS MATERIALIZED (
-            SELECT id FROM {job_t}
-            WHERE id = (SELECT id FROM locked)
-              AND CASE WHEN {ruled.text}
-                    THEN jobs_flow_admits_v2(kind, tenant_key, id, %s::integer)
-                    ELSE tenant_key = '' OR jobs_tenant_admits_v2(tenant_key, id, %s::integer)
-                    END
-        ), claimed AS (
-            UPDATE {job_t} SET
-                state = %s, attempts = attempts + 1, lease_owner = %s,
-                lease_expires_at = {NOW} + make_interval(secs => %s),
-                next_attempt_at = NULL, started_at = COALESCE(started_at, {NOW}),
-                version = version + 1, updated_at = {NOW}
-            WHERE id = (SELECT id FROM admitted) AND {claimable.text}
-            RETURNING *
-        ), attempt AS (
-            INSERT INTO {attempt_t}
-                (job_id, number, worker, started_at, outcome, error_class, error_code)
-            SELECT id, attempts, %s, {NOW}, '', '', '' FROM claimed
-            RETURNING id, started_at
-        )
+        ), {postgres.start_ctes("picked")}
         SELECT claimed.*, attempt.id, attempt.started_at, (SELECT id FROM picked)
         FROM (SELECT 1) one LEFT JOIN (claimed CROSS JOIN attempt) ON true
     """
-    return _compact(text), claimable
+    return _compact(text)
 
 
 def next_statement(queue: str, worker: str, *, lease: float, bound: int) -> tuple[str, list]:
     """The statement claiming ``queue``'s next job for ``worker``, and its parameters."""
-    sql, claimable = _next_statement()
     aging = rules.aging_seconds()
     quick = not connection.in_atomic_block
     params = [quick, aging, queue, aging, queue]
-    params += [*claimable.params(), _int8(bound), _int8(bound)]
-    params += [Job.State.RUNNING, worker, float(lease), *claimable.params(), worker]
-    return sql, params
+    return _next_statement(), params + postgres.start_params(worker, lease=lease, bound=bound)
 
 
 _columns: dict[int, list[str]] = {}

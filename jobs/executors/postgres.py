@@ -158,21 +158,19 @@ def _q(name: str) -> str:
 
 
 @functools.cache
-def _claim_statement() -> tuple[str, rules.Rendered]:
-    job_t, attempt_t = _q(Job._meta.db_table), _q(Attempt._meta.db_table)
-    claimable = rules.to_sql(rules.CLAIMABLE, Job, quote=_q)
+def _claim_statement() -> str:
+    job_t = _q(Job._meta.db_table)
     # A job whose kind or tenant has an active flow rule: the rules are judged by
-    # ``jobs_flow_admits_v2`` (jobs.rules.flow_function_sql); otherwise the tenant bound.
-    ruled = rules.flow_ruled_sql(job_t, quote=_q)
-    assert not ruled.slots, "the flow-rule condition has no parameters"
-    # Admission runs once, in a CTE of its own, never in the UPDATE's WHERE (which the
-    # server may evaluate again after a concurrent update). The chosen job's own advisory
-    # claim lock is tried first (never waited for): a racing delivery of the same job
-    # finds it taken and leaves the job to the ORM claim, so a ruled job's admission
-    # never takes rate starts it cannot use, and an ORM claim deciding about this job
-    # (it holds the same lock, ``orm._claim_lock``) is never waited for here while this
-    # statement holds a scope's lock that claim waits for (no deadlock). (Locking the
-    # row itself would cost every claim a second write of the tuple: +0.3 ms a claim.)
+    # ``jobs_flow_admits_v2`` (jobs.rules.flow_function_sql); otherwise the tenant bound
+    # (``start_ctes``). Admission runs once, in a CTE of its own, never in the UPDATE's
+    # WHERE (which the server may evaluate again after a concurrent update). The chosen
+    # job's own advisory claim lock is tried first (never waited for): a racing delivery
+    # of the same job finds it taken and leaves the job to the ORM claim, so a ruled
+    # job's admission never takes rate starts it cannot use, and an ORM claim deciding
+    # about this job (it holds the same lock, ``orm._claim_lock``) is never waited for
+    # here while this statement holds a scope's lock that claim waits for (no deadlock).
+    # (Locking the row itself would cost every claim a second write of the tuple: +0.3
+    # ms a claim. The next-job claim, ``pgclaim``, locks its candidates' rows instead.)
     # The job to claim (docs/app/scheduling.md): the named job, unless its queue has a
     # due job at least SWAP_MARGIN levels more urgent by effective priority (two index
     # scans: the best by priority, the longest waiting); a named job that must have its
@@ -188,8 +186,6 @@ def _claim_statement() -> tuple[str, rules.Rendered]:
     cand_claimable = rules.literal_sql(rules.CLAIMABLE, Job, alias="j", quote=_q, now=t_now)
     since = rules.waiting_since_sql("j")
     eff_j = rules.effective_priority_sql("j", now=t_now)
-    queue_ruled = rules.queue_ruled_sql(job_t, quote=_q)
-    assert not queue_ruled.slots, "the queue-rule condition has no parameters"
     candidate = f"""
         SELECT j.id, {eff_j} AS eff, {since} AS since FROM {job_t} j
         WHERE j.queue = {n_queue} AND {cand_claimable}"""
@@ -212,9 +208,30 @@ def _claim_statement() -> tuple[str, rules.Rendered]:
                 WHEN n.ok AND (c.id IS NULL OR c.eff < n.eff + %s::float8) THEN n.id
                 ELSE c.id END AS id
             FROM named n LEFT JOIN candidate c ON true
-        ), locked AS MATERIALIZED (
+        ), {start_ctes("chosen")}
+        SELECT claimed.*, attempt.id, attempt.started_at,
+            CASE WHEN claimed.id IS NULL THEN EXISTS (
+                SELECT 1 FROM locked l WHERE l.tenant_key <> '' AND NOT
+                    pg_try_advisory_xact_lock({rules.TENANT_LOCK_CLASS}, hashtext(l.tenant_key))
+            ) END AS tenant_busy
+        FROM (SELECT 1) one LEFT JOIN (claimed CROSS JOIN attempt) ON true
+    """
+    return _compact(text)
+
+
+def start_ctes(source: str) -> str:
+    """The claim's last steps on the job ``(SELECT id FROM <source>)``, as CTEs: its claim
+    lock tried, the admission, the start (the CAS) and the attempt row. One text for the
+    named claim and the next-job claim (``jobs.executors.pgclaim``); its parameters are
+    ``start_params``'s."""
+    job_t, attempt_t = _q(Job._meta.db_table), _q(Attempt._meta.db_table)
+    claimable = rules.to_sql(rules.CLAIMABLE, Job, quote=_q)
+    ruled = rules.flow_ruled_sql(job_t, quote=_q)
+    queue_ruled = rules.queue_ruled_sql(job_t, quote=_q)
+    assert not ruled.slots and not queue_ruled.slots, "the rule conditions have no parameters"
+    return f"""locked AS MATERIALIZED (
             SELECT id, tenant_key FROM {job_t}
-            WHERE id = (SELECT id FROM chosen) AND {claimable.text}
+            WHERE id = (SELECT id FROM {source}) AND {claimable.text}
               AND NOT {queue_ruled.text}
               AND pg_try_advisory_xact_lock({rules.CLAIM_LOCK_CLASS}, hashtext(id::text))
         ), admitted AS MATERIALIZED (
@@ -237,15 +254,14 @@ def _claim_statement() -> tuple[str, rules.Rendered]:
                 (job_id, number, worker, started_at, outcome, error_class, error_code)
             SELECT id, attempts, %s, {NOW}, '', '', '' FROM claimed
             RETURNING id, started_at
-        )
-        SELECT claimed.*, attempt.id, attempt.started_at,
-            CASE WHEN claimed.id IS NULL THEN EXISTS (
-                SELECT 1 FROM locked l WHERE l.tenant_key <> '' AND NOT
-                    pg_try_advisory_xact_lock({rules.TENANT_LOCK_CLASS}, hashtext(l.tenant_key))
-            ) END AS tenant_busy
-        FROM (SELECT 1) one LEFT JOIN (claimed CROSS JOIN attempt) ON true
-    """
-    return _compact(text), claimable
+        )"""
+
+
+def start_params(worker: str, *, lease: float, bound: int) -> list:
+    """``start_ctes``'s parameters, in their order."""
+    claimable = rules.to_sql(rules.CLAIMABLE, Job, quote=_q).params()
+    admission = [_int8(bound), _int8(bound)]
+    return [*claimable, *admission, Job.State.RUNNING, worker, float(lease), *claimable, worker]
 
 
 # The claim's statement is tried this often before the ORM claim decides, pausing
@@ -280,16 +296,14 @@ def claim(job_id: int, worker: str, *, lease: float, bound: int) -> Claim:
 
 def claim_statement(job_id: int, worker: str, *, lease: float, bound: int) -> tuple[str, list]:
     """The claim's statement and its parameters (``EXPLAIN`` reads them in the tests)."""
-    sql, claimable = _claim_statement()
+    sql = _claim_statement()
     aging = rules.aging_seconds()
     # Alone in its transaction, the claim commits without waiting for the WAL flush
     # (docs/decisions.md, "Work starts when it is committed"); inside a caller's
     # transaction it changes nothing.
     quick = not connection.in_atomic_block
     params = [quick, aging, _int8(job_id), aging, aging, rules.SWAP_MARGIN]
-    params += [*claimable.params(), _int8(bound), _int8(bound)]
-    params += [Job.State.RUNNING, worker, float(lease), *claimable.params(), worker]
-    return sql, params
+    return sql, params + start_params(worker, lease=lease, bound=bound)
 
 
 def claim_in_one(
