@@ -274,6 +274,14 @@ def test_browser__reviewer_gets_one_report_and_notice_then_loses_access(
         lambda: Attempt.objects.filter(job=doomed, number__gt=3).exclude(pk__in=before).exists(),
         timeout=30,
     )
+    # The requeued job fails again: once it is dead its page has nothing live (an open page
+    # of an unfinished job reloads itself when the job ends, which a screenshot would race).
+    wait_until(
+        procs,
+        f"requeued job {doomed.pk} to die again",
+        lambda: Job.objects.get(pk=doomed.pk).state == State.DEAD,
+        timeout=60,
+    )
     admin.goto(f"{base}/admin/jobs/job/{doomed.pk}/change/")
     expect(admin.locator(".jobs-operate__log")).to_contain_text("operator: Requeue: dead →")
     tries = admin.locator("#attempt_set-group td.field-try_number").all_inner_texts()
