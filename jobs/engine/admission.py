@@ -131,12 +131,17 @@ def lock(lock_class: int, key: str) -> bool:
 
 
 def admit(job: Job, *, ruled: bool, default_tenant_bound: int) -> Hold | None:
-    """Whether the job may start now (None) or what holds it back.
+    """Whether the job may start now (None) or what holds it back. On PostgreSQL the
+    function ``jobs_flow_verdict_v1`` decides (``verdict``); elsewhere this procedure.
 
     Call inside the claim's transaction, in a savepoint that also holds the claim's
     compare-and-swap: the starts this takes stand only if the claim wins. ``ruled``:
     an active flow rule names the job's kind or tenant (else only the tenant's bound).
     """
+    if connection.vendor == "postgresql":
+        if not ruled and not job.tenant_key:
+            return None
+        return verdict(job, default_tenant_bound)
     found = {}
     if ruled:
         found = {r.scope: r for r in FlowRule.objects.filter(scope__in=job_scopes(job))}
@@ -153,6 +158,39 @@ def admit(job: Job, *, ruled: bool, default_tenant_bound: int) -> Hold | None:
     if hold is None:
         hold = take_all([found[s] for s in job_scopes(job) if s in found and found[s].rate])
     return hold
+
+
+def verdict_params(default_tenant_bound: int) -> list:
+    """``jobs_flow_verdict_v1``'s parameters after the job's own (kind, tenant, queue, id)."""
+    return [
+        default_tenant_bound,
+        float(conf.get("JOBS_FLOW_PAUSED_DEFER_SECONDS")),
+        float(conf.get("JOBS_TENANT_DEFER_SECONDS")),
+    ]
+
+
+def hold_of(scope: str | None, reason: str | None, delay: float | None) -> Hold | None:
+    """A verdict row of ``jobs_flow_verdict_v1`` as a ``Hold`` (None: the job may start)."""
+    if not reason:
+        return None
+    return Hold(scope or "", reason, float(delay or 0.0))
+
+
+def verdict(job: Job, default_tenant_bound: int) -> Hold | None:
+    """PostgreSQL: ``admit`` by ``jobs_flow_verdict_v1`` (``jobs.engine.verdict_sql``), the
+    one admission there. Its scope locks wait at most the transaction's lock timeout."""
+    params = [job.kind, job.tenant_key, job.queue, job.pk, *verdict_params(default_tenant_bound)]
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:  # a savepoint
+            cursor.execute(
+                "SELECT scope, reason, delay FROM jobs_flow_verdict_v1(%s, %s, %s, %s, %s, %s, %s)",
+                params,
+            )
+            return hold_of(*cursor.fetchone())
+    except OperationalError as exc:
+        if refusal(exc) != "lock_not_available":
+            raise
+        return Hold(job_scopes(job)[0], "busy", paused_delay())
 
 
 def _live_others(job: Job):

@@ -138,3 +138,13 @@ def test_tenant_function__never_waits_for_a_busy_tenant_lock():
         idle = cursor.fetchone()[0]
     assert admitted is False and idle is True
     assert waited < 15, f"waited {waited:.2f} s behind a lock held for 30 s"
+
+
+def test_flow_verdict__frozen_text_is_what_the_admission_generates():
+    from jobs.engine import verdict_sql
+
+    migration = importlib.import_module("jobs.migrations.0021_flow_verdict")
+    assert verdict_sql.verdict_function_sql() == "\n" + migration.CREATE, (
+        "jobs.engine.verdict_sql changed: add a migration with jobs_flow_verdict_v2"
+    )
+    assert verdict_sql.verdict_type_sql() == migration.TYPE
