@@ -8,15 +8,20 @@ that are only shown to people may come from anywhere.)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from typing import TypeVar
 
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper
 from django.db.models.functions import Now
 
-__all__ = ["Now", "ServerNow", "after", "before", "worker_transaction"]
+log = logging.getLogger("jobs.clock")
+T = TypeVar("T")
+
+__all__ = ["Now", "ServerNow", "after", "before", "checked_by", "worker_transaction"]
 
 
 class ServerNow(Now):
@@ -62,3 +67,31 @@ def worker_transaction() -> Iterator[None]:
                     f"SET LOCAL lock_timeout = {lock}"
                 )
         yield
+
+
+def checked_by(read: Callable[[], T]) -> T:
+    """Run ``read`` (idempotent, a task's first query) as its connection's health check.
+
+    django-q2 closes obsolete connections before every task, and Django then checks the
+    kept one with a ``SELECT 1`` before its first query (``CONN_HEALTH_CHECKS``): one
+    round trip a task. Here the read is the check: a connection that died while idle
+    (a server restart, an idle timeout) fails the read, is dropped, and the read is sent
+    once more on a fresh connection. An error on a connection that still answers (a
+    lock timeout) is the read's own and is raised.
+    """
+    if (
+        connection.connection is None
+        or connection.health_check_done
+        or not connection.health_check_enabled
+        or connection.in_atomic_block
+    ):
+        return read()
+    connection.health_check_done = True  # Django skips its own check for this read
+    try:
+        return read()
+    except (OperationalError, InterfaceError):
+        if connection.is_usable():
+            raise
+        log.info("the idle connection was gone at a task's first read; reading again")
+        connection.close()
+        return read()

@@ -15,7 +15,7 @@ from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, JobGroup, N
 class Claim:
     """What a delivery found: ``claimed`` (work to do) or why there is none."""
 
-    status: str  # claimed | duplicate | deferred | buried | cancelled | missing
+    status: str  # claimed | duplicate | deferred | buried | cancelled | missing | passed
     job: Job | None = None
     attempt: Attempt | None = None
 

@@ -8,12 +8,13 @@ concurrent claim on another host passes over it), admits it and starts it, as th
 named claim's statement does (``jobs.executors.postgres``), under the same rules
 rendered from ``jobs.rules``.
 
-A job the statement picked but could not plainly start (its tenant's lock busy, a
-flow rule holding it back) is decided by the named claim (``postgres.claim``), which
-records the verdict (deferred, spending no attempt). A job that must have its own
-verdict (an expired lease, a spent budget: ``rules.OWN_VERDICT``) is picked under its
-row lock and decided by the ORM claim in the same transaction, so two hosts never both
-decide about it.
+The admission's verdict on the job it picked (``jobs_flow_verdict_v1``) is decided
+once, in the statement: a job held back is deferred as the verdict says (scope,
+reason, delay; no attempt spent), by the engine's ``verdict.defer``, and nothing
+decides about it again. A job that must have its own verdict (an expired lease, a
+spent budget: ``rules.OWN_VERDICT``) is picked under its row lock and decided by the
+engine's ``verdict.decide`` in the same transaction, so two hosts never both decide
+about it.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ import functools
 import logging
 
 from django.db import connection
+from django.db.models.functions import Now
 
 from jobs import clock, rules
-from jobs.engine import job_machine
+from jobs.engine import admission, job_machine, verdict
 from jobs.engine.plan import Claim
-from jobs.executors import postgres
 from jobs.executors.postgres import NOW, _compact, _cursor, _job_from_row, _q
 from jobs.models import Attempt, Effect, Job
 
@@ -58,8 +59,10 @@ def _next_statement() -> str:
             SELECT id, tenant_key FROM (
                 SELECT * FROM by_priority UNION ALL SELECT * FROM by_wait
             ) c ORDER BY c.eff DESC, c.since, c.id LIMIT 1
-        ), {postgres.start_ctes("picked")}
-        SELECT claimed.*, attempt.id, attempt.started_at, (SELECT id FROM picked)
+        ), {start_ctes("picked")}
+        SELECT claimed.*, attempt.id, attempt.started_at, (SELECT id FROM picked),
+            (SELECT (v).scope FROM judged), (SELECT (v).reason FROM judged),
+            (SELECT (v).delay FROM judged)
         FROM (SELECT 1) one LEFT JOIN (claimed CROSS JOIN attempt) ON true
     """
     return _compact(text)
@@ -70,9 +73,58 @@ def next_statement(queue: str, worker: str, *, lease: float, bound: int) -> tupl
     aging = rules.aging_seconds()
     quick = not connection.in_atomic_block
     params = [quick, aging, queue, aging, queue]
-    return _next_statement(), params + postgres.start_params(worker, lease=lease, bound=bound)
+    return _next_statement(), params + start_params(worker, lease=lease, bound=bound)
 
 
+def start_ctes(source: str) -> str:
+    """The claim's last steps on the job ``(SELECT id FROM <source>)``, as CTEs: its claim
+    lock tried, the admission's verdict (``jobs_flow_verdict_v1``, only for a job with
+    an active flow rule or a tenant), the start (the CAS) and the attempt row; ``judged``
+    holds the verdict. Its parameters are ``start_params``'s."""
+    job_t, attempt_t = _q(Job._meta.db_table), _q(Attempt._meta.db_table)
+    claimable = rules.to_sql(rules.CLAIMABLE, Job, quote=_q)
+    ruled = rules.flow_ruled_sql(job_t, quote=_q)
+    queue_ruled = rules.queue_ruled_sql(job_t, quote=_q)
+    assert not ruled.slots and not queue_ruled.slots, "the rule conditions have no parameters"
+    # The verdict is computed once, in a CTE of its own (never in the UPDATE's WHERE,
+    # which the server may evaluate again after a concurrent update), and read from it.
+    return f"""locked AS MATERIALIZED (
+            SELECT id, kind, tenant_key, queue, {ruled.text} OR {queue_ruled.text} AS ruled
+            FROM {job_t}
+            WHERE id = (SELECT id FROM {source}) AND {claimable.text}
+              AND pg_try_advisory_xact_lock({rules.CLAIM_LOCK_CLASS}, hashtext(id::text))
+        ), judged AS MATERIALIZED (
+            SELECT id, tenant_key, CASE WHEN ruled OR tenant_key <> '' THEN
+                jobs_flow_verdict_v1(kind, tenant_key, queue, id, %s::integer, %s::float8,
+                    %s::float8) END AS v
+            FROM locked
+        ), admitted AS MATERIALIZED (
+            SELECT id FROM judged WHERE COALESCE((v).reason, '') = ''
+        ), claimed AS (
+            UPDATE {job_t} SET
+                state = %s, attempts = attempts + 1, lease_owner = %s,
+                lease_expires_at = {NOW} + make_interval(secs => %s),
+                next_attempt_at = NULL, started_at = COALESCE(started_at, {NOW}),
+                version = version + 1, updated_at = {NOW}
+            WHERE id = (SELECT id FROM admitted) AND {claimable.text}
+            RETURNING *
+        ), attempt AS (
+            INSERT INTO {attempt_t}
+                (job_id, number, worker, started_at, outcome, error_class, error_code)
+            SELECT id, attempts, %s, {NOW}, '', '', '' FROM claimed
+            RETURNING id, started_at
+        )"""
+
+
+def start_params(worker: str, *, lease: float, bound: int) -> list:
+    """``start_ctes``'s parameters, in their order."""
+    claimable = rules.to_sql(rules.CLAIMABLE, Job, quote=_q).params()
+    judged = admission.verdict_params(bound)
+    return [*claimable, *judged, Job.State.RUNNING, worker, float(lease), *claimable, worker]
+
+
+# The claim's job columns by the length of its row (a migration that adds a column while a
+# worker runs changes the length, and the names are read again).
 _columns: dict[int, list[str]] = {}
 
 
@@ -85,14 +137,16 @@ def claim_next(queue: str, worker: str, *, lease: float, bound: int) -> Claim | 
         row = cursor.fetchone()
         names = _columns.get(len(row))
         if names is None:
-            names = _columns[len(row)] = [d.name for d in cursor.description[:-3]]
-    *values, attempt_id, started_at, picked = row
+            names = _columns[len(row)] = [d.name for d in cursor.description[:-6]]
+    *values, attempt_id, started_at, picked, scope, reason, delay = row
     if picked is None:
         return None
     if attempt_id is None:
-        # Picked, not plainly startable (its tenant's lock busy, a flow rule's hold): the
-        # named claim decides and records why.
-        return postgres.claim(picked, worker, lease=lease, bound=bound)
+        hold = admission.hold_of(scope, reason, delay)
+        if hold is None:
+            # Another claim is deciding about it (its claim lock): the queue's next one.
+            return Claim("passed")
+        return verdict.defer(picked, worker, hold)
     job = _job_from_row(names, values)
     attempt = Attempt(
         pk=attempt_id, job=job, number=job.attempts, worker=worker, started_at=started_at
@@ -114,17 +168,16 @@ def _own_verdict_statement() -> str:
 
 def decide_own_verdict(queue: str, worker: str, *, lease: float, bound: int) -> Claim | None:
     """The queue's longest-due job that needs its own verdict (a lease that ran out: it
-    is reclaimed; a spent budget: it is buried), decided under its row lock by the ORM
-    claim; None when there is none."""
-    from jobs.executors import orm
-
+    is reclaimed; a spent budget: it is buried), decided under its row lock by the
+    engine (``verdict.decide``); None when there is none."""
     with clock.worker_transaction():
         with connection.cursor() as cursor:
             cursor.execute(_own_verdict_statement(), [queue])
             row = cursor.fetchone()
         if row is None:
             return None
-        return orm.claim(row[0], worker, lease=lease, bound=bound)
+        job = Job.objects.annotate(db_now=Now(), flow_ruled=rules.flow_ruled_q()).get(pk=row[0])
+        return verdict.decide(job, worker, job.db_now, lease=lease, bound=bound, swapped=False)
 
 
 @functools.cache

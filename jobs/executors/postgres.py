@@ -1,31 +1,31 @@
 """The PostgreSQL executor: the claim and the publish as one hand-written statement each.
 
-Everything else in the engine speaks the ORM. These two run once per job, and the
-ORM would need five round trips for the claim and eight for the publish; each here
-is one statement in autocommit, so it is also one transaction and one commit.
-Every condition of the ORM's compare-and-swap is kept (version, owner, a live
-lease by the server's clock, due time, attempt budget, tenant bound); a statement
-that matches no row changes nothing, and the caller falls back to the ORM path,
-which records why (duplicate, deferred, buried).
+Everything else in the engine speaks the ORM. The publish runs once per job, and the
+ORM would need eight round trips for it; here it is one statement in autocommit, so
+it is also one transaction and one commit. Every condition of the ORM's
+compare-and-swap is kept (version, owner, a live lease by the server's clock); a
+statement that matches no row changes nothing. The next-job claim, where the jobs
+table is the queue, is one statement too (``jobs.executors.pgclaim``, which uses this
+module's cursor and row reading); the claim of a job a message names is the engine's
+(``jobs.engine.named_claim``), whose admission is the same function
+(``jobs_flow_verdict_v1``, migration 0021).
 
 Fences read ``clock_timestamp()``, not the statement's start: a statement that
 waited for a lock judges the lease by the time it actually writes. The publish
 never waits for the job's row (``FOR UPDATE NOWAIT``): if another transaction holds
-it, the statement fails at once and the ORM path, whose transaction carries the
-lock timeout (``clock.worker_transaction``), publishes instead. Being one
-statement in autocommit, neither can be left idle in a transaction by a frozen
-worker: the server commits it, or nothing, by itself.
+it, the statement fails at once and the engine's ORM publish
+(``jobs.engine.publishing``), whose transaction carries the lock timeout
+(``clock.worker_transaction``), publishes instead. Being one statement in
+autocommit, it cannot be left idle in a transaction by a frozen worker: the server
+commits it, or nothing, by itself.
 
-Their conditions are not spelled here: the claimability, the owner fence, the live
-lease and the account release rule come from ``jobs.rules``, which renders the same
-definitions for the ORM. The publish carries out a ``jobs.engine.plan.Plan``; the
-ORM executor (``jobs.executors.orm``) carries out the same plan and the same claim
-for the documented refusals: a plan with effects that need a queue message or a
-provider's own code, the job's row locked elsewhere, a recipient deleted mid-publish,
-and a claim the statement could not plainly make (the ORM claim then decides and
-records what the delivery was, by the same admission). The tenant and flow functions
-come from migrations 0008 and 0014. psycopg is imported only when a statement runs:
-a site on SQLite or psycopg2 never loads it.
+Their conditions are not spelled here: the owner fence, the live lease and the
+account release rule come from ``jobs.rules``, which renders the same definitions for
+the ORM. The publish carries out a ``jobs.engine.plan.Plan``; the ORM publish carries
+out the same plan for the documented refusals: a plan with effects that need a
+provider's own code, the job's row locked elsewhere, a recipient deleted
+mid-publish. psycopg is imported only when a statement runs: a site on SQLite or
+psycopg2 never loads it. This module never imports the ORM executor.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from datetime import datetime
@@ -42,8 +41,6 @@ from types import SimpleNamespace
 from django.contrib.auth import get_user_model
 from django.db import (
     DatabaseError,
-    InterfaceError,
-    OperationalError,
     connection,
     models,
     transaction,
@@ -52,10 +49,9 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
 from jobs import conf, rules
-from jobs.engine import effect_machine, job_machine
-from jobs.engine.plan import Claim, Plan, Result, Status
+from jobs.engine import effect_machine, job_machine, named_claim, publishing
+from jobs.engine.plan import Plan, Result, Status
 from jobs.engine.refusals import refusal
-from jobs.executors import orm
 from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, Notice
 
 log = logging.getLogger("jobs.executors")
@@ -154,222 +150,11 @@ def _q(name: str) -> str:
     return f'"{name}"'
 
 
-# --- claim ----------------------------------------------------------------------------
-
-
-@functools.cache
-def _claim_statement() -> str:
-    job_t = _q(Job._meta.db_table)
-    # A job whose kind or tenant has an active flow rule: the rules are judged by
-    # ``jobs_flow_admits_v2`` (jobs.rules.flow_function_sql); otherwise the tenant bound
-    # (``start_ctes``). Admission runs once, in a CTE of its own, never in the UPDATE's
-    # WHERE (which the server may evaluate again after a concurrent update). The chosen
-    # job's own advisory claim lock is tried first (never waited for): a racing delivery
-    # of the same job finds it taken and leaves the job to the ORM claim, so a ruled
-    # job's admission never takes rate starts it cannot use, and an ORM claim deciding
-    # about this job (it holds the same lock, ``orm._claim_lock``) is never waited for
-    # here while this statement holds a scope's lock that claim waits for (no deadlock).
-    # (Locking the row itself would cost every claim a second write of the tuple: +0.3
-    # ms a claim. The next-job claim, ``pgclaim``, locks its candidates' rows instead.)
-    # The job to claim (docs/app/scheduling.md): the named job, unless its queue has a
-    # due job at least SWAP_MARGIN levels more urgent by effective priority (two index
-    # scans: the best by priority, the longest waiting); a named job that must have its
-    # own verdict (OWN_VERDICT) goes to the ORM claim. Literal states: the partial
-    # indexes of migration 0017 apply to the prepared statement too.
-    now_claimable = rules.literal_sql(rules.CLAIMABLE, Job, quote=_q, now="t.now")
-    own = rules.literal_sql(rules.OWN_VERDICT, Job, quote=_q, now="t.now")
-    # The candidates read the queue and the clock as scalars (init plans), not by a join:
-    # joined, the job table is the inner side and its partial index's order is lost (two
-    # sorts of every due job of the queue: 9 ms a claim with 6,000 queued); as scalars
-    # each candidate is the first row of an index scan.
-    t_now, n_queue = "(SELECT now FROM t)", "(SELECT queue FROM named)"
-    cand_claimable = rules.literal_sql(rules.CLAIMABLE, Job, alias="j", quote=_q, now=t_now)
-    since = rules.waiting_since_sql("j")
-    eff_j = rules.effective_priority_sql("j", now=t_now)
-    candidate = f"""
-        SELECT j.id, {eff_j} AS eff, {since} AS since FROM {job_t} j
-        WHERE j.queue = {n_queue} AND {cand_claimable}"""
-    text = f"""
-        WITH t AS MATERIALIZED (
-            SELECT {NOW} AS now,
-                CASE WHEN %s THEN set_config('synchronous_commit', 'off', true) END AS quick
-        ), named AS MATERIALIZED (
-            SELECT id, queue, {now_claimable} AS ok, {own} AS own,
-                {rules.effective_priority_sql(now="t.now")} AS eff
-            FROM {job_t}, t WHERE id = %s
-        ), candidate AS MATERIALIZED (
-            SELECT c.id, c.eff FROM (
-                ({candidate} ORDER BY j.priority DESC, {since}, j.id LIMIT 1)
-                UNION ALL
-                ({candidate} ORDER BY {since}, j.id LIMIT 1)
-            ) c ORDER BY c.eff DESC, c.since, c.id LIMIT 1
-        ), chosen AS MATERIALIZED (
-            SELECT CASE WHEN n.own THEN NULL
-                WHEN n.ok AND (c.id IS NULL OR c.eff < n.eff + %s::float8) THEN n.id
-                ELSE c.id END AS id
-            FROM named n LEFT JOIN candidate c ON true
-        ), {start_ctes("chosen")}
-        SELECT claimed.*, attempt.id, attempt.started_at,
-            CASE WHEN claimed.id IS NULL THEN EXISTS (
-                SELECT 1 FROM locked l WHERE l.tenant_key <> '' AND NOT
-                    pg_try_advisory_xact_lock({rules.TENANT_LOCK_CLASS}, hashtext(l.tenant_key))
-            ) END AS tenant_busy
-        FROM (SELECT 1) one LEFT JOIN (claimed CROSS JOIN attempt) ON true
-    """
-    return _compact(text)
-
-
-def start_ctes(source: str) -> str:
-    """The claim's last steps on the job ``(SELECT id FROM <source>)``, as CTEs: its claim
-    lock tried, the admission, the start (the CAS) and the attempt row. One text for the
-    named claim and the next-job claim (``jobs.executors.pgclaim``); its parameters are
-    ``start_params``'s."""
-    job_t, attempt_t = _q(Job._meta.db_table), _q(Attempt._meta.db_table)
-    claimable = rules.to_sql(rules.CLAIMABLE, Job, quote=_q)
-    ruled = rules.flow_ruled_sql(job_t, quote=_q)
-    queue_ruled = rules.queue_ruled_sql(job_t, quote=_q)
-    assert not ruled.slots and not queue_ruled.slots, "the rule conditions have no parameters"
-    return f"""locked AS MATERIALIZED (
-            SELECT id, tenant_key FROM {job_t}
-            WHERE id = (SELECT id FROM {source}) AND {claimable.text}
-              AND NOT {queue_ruled.text}
-              AND pg_try_advisory_xact_lock({rules.CLAIM_LOCK_CLASS}, hashtext(id::text))
-        ), admitted AS MATERIALIZED (
-            SELECT id FROM {job_t}
-            WHERE id = (SELECT id FROM locked)
-              AND CASE WHEN {ruled.text}
-                    THEN jobs_flow_admits_v2(kind, tenant_key, id, %s::integer)
-                    ELSE tenant_key = '' OR jobs_tenant_admits_v2(tenant_key, id, %s::integer)
-                    END
-        ), claimed AS (
-            UPDATE {job_t} SET
-                state = %s, attempts = attempts + 1, lease_owner = %s,
-                lease_expires_at = {NOW} + make_interval(secs => %s),
-                next_attempt_at = NULL, started_at = COALESCE(started_at, {NOW}),
-                version = version + 1, updated_at = {NOW}
-            WHERE id = (SELECT id FROM admitted) AND {claimable.text}
-            RETURNING *
-        ), attempt AS (
-            INSERT INTO {attempt_t}
-                (job_id, number, worker, started_at, outcome, error_class, error_code)
-            SELECT id, attempts, %s, {NOW}, '', '', '' FROM claimed
-            RETURNING id, started_at
-        )"""
-
-
-def start_params(worker: str, *, lease: float, bound: int) -> list:
-    """``start_ctes``'s parameters, in their order."""
-    claimable = rules.to_sql(rules.CLAIMABLE, Job, quote=_q).params()
-    admission = [_int8(bound), _int8(bound)]
-    return [*claimable, *admission, Job.State.RUNNING, worker, float(lease), *claimable, worker]
-
-
-# The claim's statement is tried this often before the ORM claim decides, pausing
-# STATEMENT_RETRY_PAUSE seconds times the try in between.
-STATEMENT_TRIES = 3
-STATEMENT_RETRY_PAUSE = 0.0005
-
-
-def claim(job_id: int, worker: str, *, lease: float, bound: int) -> Claim:
-    """queued or due retry_wait → running in one statement, or the ORM claim's verdict.
-
-    When the job is not plainly claimable now (not due, running, finished, budget
-    spent, a racing delivery of it holding its claim lock, the tenant at its bound or
-    its lock busy,
-    a flow rule of its kind or tenant holding it back, missing), the statement writes
-    nothing and the ORM claim decides and records what that delivery was, by the same
-    admission.
-    """
-    for tried in range(1, STATEMENT_TRIES + 1):
-        claimed, tenant_busy = _claim_row_checked(job_id, worker, lease=lease, bound=bound)
-        if claimed is not None or not tenant_busy or tried == STATEMENT_TRIES:
-            break
-        # Another claim of the job's tenant held the tenant's lock for the moment of its
-        # own statement: trying again costs one round trip, the ORM claim several.
-        time.sleep(STATEMENT_RETRY_PAUSE * tried)
-    if claimed is None:
-        return orm.claim(job_id, worker, lease=lease, bound=bound)
-    job, attempt = claimed
-    job_machine.log_arrow(job, "claim", worker, reclaimed=False)
-    return Claim("claimed", job, attempt)
-
-
-def claim_statement(job_id: int, worker: str, *, lease: float, bound: int) -> tuple[str, list]:
-    """The claim's statement and its parameters (``EXPLAIN`` reads them in the tests)."""
-    sql = _claim_statement()
-    aging = rules.aging_seconds()
-    # Alone in its transaction, the claim commits without waiting for the WAL flush
-    # (docs/decisions.md, "Work starts when it is committed"); inside a caller's
-    # transaction it changes nothing.
-    quick = not connection.in_atomic_block
-    params = [quick, aging, _int8(job_id), aging, aging, rules.SWAP_MARGIN]
-    return sql, params + start_params(worker, lease=lease, bound=bound)
-
-
-def claim_in_one(
-    job_id: int, worker: str, *, lease: float, bound: int
-) -> tuple[Job, Attempt] | None:
-    """The claim's one statement: ``(job, attempt)`` (the attempt's ``started_at`` is the
-    server's clock at the claim), or None having written nothing. The lease is computed
-    by the server's clock when the row is written, after every lock is held."""
-    return _claim_row(job_id, worker, lease=lease, bound=bound)[0]
-
-
-def _claim_row_checked(
-    job_id: int, worker: str, *, lease: float, bound: int
-) -> tuple[tuple[Job, Attempt] | None, bool]:
-    """``_claim_row`` as a delivery's first statement, which is also its connection's
-    health check (``CONN_HEALTH_CHECKS``): Django's own check is a ``SELECT 1`` before the
-    first query of every task, one round trip a delivery.
-
-    A connection that died while idle (a server restart, an idle timeout) fails the
-    claim before the server ran it; it is dropped and the claim is sent once more on a
-    fresh connection. An error on a connection that still answers is the claim's own
-    (a lock timeout): it is raised. A claim that did commit on a connection lost before
-    its answer is found by the second one as a live lease: a duplicate delivery, and the
-    job runs again when that lease expires, as when the check itself fails then.
-    """
-    if (
-        connection.connection is None
-        or connection.health_check_done
-        or not connection.health_check_enabled
-        or connection.in_atomic_block
-    ):
-        return _claim_row(job_id, worker, lease=lease, bound=bound)
-    try:
-        answer = _claim_row(job_id, worker, lease=lease, bound=bound, health_check=False)
-    except (OperationalError, InterfaceError):
-        if connection.is_usable():
-            raise
-        log.info("job=%s the idle connection was gone at the claim; claiming again", job_id)
-        connection.close()
-        return _claim_row(job_id, worker, lease=lease, bound=bound)
-    connection.health_check_done = True  # the claim's answer: the connection is alive
-    return answer
-
-
-def _claim_row(
-    job_id: int, worker: str, *, lease: float, bound: int, health_check: bool = True
-) -> tuple[tuple[Job, Attempt] | None, bool]:
-    """``claim_in_one``'s answer and, when it claimed nothing, whether the tenant's lock
-    was held by another session at that moment (the claim may succeed when tried again)."""
-    sql, params = claim_statement(job_id, worker, lease=lease, bound=bound)
-    with _cursor(health_check=health_check) as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-        # The job's columns come in the table's order (RETURNING *, which keeps the
-        # statement under psycopg's 4 KiB parse cache): read them by name, the names read
-        # once a process (cursor.description builds an object per column, every call).
-        names = _claim_columns.get(len(row))
-        if names is None:
-            names = _claim_columns[len(row)] = [d.name for d in cursor.description[:-3]]
-    *values, attempt_id, db_now, tenant_busy = row
-    if attempt_id is None:
-        return None, bool(tenant_busy)
-    job = _job_from_row(names, values)
-    attempt = Attempt(pk=attempt_id, job=job, number=job.attempts, worker=worker, started_at=db_now)
-    attempt._state.adding, attempt._state.db = False, job._state.db
-    return (job, attempt), False
+# --- claim ---------------------------------------------------------------------------
+# A named job's claim (django-q2's message brokers) is the engine's (``named_claim``),
+# with the admission's verdict from ``jobs_flow_verdict_v1``; the next-job claim, where
+# the jobs table is the queue, is one statement (``jobs.executors.pgclaim``).
+claim = named_claim.claim
 
 
 @functools.cache
@@ -402,11 +187,6 @@ def held_while(job: Job, worker: str) -> RawSQL:
 
 
 _JOB_ATTNAMES = [f.attname for f in Job._meta.concrete_fields]
-
-
-# The claim's job columns by the length of its row (a migration that adds a column while a
-# worker runs changes the length, and the names are read again).
-_claim_columns: dict[int, list[str]] = {}
 
 
 def _job_from_row(columns: list[str], values: list) -> Job:
@@ -618,7 +398,7 @@ def publish(plan: Plan) -> Result:
                 effect_machine.log_born(plan.effects, plan.worker)
                 result.effects = list(plan.effects)
             return result
-    return orm.publish(plan)
+    return publishing.publish(plan)
 
 
 def _publish_in_one(plan: Plan) -> Result:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import html
 import itertools
 import threading
@@ -13,11 +12,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.core.management import call_command
 from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
 
 from jobs import executors, flow, rules
 from jobs.delivery import runner
 from jobs.engine import admission
-from jobs.executors import postgres
+from jobs.executors import pgclaim
 from jobs.models import Attempt, FlowRule, FlowRuleChange, Job
 from tests.jobs.helpers import advisory_lock_held, new_job
 
@@ -269,125 +269,159 @@ def test_claim__tenant_rate__deferred_to_the_due_time_spread_over_the_period(mak
     assert Attempt.objects.get(job=held).error_code == "rate_limited"
 
 
+def _next(job, worker: str, *, bound: int = 4, lease: float = 30):
+    """The next-job claim of ``job``'s queue (where the jobs table is the queue)."""
+    return pgclaim.claim_next(job.queue, worker, lease=lease, bound=bound)
+
+
 def test_claim__no_rule__the_one_statement_claim_still_claims(make_user):
-    """A rule on another kind leaves this job to the fast path (PostgreSQL)."""
+    """A rule on another kind leaves this job to the statement's plain start (PostgreSQL)."""
     user = make_user()
     job = new_job(user, tenant="acme")
     flow.set_rule("kind:test.short", actor="test", concurrency=1)
     if executors.current().name == "postgres":
-        assert postgres.claim_in_one(job.pk, "w1", lease=5, bound=4) is not None
+        got = _next(job, "w1")
+        assert got.status == "claimed" and got.job.pk == job.pk
     else:
         assert runner.claim_for(job.pk, "w1").status == "claimed"
 
 
 @pytest.mark.postgres
-def test_sql_claim__rules_that_admit__the_one_statement_claims_the_ruled_job(make_user):
-    """An active rule that does not bind costs no ORM claim: the statement judges it."""
+def test_next_claim__rules_that_admit__the_statement_claims_the_ruled_job(make_user):
+    """An active rule that does not bind is judged in the statement (its verdict: start)."""
     user = make_user()
     a = new_job(user, subject="1", tenant="acme")
     b = new_job(user, subject="2", tenant="beta", kind="test.short")
     flow.set_rule("tenant:acme", actor="test", rate=100)
     flow.set_rule("kind:test.short", actor="test", concurrency=10)
-    assert postgres.claim_in_one(a.pk, "w1", lease=5, bound=4) is not None
-    assert postgres.claim_in_one(b.pk, "w1", lease=5, bound=4) is not None
+    assert [_next(a, "w1").job.pk, _next(b, "w1").job.pk] == [a.pk, b.pk]
     rule = FlowRule.objects.get(scope="tenant:acme")
     assert rule.next_free_at is not None, "the statement's claim took a start from the rate"
 
 
 @pytest.mark.postgres
 @pytest.mark.parametrize(
-    "scope, rule, bound, why",
+    "scope, rule, bound, code, why",
     [
-        ("kind:test.steps", {"paused": True}, 4, "a paused kind"),
-        ("tenant:acme", {"paused": True}, 4, "a paused tenant"),
-        ("kind:test.steps", {"concurrency": 1}, 4, "the kind's concurrency reached"),
-        ("tenant:acme", {"concurrency": 1}, 4, "the tenant's row wins over the setting"),
-        ("tenant:acme", {"concurrency": None, "rate": 1000}, 1, "the setting's tenant bound"),
-        ("kind:test.steps", {"rate": 1, "period_seconds": 60.0}, 4, "the kind's rate"),
-        ("tenant:acme", {"rate": 1, "period_seconds": 60.0}, 4, "the tenant's rate"),
+        ("kind:test.steps", {"paused": True}, 4, "flow_paused", "a paused kind"),
+        ("tenant:acme", {"paused": True}, 4, "flow_paused", "a paused tenant"),
+        ("queue:default", {"paused": True}, 4, "flow_paused", "a paused queue"),
+        ("kind:test.steps", {"concurrency": 1}, 4, "flow_concurrency", "the kind's bound"),
+        ("tenant:acme", {"concurrency": 1}, 4, "flow_concurrency", "the tenant's row wins"),
+        ("tenant:acme", {"rate": 1000}, 1, "flow_concurrency", "the setting's tenant bound"),
+        ("queue:default", {"concurrency": 1}, 4, "flow_concurrency", "the queue's bound"),
+        ("kind:test.steps", {"rate": 1, "period_seconds": 60.0}, 4, "rate_limited", "kind rate"),
+        ("tenant:acme", {"rate": 1, "period_seconds": 60.0}, 4, "rate_limited", "tenant rate"),
+        ("queue:default", {"rate": 1, "period_seconds": 60.0}, 4, "rate_limited", "queue rate"),
     ],
 )
-def test_sql_claim__a_rule_that_binds__leaves_the_job_to_the_orm_which_defers_it(
-    make_user, settings, scope, rule, bound, why
+def test_next_claim__a_rule_that_binds__defers_the_job_by_its_one_verdict(
+    make_user, scope, rule, bound, code, why
 ):
-    settings.JOBS_TENANT_CONCURRENCY = bound  # what the ORM claim reads
+    """The statement's verdict is the decision: the job is deferred as it says (scope,
+    reason, delay), no start spent, no attempt counted, and nothing decides again."""
     user = make_user()
     first, second = (new_job(user, subject=str(n), tenant="acme") for n in range(2))
     paused = rule.pop("paused", False)
     flow.set_rule(scope, actor="test", **rule)
-    assert postgres.claim_in_one(first.pk, "w1", lease=30, bound=bound) is not None, why
+    assert _next(first, "w1", bound=bound).job.pk == first.pk, why
     if paused:
         flow.pause(scope, actor="test")
     before = FlowRule.objects.get(scope=scope).next_free_at
-    assert postgres.claim_in_one(second.pk, "w2", lease=30, bound=bound) is None, why
+    with CaptureQueriesContext(connection) as queries:
+        got = _next(second, "w2", bound=bound)
+    assert (got.status, got.job.pk) == ("deferred", second.pk), why
+    judged = [q for q in queries if "jobs_flow" in q["sql"]]
+    assert len(judged) == 1, "admission ran again after the statement's verdict"
     assert FlowRule.objects.get(scope=scope).next_free_at == before, "no start spent"
-    assert Job.objects.get(pk=second.pk).attempts == 0
-    got = runner.claim_for(second.pk, "w2", lease_seconds=30)
-    assert got.status == "deferred", why
-    assert Job.objects.get(pk=second.pk).attempts == 0
+    held = Job.objects.get(pk=second.pk)
+    assert (held.state, held.attempts) == (Job.State.QUEUED, 0)
+    assert held.next_attempt_at is not None, "due again after the verdict's delay"
+    assert Attempt.objects.get(job=held).error_code == code, why
 
 
 @pytest.mark.postgres
-def test_sql_claim__a_racing_delivery_of_a_rated_job__takes_no_start_and_gives_way(make_user):
-    """Another delivery of the same job is mid-claim (it holds the job's claim lock): the
-    statement takes no rate start for it and leaves the job to the ORM claim at once."""
+def test_next_claim__a_racing_claim_of_a_rated_job__takes_no_start_and_passes(make_user):
+    """Another claim is deciding about the same job (it holds the job's claim lock): the
+    statement takes no rate start for it, writes nothing, and passes over it."""
     user = make_user()
     job = new_job(user, tenant="acme")
     flow.set_rule("kind:test.steps", actor="test", rate=1, period_seconds=3600)
     with advisory_lock_held(rules.CLAIM_LOCK_CLASS, str(job.pk)):
-        started = time.monotonic()
-        assert postgres.claim_in_one(job.pk, "w1", lease=5, bound=4) is None
-        assert time.monotonic() - started < 5, "the statement waited for the claim lock"
+        assert _next(job, "w1").status == "passed"
     rule = FlowRule.objects.get(scope="kind:test.steps")
-    assert rule.next_free_at is None, "no start was taken for the delivery that gave way"
-    assert postgres.claim_in_one(job.pk, "w1", lease=5, bound=4) is not None
+    assert rule.next_free_at is None, "no start was taken for the claim that passed"
+    assert not Attempt.objects.filter(job=job).exists()
+    assert _next(job, "w1").job.pk == job.pk
 
 
 @pytest.mark.postgres
-def test_sql_claim__kind_scope_lock_busy__claims_nothing_and_never_waits(make_user):
-    """Another claim holds the kind's scope lock: the statement gives way at once."""
+@pytest.mark.parametrize(
+    "lock_class, key, rule",
+    [
+        (rules.FLOW_LOCK_CLASS, "kind:test.steps", "kind:test.steps"),
+        (rules.TENANT_LOCK_CLASS, "acme", None),
+        (rules.FLOW_LOCK_CLASS, "queue:default", "queue:default"),
+    ],
+)
+def test_next_claim__a_scope_lock_held__waits_for_it_then_decides(make_user, lock_class, key, rule):
+    """Another claim holds a scope's lock (for the length of its statement): the claim
+    waits for it, in the one order every claim takes them, and then decides; it never
+    gives the job up as busy."""
     user = make_user()
     job = new_job(user, tenant="acme")
-    flow.set_rule("kind:test.steps", actor="test", concurrency=5)
-    with advisory_lock_held(rules.FLOW_LOCK_CLASS, "kind:test.steps"):
-        started = time.monotonic()
-        assert postgres.claim_in_one(job.pk, "w1", lease=5, bound=4) is None
-        assert time.monotonic() - started < 5, "the statement waited for the scope's lock"
-    assert postgres.claim_in_one(job.pk, "w1", lease=5, bound=4) is not None
+    if rule:
+        flow.set_rule(rule, actor="test", concurrency=5)
+    got = []
+
+    def claim():
+        try:
+            got.append(_next(job, "w1"))
+        finally:
+            connections["default"].close()
+
+    with advisory_lock_held(lock_class, key):
+        waiting = threading.Thread(target=claim)
+        waiting.start()
+        waiting.join(1.0)
+        assert waiting.is_alive() and not got, "the claim did not wait for the scope's lock"
+    waiting.join(30)
+    assert [(g.status, g.job.pk) for g in got] == [("claimed", job.pk)]
 
 
 @pytest.mark.postgres
 @pytest.mark.parametrize(
     "rule, most", [({"concurrency": 2}, 2), ({"rate": 2, "period_seconds": 60.0}, 1)]
 )
-def test_sql_claim__threads_racing__the_kind_rule_holds(make_user, rule, most):
-    """Eight connections keep claiming eight jobs of one kind through the statement for
-    two seconds: exactly the rule's worth gets through (concurrency 2: two; 2 per minute:
-    one, GCRA keeps no burst), whatever the interleaving."""
+def test_next_claim__threads_racing__the_kind_rule_holds(make_user, rule, most):
+    """Eight connections keep claiming the queue's next job (eight jobs of one kind) for
+    two seconds: exactly the rule's worth starts (concurrency 2: two; 2 per minute: one,
+    GCRA keeps no burst), whatever the interleaving; the rest are deferred."""
     user = make_user()
     jobs = [new_job(user, subject=str(n), tenant=f"t{n}") for n in range(8)]
     flow.set_rule("kind:test.steps", actor="test", **rule)
     barrier = threading.Barrier(len(jobs))
     won: list[int] = []
 
-    def claim(job):
+    def claim(n):
         try:
             barrier.wait(10)
             until = time.monotonic() + 2
             while time.monotonic() < until:
-                if postgres.claim_in_one(job.pk, f"w{job.pk}", lease=60, bound=100) is not None:
-                    won.append(job.pk)
+                got = _next(jobs[0], f"w{n}", bound=100, lease=60)
+                if got is not None and got.won:
+                    won.append(got.job.pk)
                     return
                 time.sleep(0.01)
         finally:
             connections["default"].close()
 
-    threads = [threading.Thread(target=claim, args=(j,)) for j in jobs]
+    threads = [threading.Thread(target=claim, args=(n,)) for n in range(len(jobs))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
-    assert len(won) == most, won
+    assert len(won) == most == len(set(won)), won
     assert Job.objects.filter(state=Job.State.RUNNING).count() == most
 
 
@@ -483,54 +517,3 @@ def test_set_rule__refuses_out_of_bound_values_for_every_caller():
     rule = flow.set_rule("queue:reports", actor="test", rate=3, period_seconds=86400.0)
     assert (rule.rate, rule.period_seconds) == (3, 86400.0), "the bound itself is allowed"
     assert not FlowRule.objects.filter(scope="kind:k").exists()
-
-
-@pytest.mark.postgres
-def test_sql_claim__tenant_lock_busy__says_so_and_is_tried_again_before_the_orm_claim(
-    make_user, monkeypatch
-):
-    """Another claim of the tenant holds its lock: the statement claims nothing and says
-    the lock was busy (at the bound it does not: trying again would not help), and
-    ``claim`` tries the statement again before the ORM claim decides."""
-    user = make_user()
-    job = new_job(user, tenant="acme")
-    with advisory_lock_held(rules.TENANT_LOCK_CLASS, "acme"):
-        assert postgres._claim_row(job.pk, "w1", lease=5, bound=4) == (None, True)
-        tried = []
-        real = postgres._claim_row
-        monkeypatch.setattr(
-            postgres, "_claim_row", lambda *a, **k: tried.append(1) or real(*a, **k)
-        )
-        monkeypatch.setattr(postgres.orm, "claim", lambda *a, **k: "the orm claim")
-        assert postgres.claim(job.pk, "w1", lease=5, bound=4) == "the orm claim"
-        assert len(tried) == postgres.STATEMENT_TRIES
-    monkeypatch.undo()
-    assert postgres._claim_row(job.pk, "w1", lease=5, bound=0) == (None, False), "at its bound"
-    claimed, busy = postgres._claim_row(job.pk, "w1", lease=5, bound=4)
-    assert claimed is not None and claimed[0].pk == job.pk and busy is False
-
-
-@pytest.mark.postgres
-def test_sql_claim__tenant_lock_released_between_tries__the_statement_claims(
-    make_user, monkeypatch
-):
-    """A tenant lock held for a moment (another claim's statement) costs a second try of
-    the statement, not the ORM claim."""
-    user = make_user()
-    job = new_job(user, tenant="acme")
-    tries = []
-    real = postgres._claim_row
-    with contextlib.ExitStack() as held:
-        held.enter_context(advisory_lock_held(rules.TENANT_LOCK_CLASS, "acme"))
-
-        def counted(*args, **kwargs):
-            tries.append(1)
-            out = real(*args, **kwargs)
-            held.close()  # the other claim's statement ends after the first try
-            return out
-
-        monkeypatch.setattr(postgres, "_claim_row", counted)
-        monkeypatch.setattr(postgres.orm, "claim", lambda *a, **k: "the orm claim")
-        got = postgres.claim(job.pk, "w1", lease=5, bound=4)
-    assert got != "the orm claim" and got.status == "claimed" and got.job.pk == job.pk
-    assert len(tries) == 2

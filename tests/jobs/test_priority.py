@@ -196,7 +196,7 @@ def test_orm_claim__a_swapped_job_another_claim_started_since_the_read_is_passed
     between moves its version, this claim's start CAS fails, and it chooses again (its
     named job) instead of recording a lost race and leaving a job without a delivery."""
     from jobs import conf
-    from jobs.executors import orm
+    from jobs.engine import named_claim as orm
 
     named = ask("named", priority=0)
     urgent = ask("urgent", priority=50)

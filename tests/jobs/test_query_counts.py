@@ -7,8 +7,10 @@ commit. When a change to the engine moves a number on purpose, update it here
 together with the comment that says which statement went away or came in, and the
 figures in docs/benchmarks.md.
 
-On PostgreSQL the claim and the publish are one statement each (``jobs.sql``).
-SQLite takes the ORM path: its claim and publish are ORM transactions.
+On PostgreSQL the jobs table is the queue: the cluster's pusher claims the next job
+in one statement (``jobs.executors.pgclaim``), the worker adopts it with one read, and
+the publish is one statement. SQLite takes the ORM path (a message names the job): its
+claim and publish are ORM transactions.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from jobs.delivery.runner import run_delivery
+from jobs import conf
+from jobs.delivery.runner import run_adopted, run_delivery
+from jobs.executors import pgclaim
 from jobs.models import Attempt, Effect, Job, Notice
 from tests.jobs.helpers import new_job, request_job
 
@@ -47,44 +51,57 @@ def trace(fn):
     return result, [q["sql"] for q in captured]
 
 
-# request_job: create the job and its queue message in one transaction.
+# request_job: create the job and wake its queue in one transaction.
 #   BEGIN
 #   SELECT jobs_job by (kind, subject, revision)   -- get_or_create: is it there?
 #   SAVEPOINT                                      -- get_or_create's create
 #   INSERT jobs_job
 #   RELEASE SAVEPOINT
-#   INSERT django_q_ormq                           -- the message, same transaction
+#   NOTIFY the queue's channel                     -- where the jobs table is the queue (a
+#                                                   message broker: INSERT django_q_ormq)
 #   SELECT next_attempt_at, enqueued_for           -- written by the server's clock (issue 10)
 #   COMMIT
 REQUEST_JOB = (8, 1)
 
-# run_delivery of a test.steps job (no private read) with one in-app recipient.
-# PostgreSQL, 3 round trips, 2 commits:
-#   WITH claimed AS (UPDATE jobs_job ...) INSERT jobs_attempt   -- the claim: CAS, tenant
-#                                                   bound, attempt count and row (autocommit)
+# One test.steps job (no private read) with one in-app recipient through a worker.
+# PostgreSQL, 4 round trips, 2 commits:
+#   WITH t, by_priority, by_wait, picked, locked, judged, claimed (UPDATE jobs_job),
+#       attempt (INSERT)                            -- the pusher's claim of the queue's
+#                                                   next job (autocommit; issue 41)
+#   SELECT jobs_attempt JOIN jobs_job               -- the worker adopts the claim: one read,
+#                                                   also its connection's check (no SELECT 1)
 #   SELECT 1 jobs_job still owned                   -- the one ownership check (check_owner)
 #   WITH refused_recipient AS (...), job AS (UPDATE jobs_job ...) ...   -- the publish: the
 #                                                   recipient still active, CAS, artifact row,
 #                                                   effect, notice, event, attempt outcome
-# (Issue 12 took this from 24 round trips, 3 commits: the claim's SELECT, advisory lock,
-#  COUNT, UPDATE and INSERT in a transaction with its SET LOCAL fences; a second ownership
-#  check in store_artifact; the artifact's SELECT and its own transaction; the recipient's
-#  SELECT and the publish's eight statements in a transaction.)
+# (Issue 12 took the message path from 24 round trips, 3 commits to 3 and 2; the one queue
+#  adds the adoption's read and drops the message's row, its lock and its deletion.)
 # SQLite: the ORM claim (BEGIN; SELECT; COUNT; UPDATE; INSERT; COMMIT), the check, the
 # recheck, the ORM publish (BEGIN; UPDATE; INSERT artifact in a savepoint; INSERT effect;
 # the notice in a savepoint; UPDATE effect ref; INSERT event; UPDATE attempt; COMMIT).
-RUN_DELIVERY = {"postgresql": (3, 2), "sqlite": (17, 2)}
+RUN_DELIVERY = {"postgresql": (4, 2), "sqlite": (17, 2)}
 
 # demo.summary (the site's minimal kind, the one make bench measures) reads its user too,
 # and that read is the ownership check (``ctx.read``: the user's SELECT ... WHERE EXISTS
 # (the job still held)), so it costs no round trip more than test.steps (issue 29: 4 → 3).
-MINIMAL_DELIVERY = {"postgresql": (3, 2), "sqlite": (17, 2)}
+MINIMAL_DELIVERY = {"postgresql": (4, 2), "sqlite": (17, 2)}
 
-# A second delivery of a finished job: recorded, nothing else happens.
-#   PostgreSQL: the one-statement claim matches no row (an autocommit statement that
-#   changes nothing), then the ORM claim records why: BEGIN; SET LOCAL fences;
-#   SELECT jobs_job by id; INSERT jobs_attempt (duplicate_delivery); COMMIT.
-DUPLICATE_DELIVERY = {"postgresql": (6, 2), "sqlite": (4, 1)}
+# A second delivery of a finished job by a message (a message broker): recorded, nothing
+# else happens. The engine's claim of a named job on either database: BEGIN; SET LOCAL
+# fences; SELECT jobs_job (the named job and its queue's candidates); INSERT jobs_attempt
+# (duplicate_delivery); COMMIT. (SQLite sets no fences.)
+DUPLICATE_DELIVERY = {"postgresql": (5, 1), "sqlite": (4, 1)}
+
+
+def deliver(job: Job):
+    """One job's way through a worker, as its database's broker hands it: where the jobs
+    table is the queue, the pusher's claim and the worker's adoption (``run_adopted``);
+    elsewhere the message's delivery (``run_delivery``)."""
+    if connection.vendor != "postgresql":
+        return run_delivery(job.pk, worker="w1")
+    claim = pgclaim.claim_next(job.queue, "w1", lease=30.0, bound=conf.tenant_concurrency())
+    assert claim.won and claim.job.pk == job.pk
+    return run_adopted(job.pk, "w1", claim.attempt.pk, claim.job.version)
 
 
 def test_request_job__round_trips_and_commits(make_user):
@@ -97,7 +114,7 @@ def test_request_job__round_trips_and_commits(make_user):
 def test_run_delivery__round_trips_and_commits(make_user):
     user = make_user()
     job = new_job(user)
-    result, sqls = trace(lambda: run_delivery(job.pk, worker="w1"))
+    result, sqls = trace(lambda: deliver(job))
     assert result.outcome == Attempt.Outcome.SUCCEEDED
     assert (len(sqls), commits(sqls)) == RUN_DELIVERY[connection.vendor], sqls
     assert Effect.objects.get(job=job).state == Effect.State.APPLIED
@@ -114,11 +131,12 @@ def test_minimal_kind__round_trips_and_commits(make_user):
         tenant_key="bench",
         params={"notify_user_id": user.pk},
     )
-    result, sqls = trace(lambda: run_delivery(job.pk, worker="w1"))
+    result, sqls = trace(lambda: deliver(job))
     assert result.outcome == Attempt.Outcome.SUCCEEDED
     assert (len(sqls), commits(sqls)) == MINIMAL_DELIVERY[connection.vendor], sqls
     if connection.vendor == "postgresql":  # the bar is production's; SQLite takes the ORM path
         assert len(sqls) <= 8 and commits(sqls) <= 2, "issue 12's bar for a minimal delivery"
+        assert not [q for q in sqls if "django_q_ormq" in q], "an engine job has no message"
 
 
 def test_run_delivery__duplicate_round_trips(make_user):
@@ -172,10 +190,8 @@ def test_claim_statement__reads_a_handful_of_rows_however_deep_the_queue():
     is the first row of an index scan each: with 2,000 jobs queued, no scan of the job
     table hands up more than a few rows (a plan that sorts the queue's due jobs reads
     them all: 6,000 rows and 9 ms a claim with 6,000 queued)."""
-    from jobs.executors import postgres
-
-    last = _queue_of(2000)
-    sql, params = postgres.claim_statement(last, "w1", lease=30, bound=4)
+    _queue_of(2000)
+    sql, params = pgclaim.next_statement("default", "w1", lease=30, bound=4)
     scans = _scans_of(sql, params)
     assert scans and max(rows for _, _, rows in scans) <= 5, scans
 
@@ -197,7 +213,7 @@ def test_delivery__every_engine_statement_stays_in_psycopgs_parse_cache(make_use
     monkeypatch.setattr(_queries, "_query2pg_nocache", spy)
     user = make_user()
     job = new_job(user, kind="test.steps")
-    assert run_delivery(job.pk).outcome == "succeeded"
+    assert deliver(job).outcome == "succeeded"
     assert uncached == [], f"longer than {_queries.MAX_CACHED_STATEMENT_LENGTH} bytes"
 
 
@@ -206,8 +222,8 @@ def test_orm_claim_first_read__reads_a_handful_of_rows_however_deep_the_queue():
     """The ORM claim's one read (the named job and its queue's two candidates; the claim
     on SQLite and the PostgreSQL claim's fallback) is index scans too: with 2,000 jobs
     queued, no scan of the job table hands up more than a few rows."""
-    from jobs.executors import orm
+    from jobs.engine import named_claim
 
     last = _queue_of(2000)
-    scans = _scans_of(*orm._first_read(last).query.sql_with_params())
+    scans = _scans_of(*named_claim._first_read(last).query.sql_with_params())
     assert scans and max(rows for _, _, rows in scans) <= 5, scans
