@@ -80,7 +80,7 @@ def queue_of_key(key: str) -> str:
 _NEXT_JOB_DUE = """
 SELECT EXTRACT(EPOCH FROM min(due) - clock_timestamp())::float8 FROM (
     SELECT min(next_attempt_at) AS due FROM {t}
-    WHERE queue = ANY(%(queues)s) AND state IN ('queued', 'retry_wait')
+    WHERE queue = ANY(%(queues)s) AND state IN ('queued', 'retry_wait') AND held_by = ''
       AND next_attempt_at IS NOT NULL
     UNION ALL
     SELECT min(lease_expires_at) FROM {t}

@@ -80,6 +80,15 @@ class Job(models.Model):
     # tasks range, -100..100), and a worker serves the queues it was started for.
     priority = models.SmallIntegerField(default=0, db_default=0)
     queue = models.CharField(max_length=64, default="default", db_default="default")
+    # A waiting job of a paused scope is held (docs/app/flow.md): out of the claim's
+    # indexes until the scope is resumed, so a claim never scans a paused backlog.
+    held_by = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="the paused scope holding this waiting job; empty when none",
+    )
     # What the handler last said of its progress (ctx.progress): counts and a short
     # note, never private data; written at most about once a second.
     progress_done = models.PositiveBigIntegerField(null=True, blank=True)
@@ -141,6 +150,7 @@ class Job(models.Model):
             models.Index(fields=["state", "next_attempt_at"], name="jobs_job_due_idx"),
             models.Index(fields=["state", "lease_expires_at"], name="jobs_job_lease_idx"),
             models.Index(fields=["tenant_key", "state"], name="jobs_job_tenant_state_idx"),
+            models.Index(fields=["held_by"], name="jobs_job_held_idx", condition=~Q(held_by="")),
             # The dispatcher's backstop: group children that ended and were not counted.
             models.Index(
                 fields=["group"],

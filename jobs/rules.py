@@ -109,8 +109,10 @@ LIVE_RUNNING = all_of(Cond("state", "=", S.RUNNING), Cond("lease_expires_at", ">
 WAITING = Cond("state", "in", (S.QUEUED, S.RETRY_WAIT))
 DUE = any_of(Cond("next_attempt_at", "null", True), Cond("next_attempt_at", "<=", NOW))
 HAS_BUDGET = Cond("attempts", "<", Col("max_attempts"))
-# A job a delivery may claim as it is: waiting and due, with attempts left.
-CLAIMABLE = all_of(WAITING, DUE, HAS_BUDGET)
+# Not held by a paused scope (``Job.held_by``; ``jobs.flow`` holds and releases).
+NOT_HELD = Cond("held_by", "=", "")
+# A job a delivery may claim as it is: waiting, not held, due, with attempts left.
+CLAIMABLE = all_of(WAITING, NOT_HELD, DUE, HAS_BUDGET)
 # A named job whose delivery must decide about it and nobody else (docs/app/scheduling.md):
 # a running job whose lease ran out (reclaimed, or ended when a cancel was asked for) and
 # a due job with no attempt left (buried). Any other message is a wake-up for its queue.
@@ -123,7 +125,7 @@ OWN_VERDICT = any_of(
 # clock: jobs with a due time that has come, running jobs whose lease ran out, effects
 # due to be sent (a due time of NULL is "now", as for a claim) and sends whose lease ran out.
 E = Effect.State
-JOB_DUE = all_of(WAITING, Cond("next_attempt_at", "<=", NOW))
+JOB_DUE = all_of(WAITING, NOT_HELD, Cond("next_attempt_at", "<=", NOW))
 JOB_LEASE_EXPIRED = all_of(Cond("state", "=", S.RUNNING), Cond("lease_expires_at", "<=", NOW))
 # A running job a cancel was asked for: its worker stops at its next check (or, gone, the
 # next claim ends it); it can publish nothing, the request moved the version it fences on.

@@ -73,6 +73,7 @@ def start(job: Job, worker: str, *, lease: float, now) -> bool:
         lease_expires_at=clock.after(lease) if postgres else now + timedelta(seconds=lease),
         next_attempt_at=None,
         started_at=job.started_at or now,
+        held_by="",  # admitted: no paused scope holds it any more
     )
 
 
@@ -99,8 +100,13 @@ def bury_spent(job: Job, *, now, reclaiming: bool) -> tuple[bool, str, str]:
 
 def defer(job: Job, worker: str, *, now, hold: Hold, reclaiming: bool) -> bool:
     """A flow rule or the tenant's bound holds the job: push its due time, spend no attempt
-    (an expired running job goes back to retry_wait)."""
-    changes = {"next_attempt_at": now + timedelta(seconds=hold.delay), "enqueued_for": None}
+    (an expired running job goes back to retry_wait). A paused scope holds it instead
+    (``held_by``), its due time kept: it waits out of the claim's way until the scope is
+    resumed (``jobs.flow.release``), then takes its place in the queue again."""
+    if hold.reason == "paused":
+        changes = {"held_by": hold.scope[:200], "enqueued_for": None}
+    else:
+        changes = {"next_attempt_at": now + timedelta(seconds=hold.delay), "enqueued_for": None}
     if reclaiming:
         changes.update(state=State.RETRY_WAIT, lease_expires_at=None)
     if not _cas(job, **changes):

@@ -303,9 +303,6 @@ def test_next_claim__rules_that_admit__the_statement_claims_the_ruled_job(make_u
 @pytest.mark.parametrize(
     "scope, rule, bound, code, why",
     [
-        ("kind:test.steps", {"paused": True}, 4, "flow_paused", "a paused kind"),
-        ("tenant:acme", {"paused": True}, 4, "flow_paused", "a paused tenant"),
-        ("queue:default", {"paused": True}, 4, "flow_paused", "a paused queue"),
         ("kind:test.steps", {"concurrency": 1}, 4, "flow_concurrency", "the kind's bound"),
         ("tenant:acme", {"concurrency": 1}, 4, "flow_concurrency", "the tenant's row wins"),
         ("tenant:acme", {"rate": 1000}, 1, "flow_concurrency", "the setting's tenant bound"),
@@ -322,11 +319,8 @@ def test_next_claim__a_rule_that_binds__defers_the_job_by_its_one_verdict(
     reason, delay), no start spent, no attempt counted, and nothing decides again."""
     user = make_user()
     first, second = (new_job(user, subject=str(n), tenant="acme") for n in range(2))
-    paused = rule.pop("paused", False)
     flow.set_rule(scope, actor="test", **rule)
     assert _next(first, "w1", bound=bound).job.pk == first.pk, why
-    if paused:
-        flow.pause(scope, actor="test")
     before = FlowRule.objects.get(scope=scope).next_free_at
     with CaptureQueriesContext(connection) as queries:
         got = _next(second, "w2", bound=bound)
@@ -338,6 +332,29 @@ def test_next_claim__a_rule_that_binds__defers_the_job_by_its_one_verdict(
     assert (held.state, held.attempts) == (Job.State.QUEUED, 0)
     assert held.next_attempt_at is not None, "due again after the verdict's delay"
     assert Attempt.objects.get(job=held).error_code == code, why
+
+
+@pytest.mark.parametrize(
+    "scope", ["kind:test.steps", "tenant:acme", "queue:default"], ids=["kind", "tenant", "queue"]
+)
+def test_paused_scope__holds_its_waiting_jobs_until_resumed_in_their_old_places(make_user, scope):
+    """A pause holds the scope's waiting jobs (``held_by``): no claim reads or defers them.
+    A job asked for after the pause is held by the first claim that meets it (its verdict:
+    paused; its due time kept). Resuming gives every one back, oldest first."""
+    user = make_user()
+    before = new_job(user, subject="1", tenant="acme")
+    flow.pause(scope, actor="test")
+    assert Job.objects.get(pk=before.pk).held_by == scope
+    after = new_job(user, subject="2", tenant="acme")
+    got = runner.claim_for(after.pk, "w1")
+    assert got.status == "deferred" and Job.objects.get(pk=after.pk).held_by == scope
+    assert Attempt.objects.get(job=after).error_code == "flow_paused"
+    assert runner.claim_for(before.pk, "w1").status != "claimed", "held: nothing to claim"
+    assert set(Job.objects.values_list("state", "attempts")) == {(Job.State.QUEUED, 0)}
+    flow.resume(scope, actor="test")
+    assert not Job.objects.exclude(held_by="").exists()
+    first = runner.claim_for(before.pk, "w1")
+    assert first.status == "claimed" and first.job.pk == before.pk
 
 
 @pytest.mark.postgres

@@ -227,3 +227,27 @@ def test_orm_claim_first_read__reads_a_handful_of_rows_however_deep_the_queue():
     last = _queue_of(2000)
     scans = _scans_of(*named_claim._first_read(last).query.sql_with_params())
     assert scans and max(rows for _, _, rows in scans) <= 5, scans
+
+
+@pytest.mark.postgres
+def test_next_claim__a_paused_scope_of_10000_jobs__is_not_read(make_user):
+    """10,000 jobs of a paused kind wait in the queue: the claim of another kind's job
+    reads a handful of rows (the pause holds them out of the claim's indexes, ``held_by``)
+    and defers none of them. (Before the hold, each claim picked a paused job first,
+    deferred it for about a second, and came back to it: the queue's other work waited
+    behind the whole paused backlog.)"""
+    from jobs import flow
+
+    _queue_of(10_000)
+    flow.pause("kind:test.steps", actor="test")
+    other = new_job(make_user(), kind="test.short")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobs_job")
+    sql, params = pgclaim.next_statement("default", "w1", lease=30, bound=4)
+    scans = _scans_of(sql, params)
+    print(f"job-table scans with 10,000 held: {scans}")
+    assert scans and max(rows for _, _, rows in scans) <= 5, scans
+    claim = pgclaim.claim_next("default", "w1", lease=30, bound=4)
+    assert claim.won and claim.job.pk == other.pk
+    assert not Attempt.objects.filter(outcome=Attempt.Outcome.DEFERRED).exists()
+    assert Job.objects.filter(held_by="kind:test.steps").count() == 10_000
