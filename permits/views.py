@@ -167,6 +167,7 @@ OPERATOR_ACTIONS = {
     "requeue": "An operator asked for it again",
     "retry_now": "An operator asked to try again now",
     "cancel": "Cancelled by an operator",
+    "fail": "An operator ended it: it cannot be built as it was asked for",
 }
 
 

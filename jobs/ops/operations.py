@@ -34,12 +34,12 @@ from jobs.engine import effect_machine, job_machine
 from jobs.models import Attempt, Effect, Job, JobEvent
 from jobs.ops import causes
 from jobs.ops.console import error_of
+from jobs.ops.reasons import REASON_MAX, check_reason
 from jobs.ops.words import job_progress, job_state_word
 
 log = logging.getLogger("jobs.admin")
 JobState = Job.State
 EffectState = Effect.State
-REASON_MAX = JobEvent._meta.get_field("note").max_length  # the history row keeps it
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,11 @@ class Operation:
     # characters): ``run`` then takes it as a third argument. One object at a time, so
     # never a list action.
     needs_reason: bool = False
+    verb: str = ""  # the label as a verb before the object ("Fail job 7?"), when it differs
+
+    @property
+    def does(self) -> str:
+        return self.verb or self.label
 
     def warning(self, obj) -> str:
         return self.warn(obj) if self.warn is not None else ""
@@ -164,6 +169,7 @@ JOB_OPERATIONS = {
             why_not_when="its cause may still be fixed (its subject, a requeue): fail only a "
             "job nothing can help",
             needs_reason=True,
+            verb="Fail",
         ),
     )
 }
@@ -241,21 +247,6 @@ def same_error_as_before_requeue(job: Job) -> str:
     return " · ".join(x for x in (job.last_error_class, job.last_error_code) if x)
 
 
-def check_reason(text: str) -> tuple[str, str]:
-    """An operator's reason as the history row keeps it, or the error that refuses it.
-
-    Checked once here at the edge: required, at most ``REASON_MAX`` characters (the
-    column's), printable; a refusal says which, never echoing the text in a log."""
-    reason = " ".join(text.split())
-    if not reason:
-        return "", "Say why: the reason is kept in the job's history."
-    if len(reason) > REASON_MAX:
-        return reason, f"The reason is {len(reason)} characters; at most {REASON_MAX} are kept."
-    if not reason.isprintable():
-        return reason, "The reason has characters that cannot be shown."
-    return reason, ""
-
-
 def preview(op: Operation, obj) -> str:
     """What the operation will do to this object, in one sentence (the confirmation page)."""
     state = obj.state.replace("_", " ")
@@ -275,7 +266,7 @@ def preview(op: Operation, obj) -> str:
             if again
             else ""
         )
-        return f"{op.label} job {obj.pk} ({state}{error}){tail}. {op.explains}"
+        return f"{op.does} job {obj.pk} ({state}{error}){tail}. {op.explains}"
     return f"{op.label} effect {obj} ({state}, {obj.provider}). {op.explains}"
 
 
@@ -457,7 +448,7 @@ class OperableAdmin(admin.ModelAdmin):
         if request.method == "GET" or reason_error:
             context = {
                 **self.admin_site.each_context(request),
-                "title": f"{op.label} {_describe(obj)}?",
+                "title": f"{op.does} {_describe(obj)}?",
                 "opts": self.opts,
                 "original": obj,
                 "op": op,
