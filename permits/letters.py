@@ -216,6 +216,28 @@ def write_letter(ctx: jobs.JobContext) -> list[jobs.EffectSpec]:
     ]
 
 
+def letter_words(decision: ReviewDecision) -> str:
+    """Where the applicant's letter of ``decision`` stands, in the reviewer's words (the
+    reviewer's page; two reads: the chain's first job, then the letter it requested)."""
+    head = Job.objects.filter(
+        kind=DECISION, subject_type=DECISION_SUBJECT, subject_id=str(decision.pk)
+    ).first()
+    if head is None:
+        return "not asked for (decided before letters were written)"
+    letter = Job.objects.filter(parent=head).first()
+    if letter is None:
+        if head.state in Job.TERMINAL and head.state != Job.State.SUCCEEDED:
+            return "could not be prepared; the office's operators have been told"
+        if head.last_error_code == ReportNotReady.code:
+            return "waits for the report of this revision"
+        return "being prepared"
+    if letter.state == Job.State.SUCCEEDED:
+        return "ready for the office to send"
+    if letter.state in Job.TERMINAL:
+        return "not written: the office's operators have been told"
+    return "being prepared"
+
+
 def authorize_release(effect: Effect) -> str | None:
     """The reviewer still reviews the request when the letter's notice goes out."""
     decision_pk = effect.job.params.get("decision")

@@ -123,3 +123,30 @@ def test_seed_demo__the_decided_request_has_its_chain_on_the_heavy_queue(demo): 
     letter = Job.objects.get(parent=head)
     assert letter.queue == "heavy"
     assert run_job(letter.pk).outcome == "succeeded"
+
+
+def test_request_page__the_reviewer_reads_where_the_letter_stands(demo):  # noqa: F811
+    from tests.permits.test_admin import login
+
+    reviewer = get_user_model().objects.get(username="reviewer47")
+    permit = PermitRequest.objects.get(pk=1)
+    client = login(demo, "reviewer47")
+    decision, _ = services.decide(permit, reviewer, decision="approve")
+
+    def row() -> str:
+        page = client.get(f"/requests/{permit.pk}/").content.decode()
+        start = page.index('id="decision-letter"')
+        return page[start : page.index("</div>", start)]
+
+    assert "Being prepared" in row()
+    assert run_job(decision_job(decision).pk).outcome == "retry"
+    assert "Waits for the report of this revision" in row()
+    assert run_job(report_job(permit).pk).outcome == "succeeded"
+    due_now(decision_job(decision))
+    assert run_job(decision_job(decision).pk).outcome == "succeeded"
+    assert "Being prepared" in row()
+    assert run_job(Job.objects.get(parent=decision_job(decision)).pk).outcome == "succeeded"
+    assert "Ready for the office to send" in row()
+    # Another reviewer's page of a request they do not review: no page, no letter.
+    other = login(demo.__class__(), "reviewer52")
+    assert other.get(f"/requests/{permit.pk}/").status_code == 404
