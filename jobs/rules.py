@@ -142,6 +142,8 @@ OPERATOR_SOURCES: dict[str, tuple[str, ...]] = {
     "retry_now": (S.QUEUED, S.RETRY_WAIT),
     "cancel": (S.QUEUED, S.RETRY_WAIT, S.RUNNING),  # a running one: at its next check
     "requeue": (S.FAILED, S.DEAD),
+    # A job nothing can help (its own parameters are the cause): closed with a reason.
+    "fail": (S.QUEUED, S.RETRY_WAIT, S.DEAD),
     # A parent's follow-ups (docs/app/chains.md): only a succeeded job requested any.
     "cancel_follow_ups": (S.SUCCEEDED,),
     "recheck_and_release": (E.WITHHELD,),

@@ -3,7 +3,9 @@
 ``permits.report`` is the permit review report (``permits.reports``).
 ``permits.assigned-notice`` and ``permits.report-stopped-notice`` are the reviewers'
 notices of events (``permits.notices``); ``permits.morning-digest`` is the periodic one
-(``permits.digest``). ``demo.summary`` is a minimal kind (a small
+(``permits.digest``); ``permits.decision`` → ``permits.decision-letter`` is the
+chain after a reviewer's decision, its letter on the ``heavy`` queue (``permits.letters``).
+``demo.summary`` is a minimal kind (a small
 text artifact and one in-app notice) used by the burst and benchmarks to measure the
 engine itself.
 """
@@ -43,12 +45,13 @@ def demo_summary(ctx: JobContext) -> list[EffectSpec]:
 
 
 def register() -> None:
-    from permits import digest, drill, notices, reports
+    from permits import digest, drill, letters, notices, reports
 
     register_kind("demo.summary", demo_summary)
     reports.register()
     notices.register()
     digest.register()
+    letters.register()
     drill.register()
     # The webhook carries notices to the reviewer's device: that is its name on both
     # sides (the reviewer's "Notice to your device", the admin's "Device · webhook").

@@ -17,7 +17,7 @@ from guardian.shortcuts import assign_perm, get_user_perms, remove_perm
 
 import jobs
 from jobs.models import Job, Notice
-from permits import offices, reports, selectors
+from permits import letters, offices, reports, selectors
 from permits.models import PermitRequest, ReportRebuild, ReviewDecision, Tenant
 
 #: A reviewer's "Rebuild report" waits in front of the reports asked for by assignment and
@@ -303,6 +303,9 @@ def decide(
         status = DECISION_STATUS[decision]
         PermitRequest.objects.filter(pk=permit.pk).update(status=status)
         permit.status = status
+        # The applicant's letter follows the report (``permits.letters``): the chain's
+        # first job commits with the decision, so each decision has its letter once.
+        letters.request_decision_job(made, current.tenant.key)
     return made, True
 
 

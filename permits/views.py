@@ -38,7 +38,7 @@ from jobs.models import Attempt, Effect, Job, Notice
 from jobs.ops import causes
 from jobs.ops.words import JOB_STATE_WORDS, effect_state_word, provider_words
 from jobs.queue import enqueue_restore
-from permits import selectors, services
+from permits import letters, selectors, services
 from permits.forms import DecisionForm, NewRevisionForm
 from permits.models import PermitRequest
 
@@ -167,6 +167,7 @@ OPERATOR_ACTIONS = {
     "requeue": "An operator asked for it again",
     "retry_now": "An operator asked to try again now",
     "cancel": "Cancelled by an operator",
+    "fail": "An operator ended it: it cannot be built as it was asked for",
 }
 
 
@@ -377,6 +378,7 @@ def _render_detail(request, permit: PermitRequest, *, decision_form=None):
         "assigned": assigned,
         "decisions": selectors.decisions_of(permit),
         "my_decision": mine,
+        "letter_words": letters.letter_words(mine) if mine is not None else "",
         "decision_form": decision_form,
         "error_summary": decision_form.error_summary()
         if decision_form is not None and decision_form.errors

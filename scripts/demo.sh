@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The demo: SQLite (WAL) in var/, the supervised worker (jobs_worker runs qcluster), the
-# dispatcher loop and the web server.
+# The demo: SQLite (WAL) in var/, the supervised workers (jobs_worker runs qcluster: one for
+# the default queue, one for the heavy queue of the decision letters), the dispatcher loop
+# and the web server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -54,6 +55,10 @@ call_command("migrate", interactive=False, verbosity=0)
 call_command("seed_demo")'
 $PY manage.py jobs_worker >"$VAR/log/worker.log" 2>&1 &
 pids+=($!)
+# The second queue: heavy renders (the applicant's decision letter, permits.letters) have
+# their own worker, so reports and notices never wait behind them.
+$PY manage.py jobs_worker --queue heavy >"$VAR/log/worker-heavy.log" 2>&1 &
+pids+=($!)
 $PY manage.py jobs_dispatcher --interval 1 >"$VAR/log/dispatcher.log" 2>&1 &
 pids+=($!)
 # The URL is printed as soon as the login page answers (not before the server listens).
@@ -76,10 +81,11 @@ cat <<MSG
   Console:  http://127.0.0.1:${PORT}/admin/jobs/job/dashboard/   (operator)
   Assign:   officeadmin / officeadmin-demo (Assign reviewers, on a request's admin page)
   Provider: http://127.0.0.1:${PROVIDER_PORT} (stand-in; 20% of sends accepted then stalled)
-  Logs:     $VAR/log/web.log  $VAR/log/worker.log  $VAR/log/dispatcher.log  $VAR/log/provider.log
+  Logs:     $VAR/log/web.log  $VAR/log/worker.log  $VAR/log/worker-heavy.log
+            $VAR/log/dispatcher.log  $VAR/log/provider.log
   Figures:  DEBUG=1 DATABASE_URL= .venv/bin/python manage.py jobs_stats
   Ports:    make demo PORT=8001 PROVIDER_PORT=8026
-  Stop:     Ctrl-C (stops the web server, worker, dispatcher and provider)
+  Stop:     Ctrl-C (stops the web server, workers, dispatcher and provider)
 
 MSG
 # Wait in the background so a signal to this script runs the cleanup at once.

@@ -10,6 +10,7 @@ nothing more for that job.
     running ──heartbeat/progress──▶ running running ──fail──▶ failed
     running (expired) ──claim──▶ running    running ──bury──▶ dead
     queued/retry_wait ──cancel──▶ cancelled failed/dead ──requeue──▶ queued
+    queued/retry_wait/dead ──fail_by_operator──▶ failed
     running ──cancel (requested)──▶ running ──stop_cancelled──▶ cancelled
 """
 
@@ -409,6 +410,34 @@ def requeue(job: Job, *, actor: str = "operator", note: str = "") -> bool:
         finished_at=None,
         lease_expires_at=None,
     )
+
+
+def fail_by_operator(job: Job, *, actor: str, reason: str) -> bool:
+    """Operator: queued/retry_wait/dead → failed, never tried again, ``reason`` recorded.
+
+    For a job nothing can help (its own parameters are the cause: no fix of its subject
+    and no requeue makes it run otherwise). The reason is the history row's note (the
+    operator's words; the transition's log line names the arrow, never the note). Its
+    error class and code stay what the last attempt found, so the cause still reads as
+    it did; a group child's end is counted (once: a dead child counted already).
+    """
+    if not reason.strip():
+        raise ValueError("failing a job needs the reason")
+    if job.state not in rules.OPERATOR_SOURCES["fail"]:
+        return False
+    with transaction.atomic():
+        won = _operator(
+            job,
+            "fail",
+            actor,
+            reason.strip(),
+            state=State.FAILED,
+            finished_at=Now(),
+            lease_expires_at=None,
+        )
+        if won:
+            groups.child_ended(job, State.FAILED)
+    return won
 
 
 def retry_now(job: Job, *, actor: str = "operator", note: str = "") -> bool:

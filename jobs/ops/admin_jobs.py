@@ -27,7 +27,7 @@ from jobs.ops.admin_common import (
 )
 from jobs.ops.console import error_of
 from jobs.ops.error_detail import can_view_error_detail, error_block, kind_redacts, shown_detail
-from jobs.ops.operations import JOB_OPERATIONS, operation_action
+from jobs.ops.operations import JOB_OPERATIONS, list_actions
 from jobs.ops.views import dashboard_view
 
 
@@ -207,7 +207,7 @@ class FollowUpInline(ReadOnlyInline):
 @admin.register(Job)
 class JobAdmin(LastErrorColumn, EngineAdmin):
     operations = JOB_OPERATIONS
-    actions = [operation_action(op) for op in JOB_OPERATIONS.values()]
+    actions = list_actions(JOB_OPERATIONS)
     list_display = (
         "id",
         "subject_and_kind",

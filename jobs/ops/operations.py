@@ -1,7 +1,7 @@
 """Operator actions: one table says what each does, when, and how it is worded.
 
-Nobody edits engine fields by hand. Operator actions (retry now, cancel, requeue;
-re-check and release, mark sent, send again) are buttons on a job's or effect's
+Nobody edits engine fields by hand. Operator actions (retry now, cancel, requeue, fail
+it; re-check and release, mark sent, send again) are buttons on a job's or effect's
 page and actions on the lists; all of them call the engine's own service
 functions (the same CAS transitions the workers use), say why when they do
 nothing, and leave a ``LogEntry`` naming the operator. Where each applies is the
@@ -30,10 +30,11 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_GET, require_http_methods
 
 from jobs import rules, services
-from jobs.engine import effect_machine
+from jobs.engine import effect_machine, job_machine
 from jobs.models import Attempt, Effect, Job, JobEvent
 from jobs.ops import causes
 from jobs.ops.console import error_of
+from jobs.ops.reasons import REASON_MAX, check_reason
 from jobs.ops.words import job_progress, job_state_word
 
 log = logging.getLogger("jobs.admin")
@@ -54,6 +55,15 @@ class Operation:
     # What the operator should know before pressing it on this object ("" for nothing):
     # it still applies, but may not do what they hope (no worker serves the queue, ...).
     warn: Callable[[object], str] | None = None
+    # The operator says why (a required text on the confirmation, at most REASON_MAX
+    # characters): ``run`` then takes it as a third argument. One object at a time, so
+    # never a list action.
+    needs_reason: bool = False
+    verb: str = ""  # the label as a verb before the object ("Fail job 7?"), when it differs
+
+    @property
+    def does(self) -> str:
+        return self.verb or self.label
 
     def warning(self, obj) -> str:
         return self.warn(obj) if self.warn is not None else ""
@@ -80,6 +90,12 @@ def _unserved_queue(job) -> str:
     )
 
 
+_NOTHING_RUNS_OTHERWISE = (
+    "its cause is its own parameters, so running it again fails the same way; fail it "
+    "with the reason instead"
+)
+
+
 def _requeue_warning(job) -> str:
     """A group child's requeue after its join already ended does not run the join again."""
     if job.group_id is None:
@@ -102,6 +118,8 @@ JOB_OPERATIONS = {
             "Retried",
             "Run it now instead of at its backoff time.",
             lambda job, operator: services.retry_job_now(job, operator=operator),
+            when=causes.requeue_helps,
+            why_not_when=_NOTHING_RUNS_OTHERWISE,
             warn=_unserved_queue,
         ),
         Operation(
@@ -111,6 +129,9 @@ JOB_OPERATIONS = {
             "Stop it: a waiting job at once; a running one at its next check, publishing "
             "nothing. It will not be tried again.",
             lambda job, operator: services.cancel_job(job, operator=operator),
+            # A waiting job its own parameters stop is failed with the reason instead.
+            when=lambda job: job.state == JobState.RUNNING or causes.requeue_helps(job),
+            why_not_when=_NOTHING_RUNS_OTHERWISE,
         ),
         Operation(
             "cancel_follow_ups",
@@ -134,6 +155,21 @@ JOB_OPERATIONS = {
                 "leave it failed"
             ),
             warn=_requeue_warning,
+        ),
+        Operation(
+            "fail",
+            "Fail it",
+            "Failed",
+            "Nothing can make it run otherwise: end it failed, never tried again, with your "
+            "reason in its history.",
+            lambda job, operator, reason: job_machine.fail_by_operator(
+                job, actor=f"operator:{operator}", reason=reason
+            ),
+            when=lambda job: not causes.requeue_helps(job),
+            why_not_when="its cause may still be fixed (its subject, a requeue): fail only a "
+            "job nothing can help",
+            needs_reason=True,
+            verb="Fail",
         ),
     )
 }
@@ -230,7 +266,7 @@ def preview(op: Operation, obj) -> str:
             if again
             else ""
         )
-        return f"{op.label} job {obj.pk} ({state}{error}){tail}. {op.explains}"
+        return f"{op.does} job {obj.pk} ({state}{error}){tail}. {op.explains}"
     return f"{op.label} effect {obj} ({state}, {obj.provider}). {op.explains}"
 
 
@@ -252,14 +288,17 @@ class OperableAdmin(admin.ModelAdmin):
         opts = self.opts
         return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
 
-    def operate(self, request, obj, op: Operation) -> tuple[bool, str]:
+    def operate(self, request, obj, op: Operation, reason: str = "") -> tuple[bool, str]:
         """Run ``op`` on ``obj``; log it with the operator's name when it changed something."""
         before = obj.state
         if op.when is not None and not op.when(obj):
             # What cannot help is not done, whatever posted it (a requeue of a job whose
             # own parameters are its cause); the state is the engine's CAS to judge.
             return False, _why_not(op, obj)
-        won = op.run(obj, _operator(request))
+        if op.needs_reason:
+            won = op.run(obj, _operator(request), reason)
+        else:
+            won = op.run(obj, _operator(request))
         if won:
             obj.refresh_from_db()
             if obj.state == before:
@@ -268,6 +307,8 @@ class OperableAdmin(admin.ModelAdmin):
                 change = f"{op.label}: asked while {before.replace('_', ' ')}"
             else:
                 change = f"{op.label}: {before} → {obj.state}"
+            if reason:
+                change = f"{change}, because: {reason}"
             self.log_change(request, obj, change)
             return True, ""
         return False, _why_not(op, obj)
@@ -401,10 +442,13 @@ class OperableAdmin(admin.ModelAdmin):
             raise PermissionDenied
         obj = get_object_or_404(self.get_queryset(request), pk=self._pk(object_id))
         change_url = reverse(f"admin:{self._url_name('change')}", args=[obj.pk])
-        if request.method == "GET":
+        reason, reason_error = "", ""
+        if request.method == "POST" and op.needs_reason:
+            reason, reason_error = check_reason(request.POST.get("reason", ""))
+        if request.method == "GET" or reason_error:
             context = {
                 **self.admin_site.each_context(request),
-                "title": f"{op.label} {_describe(obj)}?",
+                "title": f"{op.does} {_describe(obj)}?",
                 "opts": self.opts,
                 "original": obj,
                 "op": op,
@@ -413,9 +457,15 @@ class OperableAdmin(admin.ModelAdmin):
                 "preview": preview(op, obj),
                 "warning": op.warning(obj) if op.applies(obj) else "",
                 "change_url": change_url,
+                "reason": reason if reason_error else "",
+                "reason_error": reason_error,
+                "reason_max": REASON_MAX,
             }
-            return TemplateResponse(request, "admin/jobs/operate_confirm.html", context)
-        won, why = self.operate(request, obj, op)
+            status = 400 if reason_error else 200
+            return TemplateResponse(
+                request, "admin/jobs/operate_confirm.html", context, status=status
+            )
+        won, why = self.operate(request, obj, op, reason)
         if won:
             self.message_user(request, f"{op.label}: done for {_describe(obj)}.", messages.SUCCESS)
             return HttpResponseRedirect(change_url + "?follow=1")
@@ -516,6 +566,12 @@ class OfferedOperation:
 
 BULK_SAMPLE = 10
 BULK_LOG_SHOWN = 5
+
+
+def list_actions(operations: dict[str, Operation]) -> list[Callable]:
+    """The list actions of ``operations``: those that need no reason (a reason is one
+    object's, given on its own page)."""
+    return [operation_action(op) for op in operations.values() if not op.needs_reason]
 
 
 def operation_action(op: Operation) -> Callable:

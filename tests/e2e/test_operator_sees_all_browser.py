@@ -1,11 +1,16 @@
-"""Issue 44's acceptance in a real headless Chromium against a real ``jobs_worker``.
+"""Issue 44's acceptance in a real headless Chromium against real ``jobs_worker`` processes
+(one for the default queue, one for the ``heavy`` queue, as ``make demo`` starts them).
 
 The ``operator`` (no superuser) walks: a paused provider named on the console and resumed
 from it; a dead report whose cause is a data error, read in words (no exception class
-needed) and fixed from the console in at most 8 clicks; a multi-step report whose steps
+needed) and fixed from the console in at most 8 clicks; the seeded decision's chain (the
+decision job, then the applicant's letter on the heavy queue, with its steps) and the
+morning digest's schedule and tick on the console; a multi-step report whose steps
 (gather, render, store) are visible and whose progress moves on its open page without a
-reload. axe-core runs on every page visited (0 critical, serious or moderate); screenshots
-at 1280 and 390 px go to ``var/screenshots/`` (``issue44-<width>-<page>.png``).
+reload; a job its own parameters stop, which is offered only "Fail it" and is failed with
+the operator's reason. axe-core runs on every page visited (0 critical, serious or
+moderate); screenshots at 1280 and 390 px go to ``var/screenshots/``
+(``issue44-<width>-<page>.png``).
 """
 
 from __future__ import annotations
@@ -16,10 +21,13 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
+import jobs
 from jobs import flow
-from jobs.models import Job, JobStep
-from permits import reports, services
-from permits.models import PermitRequest
+from jobs import services as job_services
+from jobs.models import Job, JobEvent, JobStep
+from permits import digest, letters, reports, services
+from permits.management.commands.seed_demo import DECIDED_PERMIT_ID
+from permits.models import PermitRequest, ReviewDecision
 from tests.e2e import a11y
 from tests.e2e.processes import subprocess_env, wait_until
 from tests.e2e.test_browser import SCREENSHOTS, browser, login  # noqa: F401 (fixture)
@@ -28,6 +36,17 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transacti
 CONSOLE = "/admin/jobs/job/dashboard/"
 WIDTHS = {"1280": {"width": 1280, "height": 900}, "390": {"width": 390, "height": 844}}
 STAGE_SECONDS = "1.4"  # the report's pace between stages: watchable, within Q_CLUSTER timeout
+DIGEST_CRON = "0 7 * * 1-5"  # the demo's (the test settings give the digest no schedule)
+
+
+@pytest.fixture
+def digest_scheduled(settings):
+    """The morning digest periodic, as in the demo, here and in the workers' environment."""
+    settings.PERMITS_DIGEST_CRON = DIGEST_CRON
+    digest.register()
+    yield
+    settings.PERMITS_DIGEST_CRON = ""
+    digest.register()
 
 
 class Seen:
@@ -53,6 +72,7 @@ class Seen:
 def test_operator__sees_causes_steps_and_live_progress_with_a_real_worker(
     live_server,
     procs,
+    digest_scheduled,
     browser,  # noqa: F811 (the fixture imported above)
 ):
     from playwright.sync_api import Error as PlaywrightError
@@ -64,8 +84,13 @@ def test_operator__sees_causes_steps_and_live_progress_with_a_real_worker(
     flow.pause("provider:webhook", actor="cli:ops")
     # The webhook's scope is paused (as an operator on call would after its outages);
     # the notices here go to the reviewers' inboxes.
-    env = {**subprocess_env(), "PERMITS_REPORT_STAGE_SECONDS": "0"}
+    env = {
+        **subprocess_env(),
+        "PERMITS_REPORT_STAGE_SECONDS": "0",
+        "PERMITS_DIGEST_CRON": DIGEST_CRON,
+    }
     procs.start("worker", "jobs_worker", env=env)
+    procs.start("worker-heavy", "jobs_worker", "--queue", letters.QUEUE, env=env)
     seen = Seen()
     base = live_server.url
 
@@ -142,7 +167,49 @@ def test_operator__sees_causes_steps_and_live_progress_with_a_real_worker(
     print(f"\nfix path: {clicks} clicks from the console to a succeeded job")
     assert clicks <= 8
 
-    # --- 3. a multi-step report: progress moves on its open page, then its steps --------
+    # --- 3. the decision's chain, the heavy queue and the periodic digest ----------------
+    decision = ReviewDecision.objects.get(request_id=DECIDED_PERMIT_ID)
+    head = Job.objects.get(kind=letters.DECISION, subject_id=str(decision.pk))
+    letter = wait_until(
+        procs,
+        "the decision letter to be stored by the heavy queue's worker",
+        lambda: Job.objects.filter(parent=head, state=Job.State.SUCCEEDED).first(),
+        timeout=120,
+        interval=0.5,
+    )
+    tick = wait_until(
+        procs,
+        "the seeded digest tick to run",
+        lambda: Job.objects.filter(kind=digest.KIND, state=Job.State.SUCCEEDED).first(),
+        timeout=60,
+        interval=0.5,
+    )
+    page.goto(base + CONSOLE)
+    # (The console's queue table lists queues with waiting work: the heavy queue's worker
+    # left it none. The jobs list below shows its job by the queue filter.)
+    expect(page.locator(f'#schedules tr[data-schedule="{digest.KIND}"]')).to_contain_text(
+        DIGEST_CRON
+    )
+    seen(page, "1280", "console-schedules")
+    page.goto(base + f"/admin/jobs/job/{head.pk}/change/")
+    expect(page.locator(".field-progress")).to_contain_text("1 of 1 (100%): report found")
+    expect(page.locator("#steps-group")).to_contain_text("check")
+    seen(page, "1280", "job-chain-head")
+    page.locator(f'a[href$="/jobs/job/{letter.pk}/change/"]').first.click()
+    expect(page.locator(".fieldBox.field-queue")).to_contain_text(letters.QUEUE)
+    expect(page.locator(".field-chain")).to_contain_text("requested by")
+    for name in ("render", "store"):
+        expect(page.locator("#steps-group")).to_contain_text(name)
+    expect(page.locator(".field-progress")).to_contain_text("2 of 2 (100%): stored")
+    seen(page, "1280", "job-letter")
+    page.goto(base + f"/admin/jobs/job/{tick.pk}/change/")
+    expect(page.locator("div.form-row.field-state_word")).to_contain_text("Ready")
+    seen(page, "1280", "job-digest")
+    page.goto(base + f"/admin/jobs/job/?queue={letters.QUEUE}")
+    expect(page.locator(f'a[href*="/jobs/job/{letter.pk}/change/"]')).to_have_count(1)
+    seen(page, "1280", "jobs-list-heavy")
+
+    # --- 4. a multi-step report: progress moves on its open page, then its steps --------
     procs.stop_all()
     procs.start(
         "worker-paced", "jobs_worker", env={**env, "PERMITS_REPORT_STAGE_SECONDS": STAGE_SECONDS}
@@ -201,6 +268,43 @@ def test_operator__sees_causes_steps_and_live_progress_with_a_real_worker(
     expect(page.locator(".field-progress")).to_contain_text("3 of 3 (100%): stored")
     seen(page, "1280", "job-steps")
 
+    # --- 5. a job its own parameters stop: only "Fail it", with the reason --------------
+    malformed = jobs.request(reports.KIND, (reports.SUBJECT_TYPE, "not-a-permit")).job
+    wait_until(
+        procs,
+        "the malformed report to fail at once",
+        lambda: Job.objects.filter(pk=malformed.pk, state=Job.State.FAILED).exists(),
+        timeout=60,
+        interval=0.3,
+    )
+    # The reports are held while a script (not the console, which would refuse) requeues
+    # it: it waits to run again, and would fail the same way.
+    flow.pause(f"kind:{reports.KIND}", actor="cli:ops")
+    malformed.refresh_from_db()
+    assert job_services.requeue_job(malformed, operator="script")
+    page.goto(base + f"/admin/jobs/job/{malformed.pk}/change/")
+    expect(page.locator(".field-cause")).to_contain_text("own parameters are malformed")
+    expect(page.locator("#operate-fail")).to_be_visible()
+    for other in ("cancel", "retry_now", "requeue"):
+        expect(page.locator(f"#operate-{other}")).to_have_count(0)
+    expect(page.locator("#fix-subject")).to_have_count(0)
+    seen(page, "1280", "job-malformed")
+    page.locator("#operate-fail").click()
+    seen(page, "1280", "fail-confirm")
+    page.set_viewport_size(WIDTHS["390"])  # the reason's form on a phone as well
+    seen(page, "390", "fail-confirm")
+    page.set_viewport_size(WIDTHS["1280"])
+    reason = "Asked for a request id that is no number: nothing can build it."
+    page.fill("#operate-reason", reason)
+    page.locator("#operate-confirm").click()
+    expect(page.locator(".messagelist")).to_contain_text(f"Fail it: done for job {malformed.pk}")
+    expect(page.locator("div.form-row.field-state_word")).to_contain_text("Could not be built")
+    expect(page.locator("#content-main")).to_contain_text(reason)
+    seen(page, "1280", "job-failed-with-reason")
+    flow.resume(f"kind:{reports.KIND}", actor="cli:ops")
+    event = JobEvent.objects.get(job=malformed, action="fail")
+    assert (event.from_state, event.to_state, event.note) == ("queued", "failed", reason)
+
     # --- the same pages on a phone --------------------------------------------------------
     phone = browser.new_context(viewport=WIDTHS["390"]).new_page()
     phone.set_default_timeout(30_000)
@@ -210,6 +314,8 @@ def test_operator__sees_causes_steps_and_live_progress_with_a_real_worker(
         ("job-fixed", f"/admin/jobs/job/{bad_job.pk}/change/"),
         ("job-steps", f"/admin/jobs/job/{rebuilt.pk}/change/"),
         ("jobs-list", "/admin/jobs/job/?queue=default"),
+        ("job-letter", f"/admin/jobs/job/{letter.pk}/change/"),
+        ("job-failed-with-reason", f"/admin/jobs/job/{malformed.pk}/change/"),
     ):
         phone.goto(base + path)
         seen(phone, "390", name)

@@ -174,3 +174,91 @@ def test_wording__a_wait_older_than_the_chart_is_said_as_an_age(demo):  # noqa: 
     assert oldest.top_text.startswith("the oldest has waited ")
     assert "longest" not in oldest.top_text
     assert Attempt.objects.count() == 0
+
+
+def waiting_malformed() -> Job:
+    """A malformed job waiting to run again: a script requeued it through the engine's
+    service (which, unlike the console, does not ask whether a requeue can help)."""
+    from jobs import services as job_services
+
+    job = malformed()
+    assert job_services.requeue_job(job, operator="script")
+    job.refresh_from_db()
+    return job
+
+
+def test_fail_it__the_only_action_on_a_waiting_job_its_parameters_stop(demo, caplog):  # noqa: F811
+    from jobs.models import JobEvent
+
+    job = waiting_malformed()
+    assert (job.state, job.last_error_code) == ("queued", "payload_invalid")
+    client = login(demo, "operator")
+    page = client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    offered = [
+        name
+        for name in ("fail", "cancel", "retry_now", "requeue")
+        if f'id="operate-{name}"' in page
+    ]
+    assert offered == ["fail"], offered
+    assert 'id="fix-subject"' not in page
+    url = f"/admin/jobs/job/{job.pk}/operate/fail/"
+    confirm = client.get(url).content.decode()
+    assert 'name="reason"' in confirm and 'id="operate-confirm"' in confirm
+
+    empty = client.post(url, {"reason": "   "})
+    assert empty.status_code == 400 and "Say why" in empty.content.decode()
+    long = client.post(url, {"reason": "x" * 301})
+    assert long.status_code == 400 and "at most 300" in long.content.decode()
+    job.refresh_from_db()
+    assert job.state == Job.State.QUEUED, "a refused reason changes nothing"
+
+    reason = "Asked with a text id by an old import; the request has its own report."
+    with caplog.at_level("INFO"):
+        done = client.post(url, {"reason": reason})
+    assert done.status_code == 302
+    job.refresh_from_db()
+    assert (job.state, job.attempts, job.last_error_code) == ("failed", 1, "payload_invalid")
+    event = JobEvent.objects.filter(job=job).latest("id")
+    assert (event.action, event.actor, event.note) == ("fail", "operator:operator", reason)
+    assert (event.from_state, event.to_state) == ("queued", "failed")
+    entry = LogEntry.objects.filter(object_id=str(job.pk)).latest("action_time")
+    assert reason in entry.get_change_message()
+    assert reason not in caplog.text, "the reason is the history's, not a log line's"
+    # Never tried again: a delivery finds nothing of it to run.
+    later = run_delivery(job.pk)
+    assert later.job_id != job.pk or later.outcome == "duplicate", later
+    assert Attempt.objects.filter(job=job, number__gt=0).count() == 1
+
+
+def test_fail_it__not_offered_where_its_cause_can_still_be_fixed(demo):  # noqa: F811
+    job, _ = bad_work_type(demo)
+    assert job.state == Job.State.DEAD
+    client = login(demo, "operator")
+    page = client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    assert 'id="operate-requeue"' in page and 'id="operate-fail"' not in page
+    refused = client.post(
+        f"/admin/jobs/job/{job.pk}/operate/fail/", {"reason": "tired of it"}, follow=True
+    )
+    assert "Fail it: not done" in refused.content.decode()
+    assert "its cause may still be fixed" in refused.content.decode()
+    job.refresh_from_db()
+    assert job.state == Job.State.DEAD
+
+
+def test_fail_it__a_stale_read_changes_nothing(demo):  # noqa: F811
+    """The arrow is a compare-and-swap on the version the operator's page read."""
+    from jobs.engine import job_machine
+    from jobs.models import JobEvent
+
+    job = waiting_malformed()
+    stale = Job.objects.get(pk=job.pk)
+    for _ in range(40):  # a worker runs it meanwhile: failed again, version moved
+        run_delivery(job.pk, worker="w-2")
+        job.refresh_from_db()
+        if job.state == Job.State.FAILED:
+            break
+    assert job.version > stale.version
+    assert not job_machine.fail_by_operator(stale, actor="operator:x", reason="late")
+    assert not JobEvent.objects.filter(job=job, action="fail").exists()
+    with pytest.raises(ValueError):
+        job_machine.fail_by_operator(Job.objects.get(pk=job.pk), actor="o", reason=" ")

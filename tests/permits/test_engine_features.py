@@ -143,3 +143,21 @@ def test_digest__says_counts_only_and_skips_reviewers_with_nothing_waiting(demo)
     idle.groups.add(Group.objects.get(name="reviewers"))
     assert digest.waiting_for(idle) == 0
     assert not Effect.objects.filter(job=job, recipient=str(idle.pk)).exists()
+
+
+def test_seed_demo__asks_for_the_digests_latest_tick_where_it_is_scheduled(digest_scheduled):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from jobs.models import ScheduleState
+
+    call_command("seed_demo", stdout=StringIO())
+    call_command("seed_demo", stdout=StringIO())
+    ticks = Job.objects.filter(kind=digest.KIND)
+    assert ticks.count() == 1, "one job for the latest tick, however often the seed runs"
+    latest = schedules.collect()[0][digest.KIND].latest_at(schedules.server_now())
+    assert ticks.get().subject_id == schedules.tick_id(latest)
+    assert ScheduleState.objects.get(kind=digest.KIND).last_tick == latest
+    assert not [h for h in schedules.fire_due() if h.created], "the seeded tick is not asked again"
+    assert Job.objects.filter(kind=digest.KIND).count() == 1

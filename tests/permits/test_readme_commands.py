@@ -158,6 +158,23 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+DEMO_ENV = {"DEBUG": "1", "DATABASE_URL": ""}
+# What the demo's database holds, one line a feature (read as the console reads it).
+DEMO_FEATURES = """
+import os, django
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "permits.settings")
+django.setup()
+from jobs.models import Job, JobStep
+for job in Job.objects.filter(kind="permits.morning-digest"):
+    print("digest tick", job.kind, job.state)
+for job in Job.objects.filter(kind="permits.decision-letter").select_related("parent"):
+    print("letter", job.state, job.queue, "requested by", job.parent.kind)
+report = Job.objects.get(pk=84)
+names = ",".join(JobStep.objects.filter(job=report).order_by("id").values_list("name", flat=True))
+print("steps", names, f"progress {report.progress_done}/{report.progress_total}")
+"""
+
+
 @pytest.mark.drill
 @pytest.mark.e2e
 @pytest.mark.slow
@@ -197,6 +214,28 @@ def test_make_demo__as_printed_banner_login_page_figures_and_ctrl_c(tmp_path):
         )
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
         assert re.search(r"^jobs\s+\d+$", done.stdout, re.M), done.stdout
+        # Without any extra setup the console has each engine feature the site uses to
+        # show: the digest's tick (a periodic kind), the decision's chain with its letter
+        # on the heavy queue (served by the demo's second worker), steps and progress.
+        shown = ""
+        while time.monotonic() < deadline:
+            shown = subprocess.run(
+                [PYTHON, "-c", DEMO_FEATURES],
+                cwd=ROOT,
+                env=env | DEMO_ENV,
+                text=True,
+                capture_output=True,
+                timeout=120,
+            ).stdout
+            if "letter succeeded heavy" in shown:
+                break
+            time.sleep(1)
+        for seen in (
+            "digest tick permits.morning-digest",
+            "letter succeeded heavy requested by permits.decision",
+            "steps gather,render,store progress 3/3",
+        ):
+            assert seen in shown, shown
     finally:
         os.killpg(demo.pid, signal.SIGINT)  # Ctrl-C
         stopping = time.monotonic()

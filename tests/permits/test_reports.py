@@ -137,8 +137,8 @@ def test_seed_demo__idempotent_with_job_84_at_revision_29():
     job = Job.objects.get(pk=84)
     assert (job.output_revision, job.subject_id, job.kind) == (29, "7", "permits.report")
     # One report per request in review, asked for by the seed's assignments; job 84 is
-    # request 7's (revision 29).
-    assert PermitRequest.objects.count() == 12 and Job.objects.count() == 12
+    # request 7's (revision 29); and the chain's first job of the seeded decision.
+    assert PermitRequest.objects.count() == 12 and Job.objects.count() == 13
     assert run_delivery(84).outcome == "succeeded"
     assert Effect.objects.get(job_id=84).effect_id == "84:29:completion-notice:47"
     out = StringIO()

@@ -1,5 +1,7 @@
 """Seed the demo (idempotent): offices, reviewer47, an operator, an office admin (each
-person in their offices), a dozen requests, job 84."""
+person in their offices), a dozen requests, job 84; reviewer52's decision on request 11
+(its letter's chain: ``permits.letters``, the letter on the ``heavy`` queue) and, where the
+morning digest has a schedule (the demo's), its latest tick."""
 
 from __future__ import annotations
 
@@ -14,9 +16,9 @@ from django.db import connection, transaction
 
 from jobs.models import Job
 from jobs.queue import enqueue_job
-from permits import reports
-from permits.models import PermitRequest, Tenant
-from permits.services import assign_reviewer
+from permits import digest, reports
+from permits.models import PermitRequest, ReviewDecision, Tenant
+from permits.services import assign_reviewer, decide
 from permits.signals import OFFICE_ADMINS, create_groups
 
 DEMO_LOGINS = {
@@ -42,6 +44,10 @@ REQUESTS = [
     (12, "shelbyville", WT.NEW_BUILDING, "300 Ridge Road", "610000", False),
 ]
 DEMO_JOB_ID, DEMO_PERMIT_ID, DEMO_REVISION = 84, 7, 29
+# A decided request: reviewer52 approves Shelbyville's request 11, which asks for the
+# applicant's letter after the report (a chain of two jobs, the letter on the heavy queue).
+DECIDED_PERMIT_ID = 11
+DECISION_COMMENT = "The plans meet the code; inspections as listed in the report."
 EPOCH = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 
 
@@ -126,11 +132,47 @@ class Command(BaseCommand):
         for request, reviewer in assignments:
             assign_reviewer(request, reviewer)
         self._reset_sequences()
+        self._decide(reviewer52)
+        self._digest_tick()
         self.stdout.write(
             f"report job {job.pk} for {permit.reference} "
             f"revision {job.output_revision}: {job.state}"
         )
         self.stdout.write("logins: " + ", ".join(f"{u} / {p}" for u, p in DEMO_LOGINS.items()))
+
+    def _decide(self, reviewer) -> None:
+        """reviewer52's approval of request 11 (once: a second seed finds it)."""
+        permit = PermitRequest.objects.get(pk=DECIDED_PERMIT_ID)
+        if ReviewDecision.objects.filter(request=permit).exists():
+            return
+        decide(
+            permit,
+            reviewer,
+            decision=ReviewDecision.Decision.APPROVE,
+            comment=DECISION_COMMENT,
+            revision=permit.output_revision,
+        )
+
+    def _digest_tick(self) -> None:
+        """The morning digest's latest tick, as a dispatcher that found it due would ask
+        for it, so the demo shows a digest job at once (only where the kind is periodic:
+        ``PERMITS_DIGEST_CRON``; the tests' settings give it no schedule)."""
+        from jobs import schedules
+        from jobs.api import request
+        from jobs.models import ScheduleState
+
+        schedule = schedules.collect()[0].get(digest.KIND)
+        if schedule is None:
+            return
+        latest = schedule.latest_at(schedules.server_now())
+        if latest is None:
+            return
+        request(digest.KIND, (schedules.SUBJECT_TYPE, schedules.tick_id(latest)))
+        # The dispatcher then starts after this tick (it never asks for it twice).
+        state, _ = ScheduleState.objects.get_or_create(
+            kind=digest.KIND, defaults={"last_tick": latest}
+        )
+        ScheduleState.objects.filter(pk=state.pk, last_tick__lt=latest).update(last_tick=latest)
 
     def _user(self, username: str, *, pk: int | None, group: str):
         """The demo user by name; created with the id the demo names (47) when it is free."""
