@@ -53,10 +53,10 @@ from datetime import timedelta
 
 from django.db import transaction
 from django.db.models import Q
-from django.db.models.functions import Coalesce, Now
 from django.utils import timezone
 
 from jobs import clock, conf, rules
+from jobs.engine import held
 from jobs.engine.admission import paused_delay, spread, take
 from jobs.engine.plan import Hold
 from jobs.models import FlowRule, FlowRuleChange
@@ -520,9 +520,9 @@ def set_rule(
         if paused is not _UNSET:
             rule.paused = bool(paused)
             if rule.paused:
-                hold(scope)
+                held.hold(scope)
             else:
-                release(scope)
+                held.release(scope)
         rule.updated_at = timezone.now()
         rule.updated_by = actor[:200]
         rule.save()
@@ -558,52 +558,12 @@ def delete_rule(scope: str, *, actor: str) -> bool:
             return False
         before = rule.describe()
         rule.delete()
-        release(scope)
+        held.release(scope)
         FlowRuleChange.objects.create(
             scope=scope, action="delete", actor=actor[:200], before=before, after="(defaults)"
         )
     forget()
     return True
-
-
-# The job column a scope's prefix names: the jobs a paused scope holds.
-_HELD_COLUMN = {
-    rules.FLOW_KIND_PREFIX: "kind",
-    rules.FLOW_TENANT_PREFIX: "tenant_key",
-    rules.FLOW_QUEUE_PREFIX: "queue",
-}
-
-
-def hold(scope: str) -> int:
-    """Hold the waiting jobs of a paused ``scope`` (``Job.held_by``): out of the claim's
-    indexes, so no claim reads them until the scope is resumed. Jobs asked for later are
-    held by the first claim that meets them (its verdict: paused). Returns how many."""
-    from jobs.models import Job
-
-    for prefix, column in _HELD_COLUMN.items():
-        if scope.startswith(prefix):
-            waiting = Job.objects.filter(rules.to_q(rules.WAITING), held_by="")
-            return waiting.filter(**{column: scope[len(prefix) :]}).update(held_by=scope[:200])
-    return 0  # a provider's scope holds effects at their send, not jobs
-
-
-def release(scope: str) -> int:
-    """Give the jobs ``scope`` held back to their queues, in their old places (their due
-    times were kept), and wake the clusters serving them when this commits. A job another
-    paused scope also covers is held again by its next claim. Returns how many."""
-    from jobs import queue
-    from jobs.models import Job
-
-    held = Job.objects.filter(held_by=scope[:200])
-    if not queue.claims_jobs():
-        # A message broker: the dispatcher sends a message for each job due now (a job
-        # held before it was ever deferred has no due time of its own).
-        return held.update(held_by="", next_attempt_at=Coalesce("next_attempt_at", Now()))
-    queues = sorted(set(held.values_list("queue", flat=True)))
-    released = held.update(held_by="")
-    if released:
-        queue.notify_queues(queues)
-    return released
 
 
 def defaults() -> dict[str, str]:

@@ -29,39 +29,83 @@ def verdict_type_sql() -> str:
     return f"CREATE TYPE {TYPE_NAME} AS (scope varchar, reason varchar, delay float8);"
 
 
-def verdict_function_sql() -> str:
-    """The function's text (``CREATE OR REPLACE``), from ``jobs.rules``'s conditions."""
-    table = FlowRule._meta.db_table
-    job_table = Job._meta.db_table
-    live = rules.literal_sql(rules.LIVE_RUNNING, Job, quote=lambda n: n)
-    due = rules.GCRA_DUE_SQL.format(r="r.", now="v_now")
-    take = rules.GCRA_NEXT_SQL.format(r="r.", now="v_now")
-    rated = "r.id IN (k.id, t.id, q.id) AND r.rate > 0"
+_TABLE = FlowRule._meta.db_table
+_PAUSED_DELAY = "p_paused_delay * (1 + random())"
+_TENANT_DELAY = "p_tenant_delay * (1 + random())"
+_TENANT_SCOPE = f"'{rules.FLOW_TENANT_PREFIX}' || p_tenant"
+_RATED = "r.id IN (k.id, t.id, q.id) AND r.rate > 0"
 
-    def active(alias: str) -> str:
-        text = rules.literal_sql(rules.FLOW_RULE_ACTIVE, FlowRule, alias=alias, quote=lambda n: n)
-        return f"COALESCE({text}, false)"
 
-    def spread(alias: str) -> str:
-        # ``admission.spread``: over one period (a rate's) or up to one second.
-        period = f"CASE WHEN COALESCE({alias}.rate, 0) > 0 THEN {alias}.period_seconds ELSE 1.0 END"
-        return f"random() * {period}"
+def _active(alias: str) -> str:
+    text = rules.literal_sql(rules.FLOW_RULE_ACTIVE, FlowRule, alias=alias, quote=lambda n: n)
+    return f"COALESCE({text}, false)"
 
-    def hold(scope: str, reason: str, delay: str) -> str:
-        return f"RETURN ROW({scope}, '{reason}', {delay})::{TYPE_NAME};"
 
-    paused_delay = "p_paused_delay * (1 + random())"
-    tenant_delay = "p_tenant_delay * (1 + random())"
-    tenant_scope = f"'{rules.FLOW_TENANT_PREFIX}' || p_tenant"
+def _spread(alias: str) -> str:
+    # ``admission.spread``: over one period (a rate's) or up to one second.
+    period = f"CASE WHEN COALESCE({alias}.rate, 0) > 0 THEN {alias}.period_seconds ELSE 1.0 END"
+    return f"random() * {period}"
 
-    def paused(alias: str) -> str:
-        return f"""    IF COALESCE({alias}.paused, false) THEN
-        {hold(f"{alias}.scope", "paused", paused_delay)}
+
+def _hold(scope: str, reason: str, delay: str) -> str:
+    return f"RETURN ROW({scope}, '{reason}', {delay})::{TYPE_NAME};"
+
+
+def _paused(alias: str) -> str:
+    return f"""    IF COALESCE({alias}.paused, false) THEN
+        {_hold(f"{alias}.scope", "paused", _PAUSED_DELAY)}
     END IF;"""
 
-    def counted(where: str) -> str:
-        return f"(SELECT count(*) FROM {job_table} WHERE {where} AND {live} AND id <> p_job)"
 
+def _counted(where: str) -> str:
+    live = rules.literal_sql(rules.LIVE_RUNNING, Job, quote=lambda n: n)
+    return f"(SELECT count(*) FROM {Job._meta.db_table} WHERE {where} AND {live} AND id <> p_job)"
+
+
+def _concurrency(alias: str, where: str, lock_class: int, key: str, bound: str, scope: str) -> str:
+    """A scope's concurrency: its lock waited for, then the live running jobs counted."""
+    return f"""        PERFORM pg_advisory_xact_lock({lock_class}, hashtext({key}));
+        IF {_counted(where)} >= {bound} THEN
+            {_hold(scope, "concurrency", "0.2 + " + _spread(alias))}
+        END IF;"""
+
+
+def _rates() -> str:
+    """The rates, last and all-or-nothing: the rated rows locked in id order, every one
+    judged, and a start taken from each only if all allow one."""
+    due = rules.GCRA_DUE_SQL.format(r="r.", now="v_now")
+    take = rules.GCRA_NEXT_SQL.format(r="r.", now="v_now")
+    any_rate = " OR ".join(f"COALESCE({a}.rate, 0) > 0" for a in "ktq")
+    return f"""    IF {any_rate} THEN
+        PERFORM 1 FROM {_TABLE} r WHERE {_RATED} ORDER BY r.id FOR UPDATE;
+        v_now := clock_timestamp();
+        SELECT r.scope, r.paused, EXTRACT(EPOCH FROM (r.next_free_at - v_now)), r.period_seconds
+        INTO v_scope, v_paused, v_ahead, v_period
+        FROM {_TABLE} r WHERE {_RATED} AND (r.paused OR NOT {due})
+        ORDER BY r.paused DESC, CASE r.id WHEN k.id THEN 0 WHEN t.id THEN 1 ELSE 2 END
+        LIMIT 1;
+        IF FOUND AND v_paused THEN
+            {_hold("v_scope", "paused", _PAUSED_DELAY)}
+        ELSIF FOUND THEN
+            {_hold("v_scope", "rate", "GREATEST(v_ahead, 0) + random() * v_period")}
+        END IF;
+        UPDATE {_TABLE} r SET next_free_at = {take} WHERE {_RATED};
+    END IF;"""
+
+
+def verdict_function_sql() -> str:
+    """The function's text (``CREATE OR REPLACE``), from ``jobs.rules``'s conditions."""
+    tenant_lock, flow_lock = rules.TENANT_LOCK_CLASS, rules.FLOW_LOCK_CLASS
+    kind = _concurrency("k", "kind = p_kind", flow_lock, "k.scope", "k.concurrency", "k.scope")
+    tenant = _concurrency(
+        "t",
+        "tenant_key = p_tenant",
+        tenant_lock,
+        "p_tenant",
+        "COALESCE(t.concurrency, p_bound)",
+        _TENANT_SCOPE,
+    )
+    queue = _concurrency("q", "queue = p_queue", flow_lock, "q.scope", "q.concurrency", "q.scope")
     return f"""
 CREATE OR REPLACE FUNCTION {FUNCTION_NAME}(
     p_kind varchar, p_tenant varchar, p_queue varchar, p_job bigint, p_bound integer,
@@ -78,56 +122,33 @@ DECLARE
     v_ahead float8;
     v_period float8;
 BEGIN
-    SELECT * INTO k FROM {table} WHERE scope = '{rules.FLOW_KIND_PREFIX}' || p_kind;
-    SELECT * INTO t FROM {table} WHERE p_tenant <> '' AND scope = {tenant_scope};
-    SELECT * INTO q FROM {table} WHERE scope = '{rules.FLOW_QUEUE_PREFIX}' || p_queue;
-    v_ruled := {active("k")} OR {active("t")} OR {active("q")};
+    SELECT * INTO k FROM {_TABLE} WHERE scope = '{rules.FLOW_KIND_PREFIX}' || p_kind;
+    SELECT * INTO t FROM {_TABLE} WHERE p_tenant <> '' AND scope = {_TENANT_SCOPE};
+    SELECT * INTO q FROM {_TABLE} WHERE scope = '{rules.FLOW_QUEUE_PREFIX}' || p_queue;
+    v_ruled := {_active("k")} OR {_active("t")} OR {_active("q")};
     IF NOT v_ruled THEN
         IF p_tenant = '' THEN
             RETURN ROW('', '', 0)::{TYPE_NAME};
         END IF;
-        PERFORM pg_advisory_xact_lock({rules.TENANT_LOCK_CLASS}, hashtext(p_tenant));
-        IF {counted("tenant_key = p_tenant")} >= p_bound THEN
-            {hold(tenant_scope, "tenant_bound", tenant_delay)}
+        PERFORM pg_advisory_xact_lock({tenant_lock}, hashtext(p_tenant));
+        IF {_counted("tenant_key = p_tenant")} >= p_bound THEN
+            {_hold(_TENANT_SCOPE, "tenant_bound", _TENANT_DELAY)}
         END IF;
         RETURN ROW('', '', 0)::{TYPE_NAME};
     END IF;
-{paused("k")}
-{paused("t")}
-{paused("q")}
+{_paused("k")}
+{_paused("t")}
+{_paused("q")}
     IF k.concurrency IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock({rules.FLOW_LOCK_CLASS}, hashtext(k.scope));
-        IF {counted("kind = p_kind")} >= k.concurrency THEN
-            {hold("k.scope", "concurrency", "0.2 + " + spread("k"))}
-        END IF;
+{kind}
     END IF;
     IF p_tenant <> '' THEN
-        PERFORM pg_advisory_xact_lock({rules.TENANT_LOCK_CLASS}, hashtext(p_tenant));
-        IF {counted("tenant_key = p_tenant")} >= COALESCE(t.concurrency, p_bound) THEN
-            {hold(tenant_scope, "concurrency", "0.2 + " + spread("t"))}
-        END IF;
+{tenant}
     END IF;
     IF q.concurrency IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock({rules.FLOW_LOCK_CLASS}, hashtext(q.scope));
-        IF {counted("queue = p_queue")} >= q.concurrency THEN
-            {hold("q.scope", "concurrency", "0.2 + " + spread("q"))}
-        END IF;
+{queue}
     END IF;
-    IF COALESCE(k.rate, 0) > 0 OR COALESCE(t.rate, 0) > 0 OR COALESCE(q.rate, 0) > 0 THEN
-        PERFORM 1 FROM {table} r WHERE {rated} ORDER BY r.id FOR UPDATE;
-        v_now := clock_timestamp();
-        SELECT r.scope, r.paused, EXTRACT(EPOCH FROM (r.next_free_at - v_now)), r.period_seconds
-        INTO v_scope, v_paused, v_ahead, v_period
-        FROM {table} r WHERE {rated} AND (r.paused OR NOT {due})
-        ORDER BY r.paused DESC, CASE r.id WHEN k.id THEN 0 WHEN t.id THEN 1 ELSE 2 END
-        LIMIT 1;
-        IF FOUND AND v_paused THEN
-            {hold("v_scope", "paused", paused_delay)}
-        ELSIF FOUND THEN
-            {hold("v_scope", "rate", "GREATEST(v_ahead, 0) + random() * v_period")}
-        END IF;
-        UPDATE {table} r SET next_free_at = {take} WHERE {rated};
-    END IF;
+{_rates()}
     RETURN ROW('', '', 0)::{TYPE_NAME};
 END $$;
 """

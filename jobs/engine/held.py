@@ -1,0 +1,49 @@
+"""The jobs a paused scope holds (``Job.held_by``): out of the claim's way until resumed.
+
+A pause (``jobs.flow.set_rule``) holds the scope's waiting jobs in one update; a job
+asked for later is held by the first claim that meets it (the admission's verdict:
+paused, ``job_machine.defer``). A resume or a deleted rule releases them: their due
+times were kept, so they take their old places in the queue. Held jobs are outside the
+claim's partial indexes (migration 0022), so no claim reads a paused backlog.
+"""
+
+from __future__ import annotations
+
+from django.db.models.functions import Coalesce, Now
+
+from jobs import queue, rules
+from jobs.models import Job
+
+# The job column a scope's prefix names: the jobs a paused scope holds.
+_HELD_COLUMN = {
+    rules.FLOW_KIND_PREFIX: "kind",
+    rules.FLOW_TENANT_PREFIX: "tenant_key",
+    rules.FLOW_QUEUE_PREFIX: "queue",
+}
+
+
+def hold(scope: str) -> int:
+    """Hold the waiting jobs of a paused ``scope`` (``Job.held_by``): out of the claim's
+    indexes, so no claim reads them until the scope is resumed. Jobs asked for later are
+    held by the first claim that meets them (its verdict: paused). Returns how many."""
+    for prefix, column in _HELD_COLUMN.items():
+        if scope.startswith(prefix):
+            waiting = Job.objects.filter(rules.to_q(rules.WAITING), held_by="")
+            return waiting.filter(**{column: scope[len(prefix) :]}).update(held_by=scope[:200])
+    return 0  # a provider's scope holds effects at their send, not jobs
+
+
+def release(scope: str) -> int:
+    """Give the jobs ``scope`` held back to their queues, in their old places (their due
+    times were kept), and wake the clusters serving them when this commits. A job another
+    paused scope also covers is held again by its next claim. Returns how many."""
+    rows = Job.objects.filter(held_by=scope[:200])
+    if not queue.claims_jobs():
+        # A message broker: the dispatcher sends a message for each job due now (a job
+        # held before it was ever deferred has no due time of its own).
+        return rows.update(held_by="", next_attempt_at=Coalesce("next_attempt_at", Now()))
+    queues = sorted(set(rows.values_list("queue", flat=True)))
+    released = rows.update(held_by="")
+    if released:
+        queue.notify_queues(queues)
+    return released
