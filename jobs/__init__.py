@@ -31,6 +31,7 @@ _EXPORTS = {
     "request": "jobs.api",
     "request_many": "jobs.api",
     "then": "jobs.chains",
+    "q_cluster": "jobs.cluster",
     "group": "jobs.chains",
     "result": "jobs.chains",
     "JobRequest": "jobs.api",
@@ -73,6 +74,7 @@ __all__ = [
     "cancel",
     "group",
     "kind",
+    "q_cluster",
     "register_kind",
     "register_provider",
     "register_subject",
@@ -97,6 +99,7 @@ if TYPE_CHECKING:
     )
     from jobs.asyncctx import AsyncJobContext
     from jobs.chains import group, result, then
+    from jobs.cluster import q_cluster
     from jobs.delivery.runner import JobContext
     from jobs.exceptions import (
         JobCancelled,

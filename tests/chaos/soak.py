@@ -885,8 +885,11 @@ class Outages:
                 and outage.ended is None
                 and time.time() - outage.began >= outage.seconds
             ):
+                # The database answers again some time during the switch: its end is
+                # when the switch began (a round right after it may already reach it).
+                switching = time.time()
                 self.switches[outage.what][1]()
-                outage.ended = time.time()
+                outage.ended = switching
                 said.append(f"{outage.what} back after {outage.ended - outage.began:.1f} s")
         return said
 
@@ -897,8 +900,9 @@ class Outages:
     def end_all(self) -> None:
         for outage in self.plan:
             if outage.began is not None and outage.ended is None:
+                switching = time.time()
                 self.switches[outage.what][1]()
-                outage.ended = time.time()
+                outage.ended = switching
 
 
 # --- chaos ---------------------------------------------------------------------------

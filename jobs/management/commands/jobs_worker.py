@@ -22,6 +22,20 @@ def default_stall_seconds() -> float:
     return max(timeout + 1, (timeout + retry) / 2)
 
 
+def _refuse_a_locking_sqlite() -> None:
+    """On SQLite without the options that make writers wait (``jobs.W015``), concurrent
+    enqueues would fail with "database is locked": the worker refuses to start and says
+    what to paste into settings.py (``runserver`` and ``check`` show the same warning)."""
+    from jobs import checks
+
+    found = checks.check_sqlite()
+    if found:
+        raise CommandError(
+            f"refusing to start: {found[0].msg} ({found[0].id}). {found[0].hint} "
+            "(docs/app/deployment.md, SQLite)"
+        )
+
+
 class Command(BaseCommand):
     help = (
         "Run the django-q2 cluster (manage.py qcluster) under supervision: wait for the "
@@ -73,6 +87,7 @@ class Command(BaseCommand):
             # The supervised child: a django-q2 cluster taking these queues' messages.
             serve_queues(options["serve_queues"].split(","))
             return
+        _refuse_a_locking_sqlite()
         queues = []
         for name in options.get("queues") or []:
             try:
