@@ -21,45 +21,31 @@ from __future__ import annotations
 
 import functools
 import logging
+from contextlib import nullcontext
 
-from django.db import connection
+from django.db import DatabaseError, connection, transaction
 from django.db.models.functions import Now
 
-from jobs import clock, rules
+from jobs import clock, conf, rules
 from jobs.engine import admission, job_machine, verdict
 from jobs.engine.plan import Claim
-from jobs.executors.postgres import NOW, _compact, _cursor, _job_from_row, _q
+from jobs.engine.refusals import refusal
+from jobs.executors.pgsql import NOW, _compact, _cursor, _int8, _job_from_row, _q
 from jobs.models import Attempt, Effect, Job
 
 log = logging.getLogger("jobs.executors")
 
 
-@functools.cache
-def _next_statement() -> str:
-    job_t = _q(Job._meta.db_table)
-    t_now = "(SELECT now FROM t)"
-    cand = rules.literal_sql(rules.CLAIMABLE, Job, alias="j", quote=_q, now=t_now)
-    since = rules.waiting_since_sql("j")
-    eff = rules.effective_priority_sql("j", now=t_now)
-    # Each candidate is the first row of one of migration 0017's partial indexes, locked
-    # or skipped: a job another claim holds is passed over, never waited for. The rest
-    # (claim lock, admission, start, attempt) is the named claim's (``start_ctes``).
-    candidate = f"""
-        SELECT j.id, j.tenant_key, {eff} AS eff, {since} AS since FROM {job_t} j
-        WHERE j.queue = %s AND {cand}"""
+def _statement(picking: str) -> str:
+    """The claim's statement around its ``picked`` CTE (``id``, ``tenant_key``): the job
+    picked under its row lock, then its claim lock, verdict, start and attempt
+    (``start_ctes``), and the verdict read back."""
     text = f"""
         WITH t AS MATERIALIZED (
             SELECT {NOW} AS now,
-                CASE WHEN %s THEN set_config('synchronous_commit', 'off', true) END AS quick
-        ), by_priority AS MATERIALIZED (
-            {candidate} ORDER BY j.priority DESC, {since}, j.id LIMIT 1 FOR UPDATE SKIP LOCKED
-        ), by_wait AS MATERIALIZED (
-            {candidate} ORDER BY {since}, j.id LIMIT 1 FOR UPDATE SKIP LOCKED
-        ), picked AS MATERIALIZED (
-            SELECT id, tenant_key FROM (
-                SELECT * FROM by_priority UNION ALL SELECT * FROM by_wait
-            ) c ORDER BY c.eff DESC, c.since, c.id LIMIT 1
-        ), {start_ctes("picked")}
+                CASE WHEN %s THEN set_config('synchronous_commit', 'off', true)
+                    || set_config('lock_timeout', %s, true) END AS alone
+        ), {picking}, {start_ctes("picked")}
         SELECT claimed.*, attempt.id, attempt.started_at, (SELECT id FROM picked),
             (SELECT (v).scope FROM judged), (SELECT (v).reason FROM judged),
             (SELECT (v).delay FROM judged)
@@ -68,12 +54,79 @@ def _next_statement() -> str:
     return _compact(text)
 
 
+def _candidates(queue: str) -> str:
+    """A queue's two candidates (``by_priority``, ``by_wait``): each the first row of one
+    of migration 0022's partial indexes, locked or skipped (a job another claim holds is
+    passed over, never waited for). One ``%s`` each: the aging seconds."""
+    job_t = _q(Job._meta.db_table)
+    t_now = "(SELECT now FROM t)"
+    cand = rules.literal_sql(rules.CLAIMABLE, Job, alias="j", quote=_q, now=t_now)
+    since = rules.waiting_since_sql("j")
+    eff = rules.effective_priority_sql("j", now=t_now)
+    candidate = f"""
+        SELECT j.id, j.tenant_key, {eff} AS eff, {since} AS since FROM {job_t} j
+        WHERE j.queue = {queue} AND {cand}"""
+    return f"""by_priority AS MATERIALIZED (
+            {candidate} ORDER BY j.priority DESC, {since}, j.id LIMIT 1 FOR UPDATE SKIP LOCKED
+        ), by_wait AS MATERIALIZED (
+            {candidate} ORDER BY {since}, j.id LIMIT 1 FOR UPDATE SKIP LOCKED
+        ), best AS MATERIALIZED (
+            SELECT id, tenant_key, eff FROM (
+                SELECT * FROM by_priority UNION ALL SELECT * FROM by_wait
+            ) c ORDER BY c.eff DESC, c.since, c.id LIMIT 1
+        )"""
+
+
+@functools.cache
+def _next_statement() -> str:
+    return _statement(
+        _candidates("%s") + ", picked AS MATERIALIZED (SELECT id, tenant_key FROM best)"
+    )
+
+
+@functools.cache
+def _named_statement() -> str:
+    """The named job, unless its queue has a due job at least ``rules.SWAP_MARGIN`` levels
+    more urgent by effective priority, or it is not claimable and its queue has a due job
+    (``named_claim.choose``, docs/app/scheduling.md); none when it needs its own verdict
+    (an expired lease, a spent budget: ``rules.OWN_VERDICT``)."""
+    job_t = _q(Job._meta.db_table)
+    claimable = rules.literal_sql(rules.CLAIMABLE, Job, quote=_q, now="t.now")
+    own = rules.literal_sql(rules.OWN_VERDICT, Job, quote=_q, now="t.now")
+    recheck = rules.literal_sql(rules.CLAIMABLE, Job, alias="j", quote=_q, now="t.now")
+    return _statement(f"""named AS MATERIALIZED (
+            SELECT id, queue, {claimable} AS ok, {own} AS own,
+                {rules.effective_priority_sql(now="t.now")} AS eff
+            FROM {job_t}, t WHERE id = %s
+        ), {_candidates("(SELECT queue FROM named)")}, picked AS MATERIALIZED (
+            SELECT j.id, j.tenant_key FROM {job_t} j, t WHERE j.id = (
+                SELECT CASE WHEN n.own THEN NULL
+                    WHEN n.ok AND (b.id IS NULL OR b.eff < n.eff + %s::float8) THEN n.id
+                    ELSE b.id END
+                FROM named n LEFT JOIN best b ON true
+            ) AND {recheck} FOR UPDATE OF j SKIP LOCKED
+        )""")
+
+
 def next_statement(queue: str, worker: str, *, lease: float, bound: int) -> tuple[str, list]:
     """The statement claiming ``queue``'s next job for ``worker``, and its parameters."""
     aging = rules.aging_seconds()
-    quick = not connection.in_atomic_block
-    params = [quick, aging, queue, aging, queue]
+    params = [*_head(), aging, queue, aging, queue]
     return _next_statement(), params + start_params(worker, lease=lease, bound=bound)
+
+
+# The longest a claim waits for a scope's lock (held for one claim statement, or by a
+# worker transaction the server ends within its idle timeout): then the claim passes.
+LOCK_WAIT_CAP_SECONDS = 2.0
+
+
+def _head() -> list:
+    """The ``t`` CTE's parameters: alone in its transaction, the statement commits without
+    waiting for the WAL flush (docs/decisions.md, "Work starts when it is committed") and
+    waits at most this long for a scope's lock; inside a caller's transaction nothing
+    changes (the caller owns its timeouts)."""
+    wait = min(LOCK_WAIT_CAP_SECONDS, conf.lock_timeout_seconds())
+    return [not connection.in_atomic_block, f"{max(1, int(wait * 1000))}ms"]
 
 
 def start_ctes(source: str) -> str:
@@ -131,13 +184,36 @@ _columns: dict[int, list[str]] = {}
 def claim_next(queue: str, worker: str, *, lease: float, bound: int) -> Claim | None:
     """Claim ``queue``'s next due job for ``worker``: the claim, a verdict on the job it
     picked and could not start (deferred, ...), or None when the queue has no due job."""
-    sql, params = next_statement(queue, worker, lease=lease, bound=bound)
-    with _cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-        names = _columns.get(len(row))
-        if names is None:
-            names = _columns[len(row)] = [d.name for d in cursor.description[:-6]]
+    return _claim(*next_statement(queue, worker, lease=lease, bound=bound), worker)
+
+
+def claim_named(job_id: int, worker: str, *, lease: float, bound: int) -> Claim | None:
+    """Claim the job a message names (or its queue's more urgent one: ``_named_statement``)
+    in one statement: the claim or the verdict on it, as ``claim_next``; None when nothing
+    was plainly claimable (the job running, finished, not due, held, missing, needing its
+    own verdict, or under another claim's row lock, and no better job due), which the
+    engine's claim of a named job then decides (``jobs.engine.named_claim``)."""
+    aging = rules.aging_seconds()
+    params = [*_head(), aging, _int8(job_id), aging, aging, rules.SWAP_MARGIN]
+    params += start_params(worker, lease=lease, bound=bound)
+    return _claim(_named_statement(), params, worker)
+
+
+def _claim(sql: str, params: list, worker: str) -> Claim | None:
+    try:
+        inner = transaction.atomic() if connection.in_atomic_block else nullcontext()
+        with inner, _cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+            names = _columns.get(len(row))
+            if names is None:
+                names = _columns[len(row)] = [d.name for d in cursor.description[:-6]]
+    except DatabaseError as exc:
+        if refusal(exc) != "lock_not_available":
+            raise
+        # A scope's lock held past the wait: nothing was written; the job stays due.
+        log.info("claim gave way: a scope's lock was held past %s", params[1])
+        return Claim("passed")
     *values, attempt_id, started_at, picked, scope, reason, delay = row
     if picked is None:
         return None

@@ -87,10 +87,12 @@ RUN_DELIVERY = {"postgresql": (4, 2), "sqlite": (17, 2)}
 MINIMAL_DELIVERY = {"postgresql": (4, 2), "sqlite": (17, 2)}
 
 # A second delivery of a finished job by a message (a message broker): recorded, nothing
-# else happens. The engine's claim of a named job on either database: BEGIN; SET LOCAL
-# fences; SELECT jobs_job (the named job and its queue's candidates); INSERT jobs_attempt
-# (duplicate_delivery); COMMIT. (SQLite sets no fences.)
-DUPLICATE_DELIVERY = {"postgresql": (5, 1), "sqlite": (4, 1)}
+# else happens. PostgreSQL: the one-statement claim of the named job picks nothing (an
+# autocommit statement that changes nothing), then the engine's claim of a named job
+# records why: BEGIN; SET LOCAL fences; SELECT jobs_job (the named job and its queue's
+# candidates); INSERT jobs_attempt (duplicate_delivery); COMMIT. SQLite: the latter alone,
+# without fences.
+DUPLICATE_DELIVERY = {"postgresql": (6, 2), "sqlite": (4, 1)}
 
 
 def deliver(job: Job):
