@@ -62,6 +62,7 @@ def kind(
     schedule_tz: str | None = None,
     catch_up: str = "latest",
     on_child_failure: str = "fail",
+    labels: dict[str, str] | None = None,
 ) -> Callable[[Handler], Handler]:
     """Register the decorated function as the handler of job kind ``name``.
 
@@ -74,7 +75,9 @@ def kind(
     expression read in ``schedule_tz``, or a ``timedelta``) makes it periodic: one job
     per tick, ``catch_up`` ``"latest"`` or ``"all"`` after downtime (docs/app/schedules.md).
     ``on_child_failure`` (``"fail"``, ``"skip"`` or ``"run"``): what a group's child that
-    did not succeed does to this kind's join (docs/app/chains.md).
+    did not succeed does to this kind's join (docs/app/chains.md). ``labels`` names its
+    job, result, effect and job states in the project's words for the console
+    (docs/app/console.md).
     """
 
     def register(handler: Handler) -> Handler:
@@ -97,6 +100,7 @@ def kind(
             schedule_tz=schedule_tz,
             catch_up=catch_up,
             on_child_failure=on_child_failure,
+            labels=labels,
         )
         return handler
 
