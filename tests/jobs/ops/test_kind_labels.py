@@ -8,6 +8,7 @@ words ("Ready", "Could not be built") through its kind's labels, not the app's t
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -19,6 +20,9 @@ from jobs.ops import words
 from tests.jobs.helpers import request_job
 
 PERMIT_WORDS = ("report", "reviewer", "permit", "notice", "office", "applicant")
+PERMIT_WORD = re.compile(
+    r"\b(permits?|reports?|reviewers?|notices?|offices?|applicants?|inspections?)\b", re.I
+)
 
 
 def _labelled(ctx):
@@ -103,3 +107,35 @@ def test_kind_labels__the_permit_report_keeps_its_words_through_the_hook():
     assert words.job_state_word("succeeded", reports.KIND).word == "Ready"
     assert words.job_state_word("failed", reports.KIND).word == "Could not be built"
     assert words.kind_noun(reports.KIND, "effect") == "notice"
+
+
+def test_kind_labels__the_apps_templates_and_printed_words_hold_no_permit_word():
+    """The source side of the same promise: the shipped templates, scripts and the words
+    the ops modules print (string literals) name nothing of the permit site."""
+    import ast
+
+    root = Path(__file__).resolve().parents[3] / "jobs"
+    hits = []
+    for path in [*root.glob("templates/**/*.html"), *root.glob("templates/**/*.txt")]:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if PERMIT_WORD.search(re.sub(r"{#.*?#}", "", line)):
+                hits.append(f"{path.relative_to(root)}:{n}: {line.strip()[:100]}")
+    for path in (root / "ops").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docstrings
+                and PERMIT_WORD.search(node.value)
+            ):
+                hits.append(f"ops/{path.name}:{node.lineno}: {node.value[:100]!r}")
+    assert hits == [], "\n".join(hits)
