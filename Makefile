@@ -109,9 +109,12 @@ package: $(STAMP)
 	$(PY) -m build --outdir var/dist packaging/django-jobs-ledger
 	$(PY) -m twine check --strict var/dist/*
 
+## make lint: ruff, then mypy (strict, django-stubs) over the docs' examples as an adopter's
+## project would type-check them ([tool.mypy] in pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 import time
+import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, models, transaction
@@ -36,10 +37,13 @@ if TYPE_CHECKING:
     from jobs.delivery.runner import JobContext
 
 # A handler is a function of the context or an ``async def`` of the async context.
-Handler = (
-    Callable[["JobContext"], "list[registry.EffectSpec] | None"]
-    | Callable[["AsyncJobContext"], Awaitable["list[registry.EffectSpec] | None"]]
-)
+# A handler returns its effects (``list[EffectSpec] | None``) or its declared result (a
+# dataclass or TypedDict: docs/app/kinds.md, typed results), hence ``object``.
+Handler = Callable[["JobContext"], object] | Callable[["AsyncJobContext"], Awaitable[object]]
+H = TypeVar("H", bound=Handler)  # the decorated handler, returned with its own type
+
+
+R = TypeVar("R")  # a kind's declared result (JobHandle.result_as)
 
 
 class JobConflict(JobError, ValueError):
@@ -63,7 +67,7 @@ def kind(
     catch_up: str = "latest",
     on_child_failure: str = "fail",
     labels: dict[str, str] | None = None,
-) -> Callable[[Handler], Handler]:
+) -> Callable[[H], H]:
     """Register the decorated function as the handler of job kind ``name``.
 
     Put kinds in a module ``jobkinds.py`` of any installed app: the app loads
@@ -80,7 +84,7 @@ def kind(
     (docs/app/console.md).
     """
 
-    def register(handler: Handler) -> Handler:
+    def register(handler: H) -> H:
         known = registry.kinds().get(name)
         if known is not None and _path(known.handler) != _path(handler):
             raise ImproperlyConfigured(
@@ -297,6 +301,19 @@ class JobHandle:
         whose handler is annotated ``-> SomeDataclass`` gets that dataclass back."""
         value = Job.objects.values_list("result", flat=True).get(pk=self.job.pk)
         return registry.load_result(self.job.kind, value)
+
+    def result_as(self, result_type: type[R]) -> R | None:
+        """``result`` typed for a type checker: the kind's declared dataclass or TypedDict
+        (``-> Totals``), or None before it has one; TypeError when it is not one."""
+        value = self.result
+        if value is None:
+            return None
+        expected = dict if typing.is_typeddict(result_type) else result_type
+        if not isinstance(value, expected):
+            raise TypeError(
+                f"job {self.id}'s result is a {type(value).__name__}, not a {result_type.__name__}"
+            )
+        return typing.cast(R, value)
 
     @property
     def follow_ups(self) -> list[Job]:

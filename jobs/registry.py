@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 # A kind's handler takes a ``jobs.JobContext`` (defined above this module, in the
 # delivery, which imports the registry) and returns its effects; an ``async def`` one
 # takes a ``jobs.AsyncJobContext`` (``jobs.asyncctx``) and is wrapped at registration.
-Handler = Callable[[Any], "list[EffectSpec] | None"]
+Handler = Callable[[Any], object]  # effects, or a declared result (see declared_result)
 
 
 @dataclass(frozen=True)
