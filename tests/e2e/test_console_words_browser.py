@@ -74,7 +74,7 @@ def invoice(ctx: jobs.JobContext) -> list[jobs.EffectSpec]:
     return [jobs.EffectSpec("receipt", "email", str(ctx.params["user_id"]))]
 
 
-@jobs.kind("shop.export", max_attempts=1)
+@jobs.kind("shop.export", max_attempts=1, labels={"job": "export", "dead": "Gave up"})
 def export(ctx: jobs.JobContext) -> None:
     raise RuntimeError("the export's disk is full")
 """
@@ -267,9 +267,12 @@ def test_console_words__a_fresh_projects_admin_shows_no_permit_word(fresh_shop, 
     assert len(seen) >= 30, sorted(seen)
     assert found == {}, found
     # The neutral words, and the labelled kind's own where its job is.
-    for word in ("Done", "Failed", "Stopped", "Retrying soon", "Waiting", "Cancelled"):
+    for word in ("Done", "Failed", "Retrying soon", "Waiting", "Cancelled", "Gave up"):
         assert word in listing, word
     assert "Invoice sent" in listing
     assert "Invoice sent" in seen[f"/admin/jobs/job/{ids['labelled']}/change/"]
     assert "Invoice sent" not in seen[f"/admin/jobs/job/{ids['done']}/change/"]
     assert "Effects by state" in seen["/admin/jobs/job/dashboard/"]
+    # The dead export in the console's failures, in its kind's words.
+    assert "shop.export (export)" in seen["/admin/jobs/job/dashboard/"]
+    assert "Gave up · dead" in seen["/admin/jobs/job/dashboard/"]
