@@ -286,9 +286,8 @@ def test_kind_concurrency_and_tenant_rate_at_the_claim__two_qclusters(procs, mak
         outcome__in=[Attempt.Outcome.DEFERRED, Attempt.Outcome.DUPLICATE_DELIVERY]
     )
     bounded_attempts = claimed.filter(job__in=[j.pk for j in bounded])
-    lost = list(
-        bounded_attempts.filter(outcome=Attempt.Outcome.LEASE_LOST).values_list("job", "number")
-    )
+    lost_leases = bounded_attempts.filter(outcome=Attempt.Outcome.LEASE_LOST)
+    lost = list(lost_leases.values_list("job", "number"))
     runs = list(
         bounded_attempts.exclude(outcome=Attempt.Outcome.LEASE_LOST).values_list(
             "started_at", "finished_at"
