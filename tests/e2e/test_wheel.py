@@ -203,6 +203,28 @@ def wheel(dists) -> Path:
 
 
 @pytest.fixture(scope="module")
+def released(tmp_path_factory) -> Path:
+    """``make release`` in a fresh clone of this repository (its committed HEAD): the wheel
+    it built and checked. The clone's Makefile runs as written, with this checkout's
+    virtualenv standing in for the clone's ``make install`` (``STAMP=``, ``PY=``)."""
+    import jobs
+
+    clone = tmp_path_factory.mktemp("fresh-clone") / "jobs-ledger"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+    out = _run(
+        ["make", "--no-print-directory", "release", "STAMP=", f"PY={sys.executable}"],
+        cwd=clone,
+        env={**os.environ, "PIP_CACHE_DIR": str(PIP_CACHE)},
+    )
+    version = jobs.__version__
+    assert f"release: django-jobs-ledger {version} built and checked" in out, out[-2000:]
+    assert out.count("PASSED") == 2, out[-2000:]  # twine check --strict, sdist and wheel
+    assert "upload:" in out and "tag:" in out  # printed, not run
+    [built] = (clone / "var" / "dist").glob(f"django_jobs_ledger-{version}-py3-none-any.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
 def sdist(dists) -> Path:
     """The app's sdist: what a published release would be installed from."""
     return dists["sdist"]
@@ -548,20 +570,21 @@ def _quickstart_with(venv: Path, env: dict[str, str], django: str, where: Path) 
     return {"quickstart_ok": ok, "quickstart": f"{'ok' if ok else seen} {took:.0f}s"}
 
 
-def test_release__the_wheel_in_a_fresh_project_on_every_supported_pair(wheel, tmp_path):
-    """The wheel ``make release`` builds, installed with each (Python, Django) pair of the
-    classifiers: the quickstart runs as written in a fresh project with it (PostgreSQL, a
-    real jobs_worker, the invoice job, the ``django.tasks`` task, the admin's pages), and
-    in another fresh project whose app is the testing page's example its tests pass
-    (inline and manual, pytest-django and TestCase, no worker process) and fail when the
-    kind sends its effect twice. Prints the table. ``manage.py check`` is clean with the
-    one SQLite recipe (docs/app/deployment.md) in the example project's settings."""
+def test_release__the_wheel_in_a_fresh_project_on_every_supported_pair(released, tmp_path):
+    """The wheel ``make release`` builds in a fresh clone, installed with each (Python,
+    Django) pair of the classifiers: the quickstart runs as written in a fresh project
+    with it (PostgreSQL, a real jobs_worker, the invoice job, the ``django.tasks`` task,
+    the admin's pages), and in another fresh project whose app is the testing page's
+    example its tests pass (inline and manual, pytest-django and TestCase, no worker
+    process) and fail when the kind sends its effect twice. Prints the table. ``manage.py
+    check`` is clean with the one SQLite recipe (docs/app/deployment.md) in the example
+    project's settings."""
     pairs = supported_pairs()
     assert ("3.11", "6.1") not in pairs and len(pairs) == 7, pairs
     rows = []
     for python, django in pairs:
         try:
-            rows.append(_fresh_shop(python, django, wheel, tmp_path / f"py{python}-dj{django}"))
+            rows.append(_fresh_shop(python, django, released, tmp_path / f"py{python}-dj{django}"))
         except AssertionError as exc:  # the table still shows the other pairs
             rows.append({"python": python, "django": django, "error": str(exc)[-500:]})
     lines = [
