@@ -21,7 +21,7 @@ TEST_WORKERS ?= 4
 DRILL_WORKERS ?= 3
 # The SQLite leg: the engine's tests and the drill on SQLite; PostgreSQL-only
 # tests are deselected (CI turns their skip into a failure).
-SQLITE_TESTS ?= tests/jobs tests/permits/test_drill.py
+SQLITE_TESTS ?= tests/jobs tests/permits/test_drill.py tests/docs/shop_example tests/docs/typed_example
 
 .PHONY: install install-runtime demo serve test test-main test-sqlite drills lint format clean bench soak schedule-drill docs package
 
@@ -109,9 +109,12 @@ package: $(STAMP)
 	$(PY) -m build --outdir var/dist packaging/django-jobs-ledger
 	$(PY) -m twine check --strict var/dist/*
 
+## make lint: ruff, then mypy (strict, django-stubs) over the docs' examples as an adopter's
+## project would type-check them ([tool.mypy] in pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .

@@ -55,6 +55,8 @@ nitpick_ignore_regex = [
     # Annotations under TYPE_CHECKING name the app's models and aliases by their short
     # name; the models are described in the prose, not as API.
     (r"py:class", r"(Job|Attempt|Artifact|Effect|EffectEvent|Notice|Handler|StageHook|JobKind)"),
+    # Type variables of the public API (a handler's own type, a kind's declared result).
+    (r"py:class", r"jobs\.api\.(H|R)"),
 ]
 suppress_warnings = ["myst.header"]
 # Quotes in settings, messages and hints are code: keep them straight.

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 import time
+import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, models, transaction
@@ -36,10 +37,13 @@ if TYPE_CHECKING:
     from jobs.delivery.runner import JobContext
 
 # A handler is a function of the context or an ``async def`` of the async context.
-Handler = (
-    Callable[["JobContext"], "list[registry.EffectSpec] | None"]
-    | Callable[["AsyncJobContext"], Awaitable["list[registry.EffectSpec] | None"]]
-)
+# A handler returns its effects (``list[EffectSpec] | None``) or its declared result (a
+# dataclass or TypedDict: docs/app/kinds.md, typed results), hence ``object``.
+Handler = Callable[["JobContext"], object] | Callable[["AsyncJobContext"], Awaitable[object]]
+H = TypeVar("H", bound=Handler)  # the decorated handler, returned with its own type
+
+
+R = TypeVar("R")  # a kind's declared result (JobHandle.result_as)
 
 
 class JobConflict(JobError, ValueError):
@@ -62,7 +66,8 @@ def kind(
     schedule_tz: str | None = None,
     catch_up: str = "latest",
     on_child_failure: str = "fail",
-) -> Callable[[Handler], Handler]:
+    labels: dict[str, str] | None = None,
+) -> Callable[[H], H]:
     """Register the decorated function as the handler of job kind ``name``.
 
     Put kinds in a module ``jobkinds.py`` of any installed app: the app loads
@@ -74,10 +79,12 @@ def kind(
     expression read in ``schedule_tz``, or a ``timedelta``) makes it periodic: one job
     per tick, ``catch_up`` ``"latest"`` or ``"all"`` after downtime (docs/app/schedules.md).
     ``on_child_failure`` (``"fail"``, ``"skip"`` or ``"run"``): what a group's child that
-    did not succeed does to this kind's join (docs/app/chains.md).
+    did not succeed does to this kind's join (docs/app/chains.md). ``labels`` names its
+    job, result, effect and job states in the project's words for the console
+    (docs/app/console.md).
     """
 
-    def register(handler: Handler) -> Handler:
+    def register(handler: H) -> H:
         known = registry.kinds().get(name)
         if known is not None and _path(known.handler) != _path(handler):
             raise ImproperlyConfigured(
@@ -97,6 +104,7 @@ def kind(
             schedule_tz=schedule_tz,
             catch_up=catch_up,
             on_child_failure=on_child_failure,
+            labels=labels,
         )
         return handler
 
@@ -293,6 +301,19 @@ class JobHandle:
         whose handler is annotated ``-> SomeDataclass`` gets that dataclass back."""
         value = Job.objects.values_list("result", flat=True).get(pk=self.job.pk)
         return registry.load_result(self.job.kind, value)
+
+    def result_as(self, result_type: type[R]) -> R | None:
+        """``result`` typed for a type checker: the kind's declared dataclass or TypedDict
+        (``-> Totals``), or None before it has one; TypeError when it is not one."""
+        value = self.result
+        if value is None:
+            return None
+        expected = dict if typing.is_typeddict(result_type) else result_type
+        if not isinstance(value, expected):
+            raise TypeError(
+                f"job {self.id}'s result is a {type(value).__name__}, not a {result_type.__name__}"
+            )
+        return typing.cast(R, value)
 
     @property
     def follow_ups(self) -> list[Job]:

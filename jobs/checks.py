@@ -438,8 +438,8 @@ def check_sqlite(app_configs=None, databases=None, **kwargs):
             f"the jobs' database {alias!r} is SQLite without {options_missing}",
             hint="Concurrent writers then fail with 'database is locked' instead of waiting. "
             f"Add to settings.py: DATABASES[{alias!r}]['OPTIONS'] = {{'transaction_mode': "
-            "'IMMEDIATE', 'init_command': 'PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
-            "PRAGMA busy_timeout=5000;'}",
+            "'IMMEDIATE', 'timeout': 20, 'init_command': 'PRAGMA journal_mode=WAL; "
+            "PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000;'}",
             id="jobs.W015",
         )
     ]

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 # A kind's handler takes a ``jobs.JobContext`` (defined above this module, in the
 # delivery, which imports the registry) and returns its effects; an ``async def`` one
 # takes a ``jobs.AsyncJobContext`` (``jobs.asyncctx``) and is wrapped at registration.
-Handler = Callable[[Any], "list[EffectSpec] | None"]
+Handler = Callable[[Any], object]  # effects, or a declared result (see declared_result)
 
 
 @dataclass(frozen=True)
@@ -265,6 +265,9 @@ class JobKind:
     on_child_failure: str = "fail"
     # The handler's declared result (``-> MyResult``: a dataclass or a TypedDict), or None.
     result_type: type | None = None
+    # What people call its job, result and effects, and its job states (``LABEL_KEYS``):
+    # the console and the project's own pages read them (``jobs.ops.words``).
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 def declared_result(handler: object) -> type | None:
@@ -315,6 +318,29 @@ def load_result(kind: str, value: Any) -> Any:
     return result_type(**{k: v for k, v in value.items() if k in names})
 
 
+# The words a kind may give (``labels=``): its nouns, then a word per job state (the
+# engine's states, ``jobs.models.JOB_STATES``; a test keeps the two lists equal).
+LABEL_NOUNS = ("job", "result", "effect")
+LABEL_STATES = ("queued", "running", "retry_wait", "succeeded", "failed", "dead", "cancelled")
+LABEL_KEYS = LABEL_NOUNS + LABEL_STATES
+
+
+def check_labels(labels: object) -> dict[str, str]:
+    """Raise ValueError unless ``labels`` maps label keys (``LABEL_KEYS``) to short words."""
+    if labels is None:
+        return {}
+    if not isinstance(labels, dict):
+        raise ValueError(f"labels must be a dict of words, not {type(labels).__name__}")
+    for key, word in labels.items():
+        if key not in LABEL_KEYS:
+            raise ValueError(
+                f"labels: {str(key)[:40]!r} is not a label key (one of {', '.join(LABEL_KEYS)})"
+            )
+        if not isinstance(word, str) or not word.strip() or len(word) > 64:
+            raise ValueError(f"labels[{key!r}] must be a word of 1 to 64 characters")
+    return dict(labels)
+
+
 CATCH_UP = ("latest", "all")  # a periodic kind's ticks missed while down: the newest, or each
 PRIORITY_RANGE = (-100, 100)  # Django's tasks contract: higher runs first
 QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -356,6 +382,7 @@ def register_kind(
     schedule_tz: str | None = None,
     catch_up: str = "latest",
     on_child_failure: str = "fail",
+    labels: dict[str, str] | None = None,
 ) -> JobKind:
     """Register a job kind (idempotent, so ``ready()`` may run twice in tests).
 
@@ -365,9 +392,13 @@ def register_kind(
     (``jobs.schedules``; its cron and time zone are read by check jobs.E040 at start-up).
     An ``async def`` handler is wrapped here so the worker runs it in an event loop of
     its own (``jobs.asyncctx``); one it could only fail on (a def wrapping an async def,
-    an async generator) raises TypeError now rather than at every run.
+    an async generator) raises TypeError now rather than at every run. ``labels``: what
+    people call its job, result and effect, and its job states (``LABEL_KEYS``), e.g.
+    ``{"job": "invoice", "effect": "receipt", "succeeded": "Sent"}``; the console and the
+    project's pages show them (``jobs.ops.words``), the engine never reads them.
     """
     asyncctx.refuse_unrunnable(name, handler)
+    checked_labels = check_labels(labels)
     if asyncctx.is_async_handler(handler) and not isinstance(handler, asyncctx.AsyncHandler):
         handler = asyncctx.AsyncHandler(handler)
     # ``-> MyResult`` (a dataclass or TypedDict): the returned value is the job's result.
@@ -399,6 +430,7 @@ def register_kind(
         catch_up=catch_up,
         on_child_failure=on_child_failure,
         result_type=result_type,
+        labels=checked_labels,
     )
     _kinds[name] = kind
     return kind

@@ -186,6 +186,21 @@ CAUSES = {
         field="work_type",
         fix="Correct the work type on the request (Fix the subject), then requeue the job.",
     ),
+    # The engine's own codes, in the reviewers' words for a report.
+    "payload_invalid": Cause(
+        "The job's own parameters are malformed (checked when it ran): nothing on its "
+        "subject fixes them and a requeue fails the same way.",
+        reviewer="This report cannot be built as it was asked for.",
+        requeue_helps=False,
+        fix="Leave it failed; ask for a new job with correct parameters if one is needed.",
+    ),
+    "not_authorized": Cause(
+        "Current policy no longer allows the job to read its subject (withdrawn, moved to "
+        "another office, or a revision never asked for).",
+        reviewer="The request changed so that this report is no longer made.",
+        requeue_helps=False,
+        fix="Nothing to do for this job: it stopped as policy asks.",
+    ),
 }
 
 
@@ -421,9 +436,28 @@ def review_release(
     return "the recipient is no longer assigned to this request"
 
 
+# The report in the reviewers' words: the console and the reviewer pages say these for
+# its jobs (the engine's own words are neutral: jobs.ops.words).
+LABELS = {
+    "job": "report",
+    "result": "report PDF",
+    "effect": "notice",
+    "queued": "Requested",
+    "running": "Being prepared",
+    "succeeded": "Ready",
+    "failed": "Could not be built",
+}
+
+
 def register() -> None:
     # The report reads applicant contacts: an exception's message could quote one, so its
     # failures keep class and frames only (DESIGN: no private field in an error field).
-    register_kind(KIND, build_report, authorize_release=authorize_release, redact_errors=True)
+    register_kind(
+        KIND,
+        build_report,
+        authorize_release=authorize_release,
+        redact_errors=True,
+        labels=LABELS,
+    )
     for code, cause in CAUSES.items():
         register_cause(code, cause, kind=KIND)

@@ -36,7 +36,7 @@ from jobs.artifacts import open_verified
 from jobs.exceptions import ArtifactCorrupt, ArtifactLost, TemporaryFailure
 from jobs.models import Attempt, Effect, Job, Notice
 from jobs.ops import causes
-from jobs.ops.words import JOB_STATE_WORDS, effect_state_word, provider_words
+from jobs.ops.words import effect_state_word, job_state_word, provider_words
 from jobs.queue import enqueue_restore
 from permits import letters, selectors, services
 from permits.forms import DecisionForm, NewRevisionForm
@@ -77,8 +77,9 @@ class ReportState:
 NO_REPORT = ReportState(
     "none", "Not requested", "No report has been requested for this revision yet.", True
 )
-# The state's word and tone come from the engine's one table (``jobs.words``, the admin
-# shows the same word); the reviewer's explanation of what it means for a report is ours.
+# The state's word is the report kind's own (its ``labels``, permits.reports.LABELS: the
+# admin shows the same word) and the tone the engine's (``jobs.ops.words``); the
+# reviewer's explanation of what it means for a report is ours.
 EXPLANATIONS = {
     State.QUEUED: "The report is waiting for its turn; it starts by itself.",
     State.RUNNING: "The report is being prepared.",
@@ -89,16 +90,6 @@ EXPLANATIONS = {
     State.DEAD: "Every allowed try failed; an operator will review it and can try again.",
     State.CANCELLED: "An operator cancelled it.",
 }
-REPORT_STATES = {
-    state: ReportState(
-        JOB_STATE_WORDS[state].tone,
-        JOB_STATE_WORDS[state].word,
-        explanation,
-        state in Job.TERMINAL,
-    )
-    for state, explanation in EXPLANATIONS.items()
-}
-
 CAUSES = {
     "transport": "a network problem",
     "temporary": "a service that was briefly unavailable",
@@ -134,7 +125,10 @@ EVENT_TONES = {
 
 
 def report_state(job: Job | None) -> ReportState:
-    return NO_REPORT if job is None else REPORT_STATES[job.state]
+    if job is None:
+        return NO_REPORT
+    word = job_state_word(job.state, job.kind)
+    return ReportState(word.tone, word.word, EXPLANATIONS[job.state], job.state in Job.TERMINAL)
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,11 @@ def shown_time(at: datetime | None) -> str:
 
 
 def state_tag_of(obj: Model) -> SafeString:
-    """The job's or effect's state as the admin's status tag ("Stopped · dead")."""
-    return words.state_tag(obj.state, effect=isinstance(obj, Effect))
+    """The job's or effect's state as the admin's status tag ("Stopped · dead"); a job's in
+    its kind's words."""
+    if isinstance(obj, Effect):
+        return words.state_tag(obj.state, effect=True)
+    return words.state_tag(obj.state, kind=getattr(obj, "kind", ""))
 
 
 # --- list filters ------------------------------------------------------------------------

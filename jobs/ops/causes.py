@@ -39,14 +39,14 @@ _CAUSES: dict[tuple[str, str], Cause] = {
     (ANY_KIND, "payload_invalid"): Cause(
         "The job's own parameters are malformed (checked when it ran): nothing on its "
         "subject fixes them and a requeue fails the same way.",
-        reviewer="This report cannot be built as it was asked for.",
+        reviewer="This job cannot be done as it was asked for.",
         requeue_helps=False,
         fix="Leave it failed; ask for a new job with correct parameters if one is needed.",
     ),
     (ANY_KIND, "not_authorized"): Cause(
-        "Current policy no longer allows the job to read its subject (withdrawn, moved to "
-        "another office, or a revision never asked for).",
-        reviewer="The request changed so that this report is no longer made.",
+        "Current policy no longer allows the job to read its subject (withdrawn, moved "
+        "elsewhere, or a revision never asked for).",
+        reviewer="What this job was asked for changed, so it is no longer done.",
         requeue_helps=False,
         fix="Nothing to do for this job: it stopped as policy asks.",
     ),

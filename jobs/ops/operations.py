@@ -497,7 +497,7 @@ class OperableAdmin(admin.ModelAdmin):
         answer = {"state": obj.state, "settled": settled, "text": text}
         if isinstance(obj, Job):
             answer["progress"] = job_progress(obj)
-            answer["state_word"] = job_state_word(obj.state).word
+            answer["state_word"] = job_state_word(obj.state, obj.kind).word
         response = JsonResponse(answer)
         response["Cache-Control"] = "no-store"
         return response

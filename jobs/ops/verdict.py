@@ -357,7 +357,7 @@ def _stopper_reasons(snap: Snapshot) -> list[Reason]:
     for stop in snap.stoppers:
         held = ""
         if stop.waiting:
-            noun = "notice" if stop.provider else "job"
+            noun = "effect" if stop.provider else "job"
             held = f"; {stop.waiting} {noun}{'s' if stop.waiting != 1 else ''} waiting"
             if stop.oldest_waiting_at is not None:
                 held += (

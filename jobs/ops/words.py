@@ -1,12 +1,13 @@
 """The words people read for job and effect states and for providers: one table each.
 
-The reviewer pages and the operators' admin say the same word for the same state (a
-dead job is "Stopped" on both sides), so a reviewer and an operator talking about
-one report mean the same thing. The admin shows the engine's state name beside the
-word (``Stopped · dead``), because operators filter and search by it. A site imports
-these (``jobs`` imports nothing from a site) and adds its own explanations around
-them; a site may give a provider its own words (``set_provider_words``), e.g. a
-webhook that reaches the reviewer's phone is their "Device".
+The app's own words are neutral (job, result, effect, provider), so its console reads
+right in any project. A kind names its job, result, effect and job states in its
+project's words (``@jobs.kind(labels={...})``, ``jobs.registry.LABEL_KEYS``): the console
+and the project's pages then say those for its jobs (``job_state_word(state, kind)``), so
+the people of one project mean the same thing on both sides. The admin shows the engine's
+state name beside the word (``Stopped · dead``), because operators filter and search by
+it. A project may give a provider its own words too (``set_provider_words``), e.g. a
+webhook that reaches a person's phone is their "Device".
 """
 
 from __future__ import annotations
@@ -26,18 +27,19 @@ class StateWord:
     tone: str  # queued, running, waiting, ready, failed, cancelled, none
 
 
-# Job states (jobs.models.JOB_STATES), in lifecycle order.
+# Job states (jobs.models.JOB_STATES), in lifecycle order: the words of a kind without
+# labels (a kind's ``labels`` replace the word, never the tone).
 JOB_STATE_WORDS: dict[str, StateWord] = {
-    "queued": StateWord("Requested", "queued"),
-    "running": StateWord("Being prepared", "running"),
+    "queued": StateWord("Waiting", "queued"),
+    "running": StateWord("Running", "running"),
     "retry_wait": StateWord("Retrying soon", "waiting"),
-    "succeeded": StateWord("Ready", "ready"),
-    "failed": StateWord("Could not be built", "failed"),
+    "succeeded": StateWord("Done", "ready"),
+    "failed": StateWord("Failed", "failed"),
     "dead": StateWord("Stopped", "failed"),
     "cancelled": StateWord("Cancelled", "cancelled"),
 }
 
-# Effect (notice) states (jobs.models.EFFECT_STATES).
+# Effect states (jobs.models.EFFECT_STATES).
 EFFECT_STATE_WORDS: dict[str, StateWord] = {
     "pending": StateWord("Waiting to be sent", "queued"),
     "sending": StateWord("Being sent", "running"),
@@ -49,9 +51,25 @@ EFFECT_STATE_WORDS: dict[str, StateWord] = {
 }
 
 
-def job_state_word(state: str) -> StateWord:
-    """The word for a job state (an unknown one reads as itself, never a KeyError)."""
-    return JOB_STATE_WORDS.get(state) or StateWord(str(state).replace("_", " "), "none")
+def kind_labels(kind: str) -> dict[str, str]:
+    """The words kind ``kind`` gave (``labels=``); empty for an unknown or unlabelled kind."""
+    from jobs import registry
+
+    known = registry.kinds().get(kind) if kind else None
+    return known.labels if known is not None else {}
+
+
+def kind_noun(kind: str, noun: str) -> str:
+    """What kind ``kind`` calls its ``noun`` ("job", "result", "effect"): "report"."""
+    return kind_labels(kind).get(noun, noun)
+
+
+def job_state_word(state: str, kind: str = "") -> StateWord:
+    """The word for a job state, in kind ``kind``'s words when it gave one (an unknown
+    state reads as itself, never a KeyError)."""
+    shared = JOB_STATE_WORDS.get(state) or StateWord(str(state).replace("_", " "), "none")
+    labelled = kind_labels(kind).get(state)
+    return StateWord(labelled, shared.tone) if labelled else shared
 
 
 def effect_state_word(state: str) -> StateWord:
@@ -59,10 +77,10 @@ def effect_state_word(state: str) -> StateWord:
     return EFFECT_STATE_WORDS.get(state) or StateWord(str(state).replace("_", " "), "none")
 
 
-def state_tag(state: str, *, effect: bool = False) -> SafeString:
-    """The admin's status tag: the shared word, then the engine's state name (what filters
-    and searches use), e.g. ``Stopped · dead``."""
-    word = (effect_state_word if effect else job_state_word)(state)
+def state_tag(state: str, *, effect: bool = False, kind: str = "") -> SafeString:
+    """The admin's status tag: the word (a job's in its kind's words), then the engine's
+    state name (what filters and searches use), e.g. ``Stopped · dead``."""
+    word = effect_state_word(state) if effect else job_state_word(state, kind)
     return format_html(
         '<span class="jobs-state jobs-state--{} jobs-tone--{}">{}'
         ' <span class="jobs-state__engine">· {}</span></span>',

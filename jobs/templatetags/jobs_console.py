@@ -33,5 +33,17 @@ def state_tag(state: str, model: str = "job") -> SafeString:
     return words.state_tag(state, effect=model == "effect")
 
 
+@register.filter
+def job_state_tag(job) -> SafeString:
+    """A job's status tag in its kind's words (``labels=``): "Ready · succeeded"."""
+    return words.state_tag(job.state, kind=job.kind)
+
+
+@register.filter
+def kind_noun(kind: str, noun: str = "job") -> str:
+    """What kind ``kind`` calls its ``noun`` ("job", "result", "effect")."""
+    return words.kind_noun(kind, noun)
+
+
 # ``4 s``, ``3 min 20 s``: the console's ages, in the same words as its health line.
 register.filter("duration", words.duration)

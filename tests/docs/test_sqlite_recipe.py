@@ -1,5 +1,6 @@
 """One SQLite recipe: the options ``jobs.W015``'s hint prints are the options
-docs/app/deployment.md tells a project to add, and adding them silences the check."""
+docs/app/deployment.md tells a project to add, the quickstart's SQLite section shows and
+this repository's site uses on SQLite; adding them silences the check."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import pytest
 
 from jobs import checks
 
-DEPLOYMENT = Path(__file__).resolve().parents[2] / "docs" / "app" / "deployment.md"
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOYMENT = ROOT / "docs" / "app" / "deployment.md"
+QUICKSTART = ROOT / "docs" / "app" / "quickstart.md"
 
 
-def _documented_options() -> dict:
-    section = DEPLOYMENT.read_text().split("## SQLite (one machine)", 1)[1].split("\n## ", 1)[0]
+def _documented_options(page: Path = DEPLOYMENT, heading: str = "## SQLite (one machine)") -> dict:
+    section = page.read_text().split(heading, 1)[1].split("\n## ", 1)[0]
     [code] = re.findall(r"```python\n(.*?)```", section, re.S)
     scope: dict = {"DATABASES": {"default": {}}}
     exec(code, scope)  # the page's snippet, as a settings.py would run it
@@ -51,3 +54,19 @@ def test_sqlite_recipe__following_it_silences_the_check(monkeypatch, source):
     else:
         options = _hinted_options(_check_on_sqlite(monkeypatch, {})[0])
     assert _check_on_sqlite(monkeypatch, options) == []
+
+
+def test_sqlite_recipe__the_quickstart_and_the_site_use_the_same_options():
+    from permits import settings as site_settings
+
+    recipe = _documented_options()
+    assert recipe["timeout"] == 20 and "busy_timeout=20000" in recipe["init_command"]
+    quickstart = _documented_options(QUICKSTART, "## Optional: SQLite instead of PostgreSQL")
+    assert quickstart == recipe
+    # The site's SQLite settings (permits/settings.py, DATABASE_URL unset): the same options.
+    source = Path(site_settings.__file__).read_text()
+    sqlite_branch = source.split('"ENGINE": "django.db.backends.sqlite3"', 1)[1]
+    for option in ('"transaction_mode": "IMMEDIATE"', '"timeout": 20'):
+        assert option in sqlite_branch, option
+    init = recipe["init_command"]
+    assert init in sqlite_branch, init

@@ -125,7 +125,7 @@ def test_operator__resumes_a_paused_provider_and_fixes_a_dead_request_from_the_c
     reasons = page.locator(".console-health__reasons > li")
     expect(reasons.nth(0)).to_have_attribute("data-reason", "paused")
     expect(reasons.nth(0)).to_contain_text("provider:webhook is paused")
-    expect(reasons.nth(0)).to_contain_text("notice")  # what waits behind it
+    expect(reasons.nth(0)).to_contain_text("1 effect waiting")  # what waits behind it
     expect(reasons.nth(1)).to_have_attribute("data-reason", "circuit")
     expect(reasons.nth(1)).to_contain_text("Provider webhook: circuit open")
     expect(reasons.nth(1).locator("a.console-fix")).to_have_text("Open webhook's effects")

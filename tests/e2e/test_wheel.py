@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -202,6 +203,28 @@ def wheel(dists) -> Path:
 
 
 @pytest.fixture(scope="module")
+def released(tmp_path_factory) -> Path:
+    """``make release`` in a fresh clone of this repository (its committed HEAD): the wheel
+    it built and checked. The clone's Makefile runs as written, with this checkout's
+    virtualenv standing in for the clone's ``make install`` (``STAMP=``, ``PY=``)."""
+    import jobs
+
+    clone = tmp_path_factory.mktemp("fresh-clone") / "jobs-ledger"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+    out = _run(
+        ["make", "--no-print-directory", "release", "STAMP=", f"PY={sys.executable}"],
+        cwd=clone,
+        env={**os.environ, "PIP_CACHE_DIR": str(PIP_CACHE)},
+    )
+    version = jobs.__version__
+    assert f"release: django-jobs-ledger {version} built and checked" in out, out[-2000:]
+    assert out.count("PASSED") == 2, out[-2000:]  # twine check --strict, sdist and wheel
+    assert "upload:" in out and "tag:" in out  # printed, not run
+    [built] = (clone / "var" / "dist").glob(f"django_jobs_ledger-{version}-py3-none-any.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
 def sdist(dists) -> Path:
     """The app's sdist: what a published release would be installed from."""
     return dists["sdist"]
@@ -269,44 +292,29 @@ def _stop_like_a_shell(proc, timeout: float = 45) -> None:
     assert proc.popen.poll() is not None and not left, f"kill %1 left processes: {left}"
 
 
-@pytest.mark.parametrize(("variant", "source"), RUNS)
-def test_wheel__quickstart_in_a_fresh_project(variant, source, sdist, clone, tmp_path, request):
-    python = _python(VARIANTS[variant])
-    old_django = variant == "django-5.2"
-    log: list[str] = [f"{variant} from the {source}: {python}"]
-    t0 = time.monotonic()
-    venv, project = tmp_path / "venv", tmp_path / "project"
-    project.mkdir()
-    _run([python, "-m", "venv", venv], cwd=tmp_path, env=os.environ, log=log)
-    server = scratchdb.server_url(purpose="the wheel smoke test")
-    db_name = f"wheel_{secrets.token_hex(5)}"
-    parts = urlsplit(server)
-    env = {
-        "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin",
-        "HOME": os.environ.get("HOME", "/root"),
-        "VIRTUAL_ENV": str(venv),
-        "PIP_CACHE_DIR": str(PIP_CACHE),
-        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-        "PGHOST": parts.hostname or "127.0.0.1",
-        "PGPORT": str(parts.port or 5432),
-        "PGUSER": parts.username or "root",
-        "PYTHONUNBUFFERED": "1",
-        "JOBS_LEDGER": str(clone),  # the quickstart's name for the clone
-    }
-    if parts.password:
-        env["PGPASSWORD"] = parts.password
-    procs = Processes(env, tmp_path, command=(str(venv / "bin" / "python"),), cwd=project)
-    request.addfinalizer(lambda: scratchdb.drop(server, db_name))
-    request.addfinalizer(procs.stop_all)  # runs first: nothing is connected at the drop
+def run_quickstart(
+    project: Path,
+    env: dict[str, str],
+    procs: Processes,
+    *,
+    server: str,
+    db_name: str,
+    old_django: bool,
+    install: Callable[[str], str] | None,
+    log: list[str],
+) -> dict:
+    """docs/app/quickstart.md's steps in ``project``, as written: its console commands run
+    (the install line becomes ``install(line)``'s command, or is skipped when the app is
+    installed already; ``createdb`` makes the scratch database ``db_name``; ``&`` starts
+    a process in ``procs``), its settings appended and files written; each command's
+    printed last line checked. Returns what VERIFY saw."""
 
     def shell(command: str) -> str:
         if command.startswith("pip install"):
             assert command == INSTALL_LINE, command  # the one install line (docs test)
-            extras = "postgres,tasks" if old_django else "postgres"  # what it says for 5.2
-            folder = f"{clone}/packaging/django-jobs-ledger"
-            target = f'"{folder if source == "folder" else sdist}[{extras}]"'
-            command = f'pip install {target} "{DJANGO_PINS[variant]}"'
-            log.append(f"  install: {target}")
+            if install is None:  # installed already (the wheel, in the pair drill)
+                return ""
+            command = install(command)
         if command.startswith("createdb "):
             scratchdb.create(server, db_name)
             return ""
@@ -340,7 +348,56 @@ def test_wheel__quickstart_in_a_fresh_project(variant, source, sdist, clone, tmp
     report = _run(
         ["python", "manage.py", "shell", "-c", VERIFY], cwd=project, env=env, log=log
     ).split("VERIFY ", 1)[1]
-    seen = json.loads(report)
+    return json.loads(report)
+
+
+@pytest.mark.parametrize(("variant", "source"), RUNS)
+def test_wheel__quickstart_in_a_fresh_project(variant, source, sdist, clone, tmp_path, request):
+    python = _python(VARIANTS[variant])
+    old_django = variant == "django-5.2"
+    log: list[str] = [f"{variant} from the {source}: {python}"]
+    t0 = time.monotonic()
+    venv, project = tmp_path / "venv", tmp_path / "project"
+    project.mkdir()
+    _run([python, "-m", "venv", venv], cwd=tmp_path, env=os.environ, log=log)
+    server = scratchdb.server_url(purpose="the wheel smoke test")
+    db_name = f"wheel_{secrets.token_hex(5)}"
+    parts = urlsplit(server)
+    env = {
+        "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "VIRTUAL_ENV": str(venv),
+        "PIP_CACHE_DIR": str(PIP_CACHE),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PGHOST": parts.hostname or "127.0.0.1",
+        "PGPORT": str(parts.port or 5432),
+        "PGUSER": parts.username or "root",
+        "PYTHONUNBUFFERED": "1",
+        "JOBS_LEDGER": str(clone),  # the quickstart's name for the clone
+    }
+    if parts.password:
+        env["PGPASSWORD"] = parts.password
+    procs = Processes(env, tmp_path, command=(str(venv / "bin" / "python"),), cwd=project)
+    request.addfinalizer(lambda: scratchdb.drop(server, db_name))
+    request.addfinalizer(procs.stop_all)  # runs first: nothing is connected at the drop
+
+    def install(command: str) -> str:
+        extras = "postgres,tasks" if old_django else "postgres"  # what it says for 5.2
+        folder = f"{clone}/packaging/django-jobs-ledger"
+        target = f'"{folder if source == "folder" else sdist}[{extras}]"'
+        log.append(f"  install: {target}")
+        return f'pip install {target} "{DJANGO_PINS[variant]}"'
+
+    seen = run_quickstart(
+        project,
+        env,
+        procs,
+        server=server,
+        db_name=db_name,
+        old_django=old_django,
+        install=install,
+        log=log,
+    )
     help_text = _run(["python", "manage.py", "help"], cwd=project, env=env, log=log)
     pip_freeze = _run(["python", "-m", "pip", "freeze"], cwd=project, env=env)
     log.append(f"total {time.monotonic() - t0:.1f} s; django {seen['django']}")
@@ -422,8 +479,9 @@ def _fresh_shop(python: str, django: str, wheel: Path, where: Path) -> dict:
     began = time.monotonic()
     _run([_python(python), "-m", "venv", venv], cwd=where, env=env)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    extras = "postgres,tasks" if django.startswith("5.") else "postgres"  # the quickstart's
     _run(
-        [*pip, f"{wheel}[postgres]", _django_pin(django), "pytest>=8", "pytest-django>=4.8"],
+        [*pip, f"{wheel}[{extras}]", _django_pin(django), "pytest>=8", "pytest-django>=4.8"],
         cwd=where,
         env=env,
     )
@@ -463,32 +521,85 @@ def _fresh_shop(python: str, django: str, wheel: Path, where: Path) -> dict:
     done = subprocess.run(run_tests, cwd=project, env=env, capture_output=True, text=True)
     row["twice"] = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
     row["twice_fails"] = done.returncode == 1 and " failed" in row["twice"]
+    row.update(_quickstart_with(venv, env, django, where / "quickstart"))
     return row
 
 
-def test_release__the_wheel_in_a_fresh_project_on_every_supported_pair(wheel, tmp_path):
-    """The wheel ``make release`` builds, installed with each (Python, Django) pair of the
-    classifiers into a fresh project whose app is the testing page's example: its tests
-    pass (inline and manual, pytest-django and TestCase, no worker process), and fail
-    when the kind sends its effect twice. Prints the table. ``manage.py check`` is clean
-    with the one SQLite recipe (docs/app/deployment.md) in the project's settings."""
+def _quickstart_with(venv: Path, env: dict[str, str], django: str, where: Path) -> dict:
+    """The quickstart, as written, in a new folder with the venv that has the wheel (its
+    install line skipped): worker, job, task, admin pages; what it saw, judged."""
+    server = scratchdb.server_url(purpose="the quickstart on every pair")
+    db_name = f"pair_{secrets.token_hex(5)}"
+    parts = urlsplit(server)
+    env = {
+        **env,
+        "PGHOST": parts.hostname or "127.0.0.1",
+        "PGPORT": str(parts.port or 5432),
+        "PGUSER": parts.username or "root",
+    }
+    if parts.password:
+        env["PGPASSWORD"] = parts.password
+    project = where / "project"
+    project.mkdir(parents=True)
+    procs = Processes(env, where, command=(str(venv / "bin" / "python"),), cwd=project)
+    began, log = time.monotonic(), []
+    try:
+        seen = run_quickstart(
+            project,
+            env,
+            procs,
+            server=server,
+            db_name=db_name,
+            old_django=django.startswith("5."),
+            install=None,
+            log=log,
+        )
+    except AssertionError as exc:
+        return {"quickstart_ok": False, "quickstart": f"FAIL {str(exc)[-300:]}"}
+    finally:
+        procs.stop_all()
+        scratchdb.drop(server, db_name)
+    ok = (
+        seen["jobs"] == [["billing.invoice", "succeeded"], ["jobs.task", "succeeded"]]
+        and seen["effects"] == [["inapp", "applied"]]
+        and seen["task"] == ["SUCCESSFUL", {"order": 7, "total": "42.00"}, 1]
+        and set(seen["pages"].values()) == {200}
+        and seen["django"].startswith(django)
+    )
+    took = time.monotonic() - began
+    return {"quickstart_ok": ok, "quickstart": f"{'ok' if ok else seen} {took:.0f}s"}
+
+
+def test_release__the_wheel_in_a_fresh_project_on_every_supported_pair(released, tmp_path):
+    """The wheel ``make release`` builds in a fresh clone, installed with each (Python,
+    Django) pair of the classifiers: the quickstart runs as written in a fresh project
+    with it (PostgreSQL, a real jobs_worker, the invoice job, the ``django.tasks`` task,
+    the admin's pages), and in another fresh project whose app is the testing page's
+    example its tests pass (inline and manual, pytest-django and TestCase, no worker
+    process) and fail when the kind sends its effect twice. Prints the table. ``manage.py
+    check`` is clean with the one SQLite recipe (docs/app/deployment.md) in the example
+    project's settings."""
     pairs = supported_pairs()
     assert ("3.11", "6.1") not in pairs and len(pairs) == 7, pairs
     rows = []
     for python, django in pairs:
         try:
-            rows.append(_fresh_shop(python, django, wheel, tmp_path / f"py{python}-dj{django}"))
+            rows.append(_fresh_shop(python, django, released, tmp_path / f"py{python}-dj{django}"))
         except AssertionError as exc:  # the table still shows the other pairs
             rows.append({"python": python, "django": django, "error": str(exc)[-500:]})
-    lines = [f"{'python':8} {'django':8} {'app':6} {'install':>8}  example tests / sent twice"]
+    lines = [
+        f"{'python':8} {'django':8} {'app':6} {'install':>8}  quickstart  "
+        "example tests / sent twice"
+    ]
     for row in rows:
         if "error" in row:
             lines.append(f"{row['python']:8} {row['django']:8} ERROR {row['error']}")
             continue
-        verdict = "PASS" if row["example_ok"] and row["twice_fails"] else "FAIL"
+        good = row["example_ok"] and row["twice_fails"] and row["quickstart_ok"]
         lines.append(
             f"{row['python']:8} {row['django']:8} {row['app']:6} {row['install_s']:>7}s  "
-            f"{row['example']} / {row['twice']}  {verdict}"
+            f"{row['quickstart']:10}  {row['example']} / {row['twice']}  "
+            f"{'PASS' if good else 'FAIL'}"
         )
     print("\nthe wheel on every supported pair\n" + "\n".join(lines))
     for row in rows:
@@ -497,6 +608,7 @@ def test_release__the_wheel_in_a_fresh_project_on_every_supported_pair(wheel, tm
         assert row["example_ok"] and "4 passed" in row["example"], row
         # All four fail: three count one mail too many, the closed account two withheld rows.
         assert row["twice_fails"] and "4 failed" in row["twice"], row
+        assert row["quickstart_ok"], row  # the quickstart, as written, on this pair
 
 
 # --- an async kind under a real qcluster, killed mid-handler ------------------------------

@@ -247,7 +247,7 @@ def test_job_page__action_buttons_run_the_transition_and_log_who(demo):
         "settled": False,
         "text": f"Now queued, 3 of {job.max_attempts + 3} attempts used.",
         "progress": "—",
-        "state_word": "Requested",
+        "state_word": "Waiting",  # a test.short job: the app's neutral word
     }
     job.refresh_from_db()
     assert job.state == Job.State.QUEUED

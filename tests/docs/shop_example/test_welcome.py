@@ -16,7 +16,7 @@ from tests.docs.shop_example import jobkinds  # noqa: F401  (registers shop.welc
 
 
 @pytest.mark.django_db
-def test_welcome__inline():
+def test_welcome__inline() -> None:
     user = get_user_model().objects.create_user("ada", email="ada@example.org")
 
     with jobs.testing.run_inline():
@@ -28,7 +28,7 @@ def test_welcome__inline():
 
 
 @pytest.mark.django_db
-def test_welcome__manual():
+def test_welcome__manual() -> None:
     user = get_user_model().objects.create_user("ada", email="ada@example.org")
 
     handle = jobs.request("shop.welcome", user, params={"user_id": user.pk})
@@ -44,7 +44,7 @@ def test_welcome__manual():
 
 class WelcomeTests(TestCase):
     @jobs.testing.run_inline()
-    def test_welcome__inline(self):
+    def test_welcome__inline(self) -> None:
         user = get_user_model().objects.create_user("ada", email="ada@example.org")
 
         handle = jobs.request("shop.welcome", user, params={"user_id": user.pk})
@@ -53,7 +53,7 @@ class WelcomeTests(TestCase):
         self.assertEqual(len(jobs.testing.effects("shop.welcome", state="applied")), 1)
         self.assertEqual(len(mail.outbox), 1)
 
-    def test_welcome__withheld_when_the_account_is_closed(self):
+    def test_welcome__withheld_when_the_account_is_closed(self) -> None:
         user = get_user_model().objects.create_user("ada", email="ada@example.org")
         handle = jobs.request("shop.welcome", user, params={"user_id": user.pk})
         user.is_active = False  # closed after the request, before any worker ran
