@@ -309,10 +309,16 @@ def run_claim(claim: Claim, worker: str, *, on_stage: StageHook | None = None) -
     except BaseException as exc:  # SystemExit too: the retry table decides; the worker lives
         return _handle_failure(ctx, exc)
 
+    waited_on = job.last_error_code if job.outage_since is not None else ""
     effects = _publish(ctx, output)
     if effects is None:
         return _lost(ctx, "publish lost: another worker owns the job")
     ctx.stage("published")
+    if waited_on:
+        # This job met an outage and has now succeeded: what it waited for is back, and
+        # the jobs still backing off from the same outage are due now, not at the end
+        # of their backoff (up to JOBS_OUTAGE_BACKOFF_CAP_SECONDS).
+        job_machine.wake_outage_waiters(waited_on, worker)
     return DeliveryResult(
         job_id, Outcome.SUCCEEDED, worker, {e.effect_id: e.state for e in effects}
     )

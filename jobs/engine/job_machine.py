@@ -257,6 +257,27 @@ def schedule_retry(
     return won
 
 
+def wake_outage_waiters(code: str, worker: str) -> int:
+    """retry_wait → due now for the jobs backing off from an outage with ``code`` (a
+    dependency that is back, because a job that met it just succeeded); their budgets and
+    outage starts are kept. Wakes the clusters serving them when this commits."""
+    from jobs import queue
+
+    waiting = Job.objects.filter(
+        state=State.RETRY_WAIT,
+        outage_since__isnull=False,
+        last_error_code=code,
+        next_attempt_at__gt=Now(),
+    )
+    queues = sorted(set(waiting.values_list("queue", flat=True)))
+    woken = waiting.update(next_attempt_at=Now(), updated_at=Now())
+    if woken:
+        log.info("outage over code=%s woken=%s by worker=%s", code, woken, worker)
+        if queue.claims_jobs():
+            queue.notify_queues(queues)
+    return woken
+
+
 def _finish(
     job: Job, worker: str, state: str, error_class: str, code: str, detail: str, **error: str
 ) -> bool:

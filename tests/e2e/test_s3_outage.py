@@ -77,8 +77,10 @@ def test_s3_refusing_connections_for_45_s__every_job_succeeds_none_dead_no_attem
         # One retry inside boto3, then the engine's own outage backoff decides.
         "AWS_MAX_ATTEMPTS": "2",
         "AWS_RETRY_MODE": "standard",
-        # Fewer tries while the store is away (the test settings' cap is 2 s).
-        "JOBS_OUTAGE_BACKOFF_CAP_SECONDS": "6",
+        # Production's backoff cap while the store is away (the test settings' is 2 s):
+        # the jobs still backing off when it is back are woken by the first one that
+        # succeeds (``job_machine.wake_outage_waiters``), not at the end of up to 60 s.
+        "JOBS_OUTAGE_BACKOFF_CAP_SECONDS": "60",
     }
     for n in range(HOSTS):
         name = f"s3host-{'abc'[n]}"

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import errno
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.db.models.functions import Now
+from django.utils import timezone
 
 from jobs import artifacts
 from jobs.delivery.runner import run_delivery
@@ -102,3 +105,31 @@ def test_delivery__storage_eio_waits_without_spending_attempts_then_succeeds(
     assert outcomes == [("retry", f"storage_{name.lower()}")] * outage_tries + [("succeeded", "")]
     row = Artifact.objects.get(job=job)
     assert artifacts.read_verified(row).startswith(f"artifact of job {job.pk}".encode())
+
+
+def test_outage_over__the_first_job_to_succeed_wakes_those_still_backing_off(monkeypatch, root):
+    """Three jobs meet the storage away and back off (up to a minute); the storage works
+    again; the first of them to succeed makes the other two due at once (not at the end
+    of their backoff), with their grown budgets kept. A job backing off from another
+    outage keeps its due time."""
+    first, second, third = (new_job(kind="test.short", subject=str(n)) for n in range(3))
+    other = new_job(kind="test.short", subject="other")
+    fault = DiskFault(monkeypatch, root, errno.EIO)
+    for job in (first, second, third):
+        assert run_delivery(job.pk, worker="w1").outcome == "retry"
+    assert run_delivery(other.pk, worker="w1").outcome == "retry"
+    # ``other`` waits out another outage (its code says which).
+    Job.objects.filter(pk=other.pk).update(last_error_code="db_unavailable")
+    backing_off = Job.objects.filter(pk__in=[second.pk, third.pk, other.pk])
+    backing_off.update(next_attempt_at=timezone.now() + timedelta(seconds=60))
+    make_due(first)
+
+    fault.on = False  # the storage is back
+    assert run_delivery(first.pk, worker="w1").outcome == "succeeded"
+
+    woken = Job.objects.filter(pk__in=[second.pk, third.pk], next_attempt_at__lte=Now())
+    assert woken.count() == 2, "both are due now"
+    assert set(woken.values_list("state", "max_attempts")) == {(Job.State.RETRY_WAIT, 4)}
+    assert Job.objects.get(pk=other.pk).next_attempt_at > timezone.now() + timedelta(seconds=30)
+    for job in (second, third):
+        assert run_delivery(job.pk, worker="w1").outcome == "succeeded"
