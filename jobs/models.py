@@ -464,6 +464,9 @@ class Notice(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        # The engine's neutral word: a project names its own (the permit site: notices).
+        verbose_name = "in-app message"
+        verbose_name_plural = "in-app messages"
 
     def __str__(self) -> str:
         return self.title

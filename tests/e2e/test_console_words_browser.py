@@ -233,15 +233,6 @@ def test_console_words__a_fresh_projects_admin_shows_no_permit_word(fresh_shop, 
                 links = page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)")
                 text = page.locator("html").inner_text() + " " + page.title()
                 seen[path] = text
-                # The one exception: the app's own in-app provider's model, jobs.Notice
-                # (its admin name "Notices" in the menu, and its own pages): a rename needs
-                # a migration of the engine's models (left to its owners).
-                page.eval_on_selector_all(
-                    "a[href*='/admin/jobs/notice/']", "els => els.forEach(e => e.remove())"
-                )
-                text = page.locator("html").inner_text() + " " + page.title()
-                if path.startswith("/admin/jobs/notice/"):
-                    text = re.sub(r"\bnotices?\b", "", text, flags=re.I)
                 if hits := sorted({m.lower() for m in PERMIT_WORDS.findall(text)}):
                     found[path] = hits
                 for href in links:
