@@ -264,7 +264,10 @@ def take_all(rated: list[FlowRule]) -> Hold | None:
                 ok, tat = gcra(row.next_free_at, row.db_now, row.interval_seconds)
                 if not ok:
                     ahead = max(0.0, (tat - row.db_now).total_seconds())
-                    return Hold(row.scope, "rate", ahead + spread(row))
+                    # Due at the rule's next start, spread over one interval (not the
+                    # period: 6/h waits at most 10 minutes past its next start).
+                    jitter = random.uniform(0.0, row.interval_seconds)
+                    return Hold(row.scope, "rate", ahead + jitter)
                 decided.append((row, tat))
             for row, tat in decided:
                 FlowRule.objects.filter(pk=row.pk).update(next_free_at=tat)

@@ -79,15 +79,16 @@ def _rates() -> str:
     return f"""    IF {any_rate} THEN
         PERFORM 1 FROM {_TABLE} r WHERE {_RATED} ORDER BY r.id FOR UPDATE;
         v_now := clock_timestamp();
-        SELECT r.scope, r.paused, EXTRACT(EPOCH FROM (r.next_free_at - v_now)), r.period_seconds
-        INTO v_scope, v_paused, v_ahead, v_period
+        SELECT r.scope, r.paused, EXTRACT(EPOCH FROM (r.next_free_at - v_now)),
+            r.period_seconds / r.rate
+        INTO v_scope, v_paused, v_ahead, v_interval
         FROM {_TABLE} r WHERE {_RATED} AND (r.paused OR NOT {due})
         ORDER BY r.paused DESC, CASE r.id WHEN k.id THEN 0 WHEN t.id THEN 1 ELSE 2 END
         LIMIT 1;
         IF FOUND AND v_paused THEN
             {_hold("v_scope", "paused", _PAUSED_DELAY)}
         ELSIF FOUND THEN
-            {_hold("v_scope", "rate", "GREATEST(v_ahead, 0) + random() * v_period")}
+            {_hold("v_scope", "rate", "GREATEST(v_ahead, 0) + random() * v_interval")}
         END IF;
         UPDATE {_TABLE} r SET next_free_at = {take} WHERE {_RATED};
     END IF;"""
@@ -120,7 +121,7 @@ DECLARE
     v_scope varchar;
     v_paused boolean;
     v_ahead float8;
-    v_period float8;
+    v_interval float8;
 BEGIN
     SELECT * INTO k FROM {_TABLE} WHERE scope = '{rules.FLOW_KIND_PREFIX}' || p_kind;
     SELECT * INTO t FROM {_TABLE} WHERE p_tenant <> '' AND scope = {_TENANT_SCOPE};

@@ -26,7 +26,7 @@ DECLARE
     v_scope varchar;
     v_paused boolean;
     v_ahead float8;
-    v_period float8;
+    v_interval float8;
 BEGIN
     SELECT * INTO k FROM jobs_flowrule WHERE scope = 'kind:' || p_kind;
     SELECT * INTO t FROM jobs_flowrule WHERE p_tenant <> '' AND scope = 'tenant:' || p_tenant;
@@ -72,15 +72,16 @@ BEGIN
     IF COALESCE(k.rate, 0) > 0 OR COALESCE(t.rate, 0) > 0 OR COALESCE(q.rate, 0) > 0 THEN
         PERFORM 1 FROM jobs_flowrule r WHERE r.id IN (k.id, t.id, q.id) AND r.rate > 0 ORDER BY r.id FOR UPDATE;
         v_now := clock_timestamp();
-        SELECT r.scope, r.paused, EXTRACT(EPOCH FROM (r.next_free_at - v_now)), r.period_seconds
-        INTO v_scope, v_paused, v_ahead, v_period
+        SELECT r.scope, r.paused, EXTRACT(EPOCH FROM (r.next_free_at - v_now)),
+            r.period_seconds / r.rate
+        INTO v_scope, v_paused, v_ahead, v_interval
         FROM jobs_flowrule r WHERE r.id IN (k.id, t.id, q.id) AND r.rate > 0 AND (r.paused OR NOT (r.next_free_at IS NULL OR r.next_free_at <= v_now))
         ORDER BY r.paused DESC, CASE r.id WHEN k.id THEN 0 WHEN t.id THEN 1 ELSE 2 END
         LIMIT 1;
         IF FOUND AND v_paused THEN
             RETURN ROW(v_scope, 'paused', p_paused_delay * (1 + random()))::jobs_verdict_v1;
         ELSIF FOUND THEN
-            RETURN ROW(v_scope, 'rate', GREATEST(v_ahead, 0) + random() * v_period)::jobs_verdict_v1;
+            RETURN ROW(v_scope, 'rate', GREATEST(v_ahead, 0) + random() * v_interval)::jobs_verdict_v1;
         END IF;
         UPDATE jobs_flowrule r SET next_free_at = GREATEST(COALESCE(r.next_free_at, v_now), v_now) + make_interval(secs => r.period_seconds / r.rate) WHERE r.id IN (k.id, t.id, q.id) AND r.rate > 0;
     END IF;

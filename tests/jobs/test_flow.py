@@ -269,6 +269,22 @@ def test_claim__tenant_rate__deferred_to_the_due_time_spread_over_the_period(mak
     assert Attempt.objects.get(job=held).error_code == "rate_limited"
 
 
+def test_claim__a_slow_rate__deferred_to_its_next_start_plus_one_interval_at_most(make_user):
+    """6 per hour: the held job is due at the rule's next start plus jitter within one
+    interval (10 minutes), never spread over the whole hour."""
+    user = make_user()
+    jobs = [new_job(user, subject=str(n), tenant="acme") for n in range(6)]
+    flow.set_rule("tenant:acme", actor="test", rate=6, period_seconds=3600.0)
+    assert runner.claim_for(jobs[0].pk, "w0").status == "claimed"
+    rule = FlowRule.objects.get(scope="tenant:acme")
+    aheads = []
+    for job in jobs[1:]:
+        assert runner.claim_for(job.pk, "w1").status == "deferred"
+        held = Job.objects.get(pk=job.pk)
+        aheads.append((held.next_attempt_at - rule.next_free_at).total_seconds())
+    assert all(-0.5 <= a <= 600.5 for a in aheads), aheads
+
+
 def _next(job, worker: str, *, bound: int = 4, lease: float = 30):
     """The next-job claim of ``job``'s queue (where the jobs table is the queue)."""
     return pgclaim.claim_next(job.queue, worker, lease=lease, bound=bound)
