@@ -167,7 +167,7 @@ def test_outage__database_restart_mid_run_settles_by_itself(procs, proxy, django
     jobs = _request(user, 10, **WORK)
     proxy.start()
     env = subprocess_env(port=proxy.port)
-    procs.start("jobs_worker", "jobs_worker", env=env)
+    worker = procs.start("jobs_worker", "jobs_worker", env=env)
     dispatcher = procs.start("jobs_dispatcher", "jobs_dispatcher", "--interval", "0.5", env=env)
     started = time.monotonic()
 
@@ -177,6 +177,8 @@ def test_outage__database_restart_mid_run_settles_by_itself(procs, proxy, django
         lambda: _states(jobs)[State.SUCCEEDED] >= 3,
         timeout=60,
     )
+    cluster = _cluster_of(worker, procs)
+    django_q_processes = set(group_members(cluster))  # main, sentinel, monitor, pusher, workers
     before = _states(jobs)
     assert before[State.SUCCEEDED] < len(jobs), f"every job finished before the outage: {before}"
     proxy.down()
@@ -204,6 +206,12 @@ def test_outage__database_restart_mid_run_settles_by_itself(procs, proxy, django
     assert len(began) == 1, began
     _back_once(procs, dispatcher)
     procs.check_alive()
+    # No django-q2 process died of it (its monitor calls acknowledge outside any try; a
+    # broker statement or a signal receiver that raised would have killed one): the
+    # same cluster, the same processes, nothing reincarnated.
+    assert _cluster_of(worker, procs) == cluster
+    assert set(group_members(cluster)) == django_q_processes
+    assert not _lines(worker, r"reincarnated"), _lines(worker, r"reincarnated")
 
 
 @pytest.mark.drill
