@@ -501,7 +501,7 @@ def serving(keys: list[str]) -> Broker:
     if Conf.BROKER_CLASS:
         module, name = Conf.BROKER_CLASS.rsplit(".", 1)
         cls = getattr(importlib.import_module(module), name)
-        if not issubclass(cls, PostgresBroker):
+        if not issubclass(cls, (PostgresBroker, OrmQueues)):
             raise RuntimeError(
                 f"{Conf.BROKER_CLASS} cannot serve several queues: use django-q2's ORM "
                 "broker or jobs.broker.PostgresBroker (or one worker per queue)"

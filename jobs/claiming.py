@@ -104,6 +104,20 @@ class Leased:
     prior: str
 
 
+def claims():
+    """The claims of this process's executor: one statement each on PostgreSQL through
+    psycopg 3 (``jobs.executors.pgclaim``), the ORM's elsewhere (``ormclaim``)."""
+    from jobs import executors
+
+    if executors.current().name == "postgres":
+        from jobs.executors import pgclaim
+
+        return pgclaim
+    from jobs.executors import ormclaim
+
+    return ormclaim
+
+
 class Claimer:
     """Claims the next due job of ``queues`` for this cluster (its pusher, or a worker that
     keeps going): the queues take turns, and a job that needs its own verdict (a lease
@@ -125,8 +139,7 @@ class Claimer:
         """The next claim for ``owner``: a job's (``jobs.engine.plan.Claim``, won) or an
         effect's lease (``Leased``), or None when nothing is due that this cluster may
         start now."""
-        from jobs.executors import pgclaim
-
+        pgclaim = claims()
         if self.releases:
             self._effect_turn = not self._effect_turn
             if self._effect_turn:
@@ -141,8 +154,7 @@ class Claimer:
         return claim
 
     def _next_job(self, owner: str, *, busy: bool):
-        from jobs.executors import pgclaim
-
+        pgclaim = claims()
         lease, bound = conf.lease_seconds(), conf.tenant_concurrency()
         now = time.monotonic()
         looked = self._own_verdict_at
@@ -164,17 +176,10 @@ class Claimer:
         return None
 
 
-class ClaimingBroker(PostgresBroker):
-    """django-q2's broker over the jobs table: ``dequeue`` is the claim."""
-
-    def __init__(self, list_key: str | None = None, *, keys: list[str] | None = None) -> None:
-        super().__init__(list_key=list_key, keys=keys)
-        _make_shared()
-        self._reset_claiming()
-
-    def __setstate__(self, state: tuple) -> None:
-        super().__setstate__(state)
-        self._reset_claiming()
+class Claiming:
+    """What a broker whose dequeue claims needs beside its table of plain messages: the
+    idle count, the turns, the packages. A broker class adds ``served``, ``_take_plain``,
+    ``_wait_for_work`` and ``_close_django_connection``."""
 
     def _reset_claiming(self) -> None:
         self._turn = 0  # whose turn a contested slot is: even jobs, odd plain messages
@@ -189,11 +194,6 @@ class ClaimingBroker(PostgresBroker):
     @property
     def capacity(self) -> int:
         return max(1, int(Conf.WORKERS or 1))
-
-    def info(self) -> str:
-        if not self._info:
-            self._info = f"jobs table (claim) + PostgreSQL LISTEN/NOTIFY {self.connection}"
-        return self._info
 
     # --- the Broker interface ---------------------------------------------------------
 
@@ -308,6 +308,26 @@ class ClaimingBroker(PostgresBroker):
             "save": False,
         }
         return 0, SignedPackage.dumps(task)
+
+
+
+class ClaimingBroker(Claiming, PostgresBroker):
+    """django-q2's broker over the jobs table on PostgreSQL: ``dequeue`` is the claim;
+    plain messages as ``jobs.broker.PostgresBroker``'s; an idle pusher waits on LISTEN."""
+
+    def __init__(self, list_key: str | None = None, *, keys: list[str] | None = None) -> None:
+        super().__init__(list_key=list_key, keys=keys)
+        _make_shared()
+        self._reset_claiming()
+
+    def __setstate__(self, state: tuple) -> None:
+        super().__setstate__(state)
+        self._reset_claiming()
+
+    def info(self) -> str:
+        if not self._info:
+            self._info = f"jobs table (claim) + PostgreSQL LISTEN/NOTIFY {self.connection}"
+        return self._info
 
     def _take_plain(self) -> tuple[int, str] | None:
         params = {"keys": self.served, "bulk": 1, "retry": float(Conf.RETRY)}

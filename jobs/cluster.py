@@ -9,9 +9,11 @@ app's ``ready()``), so the app cannot fill it in later: settings.py calls
 
 It derives what the engine's rules need (``timeout`` and ``retry`` above the lease, the
 queue's table on the jobs' database, no result rows, no django-q2 retries of its own)
-and, on PostgreSQL through psycopg 3, the broker where the jobs table is the queue
-(``jobs.claiming.ClaimingBroker``). Any key passed in ``overrides`` wins. ``manage.py
-check`` still judges the result (``jobs.E002``: lease < timeout < retry).
+and the broker where the jobs table is the queue: ``jobs.claiming.ClaimingBroker`` on
+PostgreSQL through psycopg 3 (LISTEN/NOTIFY, SKIP LOCKED), else
+``jobs.claiming_orm.OrmClaimingBroker`` (the ORM, polling). Any key passed in
+``overrides`` wins. ``manage.py check`` still judges the result (``jobs.E002``: lease <
+timeout < retry).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 from typing import Any
 
 CLAIMING_BROKER = "jobs.claiming.ClaimingBroker"
+ORM_CLAIMING_BROKER = "jobs.claiming_orm.OrmClaimingBroker"
 
 
 def _psycopg3() -> bool:
@@ -63,7 +66,6 @@ def q_cluster(
         "catch_up": False,
         "ack_failures": False,
     }
-    if on_postgres:
-        cluster["broker_class"] = CLAIMING_BROKER
+    cluster["broker_class"] = CLAIMING_BROKER if on_postgres else ORM_CLAIMING_BROKER
     cluster.update(overrides)
     return cluster

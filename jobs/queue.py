@@ -60,7 +60,7 @@ def claims_jobs() -> bool:
     has no message; its row's due time is when a cluster takes it."""
     from django_q.conf import Conf
 
-    return Conf.BROKER_CLASS == CLAIMING_BROKER and not Conf.SYNC
+    return Conf.BROKER_CLASS in CLAIMING_BROKERS and not Conf.SYNC
 
 
 def notify_queues(queues) -> None:
@@ -70,8 +70,10 @@ def notify_queues(queues) -> None:
 
     from jobs.broker import channel_for
 
-    channels = sorted({channel_for(list_key(q) or Conf.CLUSTER_NAME) for q in queues})
     alias = Conf.ORM or "default"
+    if connections[alias].vendor != "postgresql":
+        return  # no LISTEN there: an idle cluster looks every Q_CLUSTER["poll"] seconds
+    channels = sorted({channel_for(list_key(q) or Conf.CLUSTER_NAME) for q in queues})
     with connections[alias].cursor() as cursor:
         for channel in channels:
             cursor.execute("SELECT pg_notify(%s, '')", [channel])
@@ -138,6 +140,8 @@ def check_django_q(app_configs=None, **kwargs):
 
 POSTGRES_BROKER = "jobs.broker.PostgresBroker"
 CLAIMING_BROKER = "jobs.claiming.ClaimingBroker"
+ORM_CLAIMING_BROKER = "jobs.claiming_orm.OrmClaimingBroker"
+CLAIMING_BROKERS = (CLAIMING_BROKER, ORM_CLAIMING_BROKER)
 
 
 def check_broker(app_configs=None, **kwargs):
@@ -153,13 +157,14 @@ def check_broker(app_configs=None, **kwargs):
     alias = cluster.get("orm")
     broker_class = cluster.get("broker_class") or ""
     jobs_db = router.db_for_write(apps.get_model("jobs", "Job"))
-    if broker_class and broker_class not in (POSTGRES_BROKER, CLAIMING_BROKER):
+    if broker_class and broker_class not in (POSTGRES_BROKER, *CLAIMING_BROKERS):
         return [
             Error(
                 f"Q_CLUSTER['broker_class'] is {broker_class!r}: jobs need their queue "
                 "messages in the jobs' database",
-                hint=f"Leave broker_class unset (django-q2's ORM broker) or set it to "
-                f"{POSTGRES_BROKER!r} on PostgreSQL. Another broker could lose a message "
+                hint=f"Leave broker_class unset (django-q2's ORM broker), or set it to "
+                f"{ORM_CLAIMING_BROKER!r} (the jobs table is the queue, any database) or on "
+                f"PostgreSQL to {CLAIMING_BROKER!r}. Another broker could lose a message "
                 "between the job's commit and the enqueue.",
                 id="jobs.E021",
             )
@@ -187,8 +192,8 @@ def check_broker(app_configs=None, **kwargs):
             Error(
                 f"Q_CLUSTER['broker_class'] is {broker_class!r} but the database "
                 f"{alias!r} is {vendor}",
-                hint="The PostgreSQL broker needs LISTEN/NOTIFY and SKIP LOCKED: leave "
-                "broker_class unset on this database (django-q2's ORM broker).",
+                hint="The PostgreSQL brokers need LISTEN/NOTIFY and SKIP LOCKED: on this "
+                f"database use {ORM_CLAIMING_BROKER!r} (or django-q2's ORM broker).",
                 id="jobs.E023",
             )
         ]

@@ -427,20 +427,23 @@ Q_CLUSTER = {
     "ack_failures": False,  # a task that raised is redelivered after `retry`
     "label": "Task queue",
 }
-# The task queue's broker (docs/broker.md). On PostgreSQL the engine's own: an enqueue
-# NOTIFYs in the job's transaction, an idle pusher waits on LISTEN instead of sleeping
-# `poll`, a dequeue takes its messages with SKIP LOCKED. Q_BROKER=orm keeps django-q2's
-# ORM broker (it polls every `poll`); SQLite has only that one.
+# The task queue's broker (docs/broker.md). Q_BROKER=jobs (the default): the jobs table is
+# the queue; on PostgreSQL an enqueue NOTIFYs in the job's transaction and an idle pusher
+# waits on LISTEN, on SQLite the pusher claims through the ORM and polls every `poll`.
+# Q_BROKER=postgres (PostgreSQL) and Q_BROKER=orm keep a message per job (django-q2's
+# table, SKIP LOCKED and NOTIFY on PostgreSQL, django-q2's own ORM broker elsewhere).
 _on_postgres = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
-Q_BROKER = os.environ.get("Q_BROKER", "jobs" if _on_postgres else "orm")
+Q_BROKER = os.environ.get("Q_BROKER", "jobs")
 _BROKERS = {"jobs": "jobs.claiming.ClaimingBroker", "postgres": "jobs.broker.PostgresBroker"}
+if not _on_postgres:
+    _BROKERS["jobs"] = "jobs.claiming_orm.OrmClaimingBroker"
 if Q_BROKER not in ("jobs", "postgres", "orm"):
     raise SettingError(f"Q_BROKER must be 'jobs', 'postgres' or 'orm', got {Q_BROKER!r}")
 if Q_BROKER in _BROKERS:
-    if not _on_postgres:
+    if Q_BROKER == "postgres" and not _on_postgres:
         raise SettingError(
             f"Q_BROKER={Q_BROKER} needs a PostgreSQL database (DATABASE_URL); "
-            "on SQLite leave it unset or set Q_BROKER=orm"
+            "on SQLite leave it unset, or set Q_BROKER=orm or Q_BROKER=jobs"
         )
     Q_CLUSTER["broker_class"] = _BROKERS[Q_BROKER]
 

@@ -18,7 +18,9 @@ runs four jobs of it:
 
 PostgreSQL: a scratch database on ``DATABASE_URL``'s server, the claiming broker of
 docs/app/deployment.md (the jobs table is the queue). SQLite: the one recipe of
-docs/app/deployment.md, django-q2's ORM broker.
+docs/app/deployment.md and the claiming broker over the ORM
+(``jobs.claiming_orm.OrmClaimingBroker``). On both, no job or effect ever has a django-q2
+message (read at every look at the state).
 """
 
 from __future__ import annotations
@@ -68,6 +70,10 @@ DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": %(na
                          "PASSWORD": %(password)r, "CONN_MAX_AGE": 600,
                          "CONN_HEALTH_CHECKS": True}}
 Q_CLUSTER.update({"broker_class": "jobs.claiming.ClaimingBroker", "max_attempts": 0,
+                  "save_limit": -1, "ack_failures": False, "catch_up": False})
+"""
+SQLITE_SETTINGS = """
+Q_CLUSTER.update({"broker_class": "jobs.claiming_orm.OrmClaimingBroker", "max_attempts": 0,
                   "save_limit": -1, "ack_failures": False, "catch_up": False})
 """
 
@@ -133,7 +139,9 @@ print("IDS " + json.dumps(ids))
 
 STATE = """
 import json
+from django_q.models import OrmQ
 from jobs.models import Artifact, Attempt, Effect, Job
+print("MESSAGES %d" % OrmQ.objects.count())
 print("STATE " + json.dumps({
     str(job.pk): {
         "state": job.state,
@@ -193,7 +201,7 @@ def shop(request, tmp_path):
     else:
         section = DEPLOYMENT.read_text().split("## SQLite (one machine)", 1)[1]
         [recipe] = re.findall(r"```python\n(.*?)```", section.split("\n## ", 1)[0], re.S)
-        text += recipe
+        text += recipe + SQLITE_SETTINGS
     settings.write_text(text)
     (project / "shop" / "jobkinds.py").write_text(KINDS % {"timeout": KIND_TIMEOUT})
     _run([sys.executable, "manage.py", "migrate", "-v0"], cwd=project, env=env)
@@ -208,8 +216,12 @@ def test_async_kind__runs_once__killed__timed_out_and_cancelled_at_an_await(shop
     def manage(*args: str) -> str:
         return _run([sys.executable, "manage.py", *args], cwd=project, env=env)
 
+    messages: list[int] = []
+
     def state() -> dict:
-        return json.loads(manage("shell", "-c", STATE).split("STATE ", 1)[1])
+        out = manage("shell", "-c", STATE)
+        messages.append(int(out.split("MESSAGES ", 1)[1].split()[0]))
+        return json.loads(out.split("STATE ", 1)[1])
 
     ids = json.loads(manage("shell", "-c", REQUEST).split("IDS ", 1)[1])
     marks = project / "marks.txt"
@@ -280,6 +292,7 @@ def test_async_kind__runs_once__killed__timed_out_and_cancelled_at_an_await(shop
         assert len(sends.get(effect_id, [])) == 1, (mode, sends)  # one HTTP send arrived
         assert runs.count(f"step {ids[mode]}") == 1, (mode, runs)  # the step's fn ran once
     assert len(record.sends()) == 3
+    assert messages and set(messages) == {0}, f"django-q2 messages seen: {messages}"
     calm = by_mode["calm"]
     assert calm["attempts"] == 1 and calm["outcomes"] == [["succeeded", ""]], calm
     hang = by_mode["hang"]

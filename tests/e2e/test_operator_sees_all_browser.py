@@ -203,7 +203,9 @@ def test_operator__sees_causes_steps_and_live_progress_with_a_real_worker(
     expect(page.locator(".field-progress")).to_contain_text("2 of 2 (100%): stored")
     seen(page, "1280", "job-letter")
     page.goto(base + f"/admin/jobs/job/{tick.pk}/change/")
-    expect(page.locator("div.form-row.field-state_word")).to_contain_text("Ready")
+    # The digest names no states of its own: the engine's neutral word (the report's
+    # "Ready" is its kind's label, permits.reports.LABELS).
+    expect(page.locator("div.form-row.field-state_word")).to_contain_text("Done")
     seen(page, "1280", "job-digest")
     page.goto(base + f"/admin/jobs/job/?queue={letters.QUEUE}")
     expect(page.locator(f'a[href*="/jobs/job/{letter.pk}/change/"]')).to_have_count(1)

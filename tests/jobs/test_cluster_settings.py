@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import jobs
-from jobs.cluster import CLAIMING_BROKER
+from jobs.cluster import CLAIMING_BROKER, ORM_CLAIMING_BROKER
 
 PG = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": "shop"}}
 SQLITE = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "db.sqlite3"}}
@@ -19,9 +19,9 @@ def test_q_cluster__postgresql_claims_from_the_jobs_table_with_the_lease_rule_he
     assert q["workers"] >= 2
 
 
-def test_q_cluster__sqlite_keeps_django_q2s_orm_broker():
+def test_q_cluster__sqlite_claims_from_the_jobs_table_through_the_orm():
     q = jobs.q_cluster(SQLITE, name="shop")
-    assert "broker_class" not in q and q["orm"] == "default"
+    assert q["broker_class"] == ORM_CLAIMING_BROKER and q["orm"] == "default"
 
 
 def test_q_cluster__the_users_own_keys_win():

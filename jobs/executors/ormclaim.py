@@ -1,0 +1,74 @@
+"""The ORM claim of the next due job of a queue: the dequeue of the one queue elsewhere.
+
+The same three claims as ``jobs.executors.pgclaim`` (next job, own verdict, effect
+lease), in Django's ORM, for SQLite (and PostgreSQL through psycopg2). Each runs in one
+worker transaction: on SQLite ``transaction_mode="IMMEDIATE"`` holds the only write
+lock from its first read, so no other claim decides about the same job meanwhile; on
+PostgreSQL the job's claim lock is tried (``named_claim._take_candidate``) and a job
+another claim holds is passed over. The decision is the engine's (``verdict.decide``),
+the same as every other claim's.
+"""
+
+from __future__ import annotations
+
+from django.db.models.functions import Coalesce, Now
+
+from jobs import clock, rules
+from jobs.engine import named_claim, verdict
+from jobs.engine.plan import Claim
+from jobs.models import Effect, Job
+
+
+def claim_next(queue: str, worker: str, *, lease: float, bound: int) -> Claim | None:
+    """Claim ``queue``'s next due job for ``worker`` (the more urgent of its two
+    candidates by effective priority), or the verdict on it; None when none is due."""
+    with clock.worker_transaction():
+        found = [c.pk for c in named_claim._candidates(queue, exclude=set())]
+        if not found:
+            return None
+        rows = Job.objects.annotate(db_now=Now(), flow_ruled=rules.flow_ruled_q())
+        rows = list(rows.filter(pk__in=found))
+        if not rows:
+            return None
+        now, aging = rows[0].db_now, rules.aging_seconds()
+        best = min(
+            rows,
+            key=lambda j: (-rules.effective_priority(j, now, aging), rules.waiting_since(j), j.pk),
+        )
+        job = named_claim._take_candidate(best)
+        if job is None:
+            return Claim("passed")
+        decided = verdict.decide(job, worker, now, lease=lease, bound=bound, swapped=True)
+        return decided if decided is not None else Claim("passed")
+
+
+def decide_own_verdict(queue: str, worker: str, *, lease: float, bound: int) -> Claim | None:
+    """The queue's longest-due job that needs its own verdict (a lease that ran out, a
+    spent budget), decided by the engine; None when there is none."""
+    with clock.worker_transaction():
+        due = Job.objects.filter(rules.to_q(rules.OWN_VERDICT), queue=queue)
+        order = Coalesce("lease_expires_at", "next_attempt_at", "created_at")
+        job = (
+            due.annotate(db_now=Now(), flow_ruled=rules.flow_ruled_q()).order_by(order, "pk")
+        ).first()
+        if job is None:
+            return None
+        return verdict.decide(job, worker, job.db_now, lease=lease, bound=bound, swapped=False)
+
+
+def claim_effect(worker: str) -> tuple[Effect, str] | None:
+    """Lease the ledger's longest-due releasable effect to ``worker``: the effect and its
+    state before, or None when none is due (``pgclaim.claim_effect``'s contract)."""
+    from jobs.engine import effect_machine
+
+    for _ in range(4):
+        with clock.worker_transaction():
+            releasable = Effect.objects.filter(rules.to_q(rules.EFFECT_RELEASABLE))
+            order = Coalesce("next_attempt_at", "lease_expires_at", "created_at")
+            effect = releasable.select_related("job").order_by(order, "pk").first()
+            if effect is None:
+                return None
+            prior = effect.state
+            if effect_machine.claim_send(effect, worker) == "claimed":
+                return effect, prior
+    return None
