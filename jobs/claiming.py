@@ -310,7 +310,6 @@ class Claiming:
         return 0, SignedPackage.dumps(task)
 
 
-
 class ClaimingBroker(Claiming, PostgresBroker):
     """django-q2's broker over the jobs table on PostgreSQL: ``dequeue`` is the claim;
     plain messages as ``jobs.broker.PostgresBroker``'s; an idle pusher waits on LISTEN."""

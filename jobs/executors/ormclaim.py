@@ -22,6 +22,8 @@ from jobs.models import Effect, Job
 def claim_next(queue: str, worker: str, *, lease: float, bound: int) -> Claim | None:
     """Claim ``queue``'s next due job for ``worker`` (the more urgent of its two
     candidates by effective priority), or the verdict on it; None when none is due."""
+    if not named_claim._candidates(queue, exclude=set()):
+        return None  # a read first: an idle cluster's look takes no write lock
     with clock.worker_transaction():
         found = [c.pk for c in named_claim._candidates(queue, exclude=set())]
         if not found:
@@ -45,8 +47,10 @@ def claim_next(queue: str, worker: str, *, lease: float, bound: int) -> Claim | 
 def decide_own_verdict(queue: str, worker: str, *, lease: float, bound: int) -> Claim | None:
     """The queue's longest-due job that needs its own verdict (a lease that ran out, a
     spent budget), decided by the engine; None when there is none."""
+    due = Job.objects.filter(rules.to_q(rules.OWN_VERDICT), queue=queue)
+    if not due.exists():
+        return None  # a read first, as in claim_next
     with clock.worker_transaction():
-        due = Job.objects.filter(rules.to_q(rules.OWN_VERDICT), queue=queue)
         order = Coalesce("lease_expires_at", "next_attempt_at", "created_at")
         job = (
             due.annotate(db_now=Now(), flow_ruled=rules.flow_ruled_q()).order_by(order, "pk")
@@ -61,9 +65,11 @@ def claim_effect(worker: str) -> tuple[Effect, str] | None:
     state before, or None when none is due (``pgclaim.claim_effect``'s contract)."""
     from jobs.engine import effect_machine
 
+    releasable = Effect.objects.filter(rules.to_q(rules.EFFECT_RELEASABLE))
+    if not releasable.exists():
+        return None  # a read first, as in claim_next
     for _ in range(4):
         with clock.worker_transaction():
-            releasable = Effect.objects.filter(rules.to_q(rules.EFFECT_RELEASABLE))
             order = Coalesce("next_attempt_at", "lease_expires_at", "created_at")
             effect = releasable.select_related("job").order_by(order, "pk").first()
             if effect is None:
