@@ -245,10 +245,17 @@ def _overlap(intervals: list[tuple]) -> int:
 
 
 def test_kind_concurrency_and_tenant_rate_at_the_claim__two_qclusters(procs, make_user):
-    # A lease longer than the work on a loaded machine (Q timeout 5 s > lease): the kind's
-    # bound counts running jobs whose lease is live, so a lease lost under load frees its
-    # slot while that worker still runs (DESIGN: a lease limits work only for a while).
-    procs.env.update(TEST_Q_WORKERS="3", JOBS_FLOW_CACHE_SECONDS="1", JOBS_LEASE_SECONDS="4")
+    # A lease longer than the work on a machine loaded 10x (CI saw a 4 s lease run out at
+    # load 9.9): the kind's bound counts running jobs whose lease is live, so a lease lost
+    # under load frees its slot while that worker still runs (DESIGN: a lease limits work
+    # only for a while), and the job runs again. Lease < Q timeout < retry, as checked.
+    procs.env.update(
+        TEST_Q_WORKERS="3",
+        JOBS_FLOW_CACHE_SECONDS="1",
+        JOBS_LEASE_SECONDS="15",
+        TEST_Q_TIMEOUT="20",
+        TEST_Q_RETRY="25",
+    )
     user = make_user()
     flow.set_rule("kind:test.short", actor="e2e", concurrency=2)
     flow.set_rule("tenant:rated", actor="e2e", rate=2, period_seconds=1.0)
