@@ -1138,8 +1138,14 @@ def ticks_follow_their_schedule(h: History, r: Report) -> None:
         if db is not None:
             after = [j for j in mine if tick_of(j).timestamp() > db.began]
             if after:
-                back = min(_ts(j.created_at) for j in after)
-                missed = [t for t in expected if db.began < t <= back]
+                first = min(after, key=lambda j: _ts(j.created_at))
+                back = _ts(first.created_at)
+                # "latest": the first round back made the newest tick due when it read the
+                # clock, and that reading came before the job's created_at (a slow insert
+                # under load put a later tick's normal job among the missed ones): the
+                # missed ticks end at the first job's own tick.
+                until = tick_of(first).timestamp() if policy == "latest" else back
+                missed = [t for t in expected if db.began < t <= until]
                 made = [t for t in missed if t in at]
         during = [t for t in missed if db is not None and t <= db.ended]
         # An outage as long as the interval always spans a tick; a shorter one may not.
