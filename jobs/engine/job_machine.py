@@ -110,7 +110,10 @@ def defer(job: Job, worker: str, *, now, hold: Hold, reclaiming: bool) -> bool:
         changes = {"next_attempt_at": now + timedelta(seconds=hold.delay), "enqueued_for": None}
     if reclaiming:
         changes.update(state=State.RETRY_WAIT, lease_expires_at=None)
-    if not _cas(job, **changes):
+    # Only a job still waiting (or, reclaimed, still running on a lease that ran out) is
+    # held back: a deferral never lands on a job another claim has started meanwhile.
+    still = rules.to_q(rules.JOB_LEASE_EXPIRED if reclaiming else rules.WAITING)
+    if not _cas(job, where=still, **changes):
         return False
     if reclaiming:
         close_open_attempts(job, now)

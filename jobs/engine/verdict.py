@@ -117,12 +117,17 @@ def _duplicate(job: Job, worker: str, now) -> Claim:
 
 def defer(job_id: int, worker: str, hold: Hold) -> Claim:
     """Record the admission's hold on a waiting job the claim picked (its verdict, decided
-    once): due again after ``hold.delay``, no attempt spent. A job changed since the
-    verdict (its version moved) is left as it is now: a duplicate delivery."""
+    once): due again after ``hold.delay``, no attempt spent. A job no longer waiting, or
+    changed since this read (another claim started it once the verdict's statement had
+    committed), is left as it is, with nothing recorded: ``passed``."""
     job = Job.objects.annotate(db_now=Now()).filter(pk=job_id).first()
     if job is None:
         return Claim("missing")
     now = job.db_now
+    if not rules.holds(rules.WAITING, job, now=now):
+        # Another claim started it between the verdict's commit and this read: the
+        # verdict no longer applies; nothing is written (it is that claim's job now).
+        return Claim("passed")
     if not job_machine.defer(job, worker, now=now, hold=hold, reclaiming=False):
-        return _duplicate(job, worker, now)
+        return Claim("passed")
     return Claim("deferred", job, _record(job, worker, now, Outcome.DEFERRED, "", hold.code))

@@ -1138,7 +1138,9 @@ def ticks_follow_their_schedule(h: History, r: Report) -> None:
         if db is not None:
             after = [j for j in mine if tick_of(j).timestamp() > db.began]
             if after:
-                first = min(after, key=lambda j: _ts(j.created_at))
+                # A round makes at most one job of a kind: the earliest made is the
+                # first round's (on a tie, the newer tick).
+                first = min(after, key=lambda j: (_ts(j.created_at), -tick_of(j).timestamp()))
                 back = _ts(first.created_at)
                 # "latest": the first round back made the newest tick due when it read the
                 # clock, and that reading came before the job's created_at (a slow insert

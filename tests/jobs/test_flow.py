@@ -13,6 +13,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from jobs import executors, flow, rules
 from jobs.delivery import runner
@@ -550,3 +551,29 @@ def test_set_rule__refuses_out_of_bound_values_for_every_caller():
     rule = flow.set_rule("queue:reports", actor="test", rate=3, period_seconds=86400.0)
     assert (rule.rate, rule.period_seconds) == (3, 86400.0), "the bound itself is allowed"
     assert not FlowRule.objects.filter(scope="kind:k").exists()
+
+
+def test_verdict__a_deferral_never_lands_on_a_job_another_claim_started(make_user):
+    """The next-job claim's statement commits its verdict (held back) and then records the
+    deferral; another claim may start the job in between. CI caught it: the deferral
+    moved the running job's version and its worker lost its lease. Now the running job
+    is left alone, nothing recorded, and the arrow itself defers only a waiting job."""
+    from jobs.engine import job_machine, verdict
+    from jobs.engine.plan import Hold
+
+    user = make_user()
+    job = new_job(user, tenant="acme")
+    started = runner.claim_for(job.pk, "w1")
+    assert started.status == "claimed"
+    before = Job.objects.get(pk=job.pk)
+    hold = Hold("kind:test.steps", "concurrency", 0.5)
+    assert verdict.defer(job.pk, "w2", hold).status == "passed"
+    assert not job_machine.defer(before, "w2", now=timezone.now(), hold=hold, reclaiming=False)
+    after = Job.objects.get(pk=job.pk)
+    assert (after.state, after.version, after.lease_owner) == (
+        Job.State.RUNNING,
+        before.version,
+        before.lease_owner,
+    )
+    assert after.next_attempt_at is None
+    assert not Attempt.objects.filter(job=job, outcome=Attempt.Outcome.DEFERRED).exists()
