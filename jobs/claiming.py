@@ -179,7 +179,17 @@ class Claimer:
 class Claiming:
     """What a broker whose dequeue claims needs beside its table of plain messages: the
     idle count, the turns, the packages. A broker class adds ``served``, ``_take_plain``,
-    ``_wait_for_work`` and ``_close_django_connection``."""
+    ``_wait_for_work`` and ``_close_django_connection``; its table's broker takes
+    ``(list_key, keys=)``."""
+
+    def __init__(self, list_key: str | None = None, *, keys: list[str] | None = None) -> None:
+        super().__init__(list_key=list_key, keys=keys)
+        _make_shared()
+        self._reset_claiming()
+
+    def __setstate__(self, state: tuple) -> None:
+        super().__setstate__(state)
+        self._reset_claiming()
 
     def _reset_claiming(self) -> None:
         self._turn = 0  # whose turn a contested slot is: even jobs, odd plain messages
@@ -313,15 +323,6 @@ class Claiming:
 class ClaimingBroker(Claiming, PostgresBroker):
     """django-q2's broker over the jobs table on PostgreSQL: ``dequeue`` is the claim;
     plain messages as ``jobs.broker.PostgresBroker``'s; an idle pusher waits on LISTEN."""
-
-    def __init__(self, list_key: str | None = None, *, keys: list[str] | None = None) -> None:
-        super().__init__(list_key=list_key, keys=keys)
-        _make_shared()
-        self._reset_claiming()
-
-    def __setstate__(self, state: tuple) -> None:
-        super().__setstate__(state)
-        self._reset_claiming()
 
     def info(self) -> str:
         if not self._info:

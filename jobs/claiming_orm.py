@@ -23,15 +23,6 @@ from jobs.claiming import Claiming, _drain, _make_shared
 class OrmClaimingBroker(Claiming, OrmQueues):
     """django-q2's broker over the jobs table through the ORM: ``dequeue`` is the claim."""
 
-    def __init__(self, list_key: str | None = None, *, keys: list[str] | None = None) -> None:
-        super().__init__(list_key=list_key, keys=keys)
-        _make_shared()
-        self._reset_claiming()
-
-    def __setstate__(self, state: tuple) -> None:
-        super().__setstate__(state)
-        self._reset_claiming()
-
     @property
     def served(self) -> list[str]:
         return self.keys
