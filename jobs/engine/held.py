@@ -29,7 +29,12 @@ def hold(scope: str) -> int:
     for prefix, column in _HELD_COLUMN.items():
         if scope.startswith(prefix):
             waiting = Job.objects.filter(rules.to_q(rules.WAITING), held_by="")
-            return waiting.filter(**{column: scope[len(prefix) :]}).update(held_by=scope[:200])
+            waiting = waiting.filter(**{column: scope[len(prefix) :]})
+            # Rows a claim holds are passed over, never waited for (the claim may hold
+            # one while it waits for this rule's row, locked here: a circle). Its verdict
+            # reads the rule again once this commits and holds the job itself.
+            free = waiting.select_for_update(skip_locked=True).values("pk")
+            return Job.objects.filter(pk__in=free).update(held_by=scope[:200])
     return 0  # a provider's scope holds effects at their send, not jobs
 
 

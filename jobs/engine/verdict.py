@@ -60,6 +60,12 @@ def decide(job: Job, worker: str, now, *, lease: float, bound: int, swapped: boo
 def _admit_and_start(
     job: Job, worker: str, now, *, lease: float, bound: int, reclaiming: bool, swapped: bool
 ) -> Claim | None:
+    if not _row_taken(job):
+        # A claim statement holds the row (it may be starting it): never wait for it.
+        if swapped:
+            return None
+        job_machine.log_arrow(job, "passed", worker, reason="row_held")
+        return Claim("passed", job)
     # A savepoint when a flow rule may take rate starts: they stand only with the claim's
     # swap. Without one, admission writes nothing (the tenant's count under its lock).
     try:
@@ -95,6 +101,24 @@ def _admit_and_start(
     )
     job_machine.log_arrow(job, "claim", worker, reclaimed=reclaiming)
     return Claim("claimed", job, attempt)
+
+
+def _row_taken(job: Job) -> bool:
+    """PostgreSQL, a job whose admission takes scope locks: its row locked first, tried,
+    never waited for (False when another transaction holds it).
+
+    Rows before scopes: the next-job claim statement locks its candidate rows and then
+    waits for the scope locks; a claim here that held a scope's lock and then waited
+    for one of those rows (its start's UPDATE) would close a circle, and the server
+    would end one of the two as a deadlock. Elsewhere, and for a job no scope governs,
+    True: nothing here waits for a scope while holding it.
+    """
+    if connection.vendor != "postgresql" or not (job.flow_ruled or job.tenant_key):
+        return True
+    table = connection.ops.quote_name(Job._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE SKIP LOCKED", [job.pk])
+        return cursor.fetchone() is not None
 
 
 def _record(job: Job, worker: str, now, outcome: str, error_class="", error_code="") -> Attempt:

@@ -29,7 +29,9 @@ def claim_next(queue: str, worker: str, *, lease: float, bound: int) -> Claim | 
         if not found:
             return None
         rows = Job.objects.annotate(db_now=Now(), flow_ruled=rules.flow_ruled_q())
-        rows = list(rows.filter(pk__in=found))
+        # Read again as claimable: through psycopg2, another claim may have started one
+        # since (its own claim lock is only tried below).
+        rows = list(rows.filter(rules.to_q(rules.CLAIMABLE), pk__in=found))
         if not rows:
             return None
         now, aging = rows[0].db_now, rules.aging_seconds()

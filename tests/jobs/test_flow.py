@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -577,3 +577,137 @@ def test_verdict__a_deferral_never_lands_on_a_job_another_claim_started(make_use
     )
     assert after.next_attempt_at is None
     assert not Attempt.objects.filter(job=job, outcome=Attempt.Outcome.DEFERRED).exists()
+
+
+@pytest.mark.postgres
+def test_claims__rows_before_scopes__a_named_claim_and_a_next_claim_never_deadlock(make_user):
+    """The engine's claim of a named job (message brokers) and the next-job claim
+    statement meet on one tenant's lock. The statement holds its candidate rows (the
+    named job among them, not the one it picked) while it waits for the tenant's lock;
+    the named claim, queued first for that lock, gets it. Were it then to wait for its
+    job's row, each would wait for the other and the server would end one as a
+    deadlock (seen in ``make bench`` with Q_BROKER=postgres): it takes the row first,
+    tried, so the statement passes over it. Both claims succeed."""
+    from jobs.engine import named_claim
+
+    user = make_user()
+    named = new_job(user, subject="old", tenant="acme")  # the statement's longest waiting
+    got: dict[str, object] = {}
+
+    def run(name, call):
+        try:
+            got[name] = call()
+        except Exception as exc:  # the assertion below shows it
+            got[name] = exc
+        finally:
+            connections["default"].close()
+
+    def waiting_for_tenant_lock() -> int:
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                " AND classid = %s",
+                [rules.TENANT_LOCK_CLASS],
+            )
+            return cursor.fetchone()[0]
+
+    def until(count: int) -> None:
+        deadline = time.monotonic() + 30
+        while waiting_for_tenant_lock() < count:
+            assert time.monotonic() < deadline, f"{count} claims never waited for the lock"
+            time.sleep(0.02)
+
+    threads = []
+    with advisory_lock_held(rules.TENANT_LOCK_CLASS, "acme"):
+        claim_named = threading.Thread(
+            target=run,
+            args=("named", lambda: named_claim.claim(named.pk, "w-named", lease=60, bound=5)),
+        )
+        claim_named.start()
+        threads.append(claim_named)
+        until(1)
+        # Asked for now, more urgent: the statement's pick; the named job is its other
+        # candidate (longest waiting), locked by it too.
+        urgent = new_job(user, subject="urgent", tenant="acme", kind="test.short")
+        Job.objects.filter(pk=urgent.pk).update(priority=5)
+
+        def next_claim():
+            with transaction.atomic():  # the caller's lock timeout: the server's (none)
+                return pgclaim.claim_next(named.queue, "w-next", lease=60, bound=5)
+
+        statement = threading.Thread(target=run, args=("next", next_claim))
+        statement.start()
+        threads.append(statement)
+        until(2)
+    for t in threads:
+        t.join(60)
+    outcomes = {
+        name: (c.status, c.job.pk) if hasattr(c, "status") else repr(c) for name, c in got.items()
+    }
+    assert outcomes == {
+        "named": ("claimed", named.pk),
+        "next": ("claimed", urgent.pk),
+    }, outcomes
+
+
+@pytest.mark.postgres
+def test_pause__a_claim_waiting_for_the_rules_row__is_passed_over_then_holds_its_job(
+    make_user, monkeypatch
+):
+    """An operator pauses a rated kind while a claim statement holds one of its jobs'
+    rows and waits for the rule's row (locked by the pause). The pause's hold passes
+    over the row the claim holds (waiting for it would close a circle: a deadlock);
+    once the pause commits, the claim's verdict reads the rule again: paused, and the
+    claim holds the job itself. Nothing runs, both finish, the job is held."""
+    from jobs.engine import held
+
+    user = make_user()
+    job = new_job(user, tenant="acme")
+    flow.set_rule("kind:test.steps", actor="test", rate=100, period_seconds=60.0)
+    rule_locked, go = threading.Event(), threading.Event()
+    hold = held.hold
+
+    def paused_hold(scope):
+        rule_locked.set()
+        assert go.wait(30)
+        return hold(scope)
+
+    monkeypatch.setattr(held, "hold", paused_hold)
+    got: dict[str, object] = {}
+
+    def run(name, call):
+        try:
+            got[name] = call()
+        except Exception as exc:  # the assertion below shows it
+            got[name] = exc
+        finally:
+            connections["default"].close()
+
+    def next_claim():
+        with transaction.atomic():  # the caller's lock timeout: the server's (none)
+            return pgclaim.claim_next(job.queue, "w1", lease=60, bound=5)
+
+    pause = threading.Thread(
+        target=run, args=("pause", lambda: flow.pause("kind:test.steps", actor="op"))
+    )
+    pause.start()
+    assert rule_locked.wait(30)
+    claim = threading.Thread(target=run, args=("claim", next_claim))
+    claim.start()
+    deadline = time.monotonic() + 30
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            if cursor.fetchone()[0]:
+                break
+        assert time.monotonic() < deadline, "the claim never waited for the rule's row"
+        time.sleep(0.02)
+    go.set()
+    for t in (pause, claim):
+        t.join(60)
+    claimed = got.get("claim")
+    outcome = claimed.status if hasattr(claimed, "status") else repr(claimed)
+    assert hasattr(got.get("pause"), "paused"), got
+    assert outcome == "deferred", got
+    job.refresh_from_db()
+    assert (job.state, job.held_by) == (Job.State.QUEUED, "kind:test.steps")
