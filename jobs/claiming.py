@@ -141,7 +141,9 @@ class Claimer:
         start now."""
         pgclaim = claims()
         if self.releases:
-            self._effect_turn = not self._effect_turn
+            # Busy, jobs and sends take turns; woken from idle (an enqueue's NOTIFY), the
+            # job is looked for first: a statement fewer before it starts.
+            self._effect_turn = busy and not self._effect_turn
             if self._effect_turn:
                 leased = pgclaim.claim_effect(owner)
                 if leased is not None:

@@ -21,29 +21,42 @@ from jobs.models import Effect, Job
 
 def claim_next(queue: str, worker: str, *, lease: float, bound: int) -> Claim | None:
     """Claim ``queue``'s next due job for ``worker`` (the more urgent of its two
-    candidates by effective priority), or the verdict on it; None when none is due."""
+    candidates by effective priority), or the verdict on it; None when none is due.
+
+    A job another claim or an operator's open transaction holds (PostgreSQL: its claim
+    lock or its row, ``verdict.decide``) is passed over and the next chosen, as the
+    statement's ``SKIP LOCKED`` does; ``passed`` when every look met one."""
     if not named_claim._candidates(queue, exclude=set()):
         return None  # a read first: an idle cluster's look takes no write lock
+    passed: set[int] = set()
     with clock.worker_transaction():
-        found = [c.pk for c in named_claim._candidates(queue, exclude=set())]
-        if not found:
-            return None
-        rows = Job.objects.annotate(db_now=Now(), flow_ruled=rules.flow_ruled_q())
-        # Read again as claimable: through psycopg2, another claim may have started one
-        # since (its own claim lock is only tried below).
-        rows = list(rows.filter(rules.to_q(rules.CLAIMABLE), pk__in=found))
-        if not rows:
-            return None
-        now, aging = rows[0].db_now, rules.aging_seconds()
-        best = min(
-            rows,
-            key=lambda j: (-rules.effective_priority(j, now, aging), rules.waiting_since(j), j.pk),
-        )
-        job = named_claim._take_candidate(best)
-        if job is None:
-            return Claim("passed")
-        decided = verdict.decide(job, worker, now, lease=lease, bound=bound, swapped=True)
-        return decided if decided is not None else Claim("passed")
+        for _ in range(named_claim.SWAP_RACES + 1):
+            found = [c.pk for c in named_claim._candidates(queue, exclude=passed)]
+            if not found:
+                return Claim("passed") if passed else None
+            rows = Job.objects.annotate(db_now=Now(), flow_ruled=rules.flow_ruled_q())
+            # Read again as claimable: through psycopg2, another claim may have started
+            # one since (its own claim lock is only tried below).
+            rows = list(rows.filter(rules.to_q(rules.CLAIMABLE), pk__in=found))
+            if not rows:
+                passed.update(found)
+                continue
+            now, aging = rows[0].db_now, rules.aging_seconds()
+            best = min(
+                rows,
+                key=lambda j: (
+                    -rules.effective_priority(j, now, aging),
+                    rules.waiting_since(j),
+                    j.pk,
+                ),
+            )
+            job = named_claim._take_candidate(best)
+            if job is not None:
+                decided = verdict.decide(job, worker, now, lease=lease, bound=bound, swapped=True)
+                if decided is not None:
+                    return decided
+            passed.add(best.pk)
+    return Claim("passed")
 
 
 def decide_own_verdict(queue: str, worker: str, *, lease: float, bound: int) -> Claim | None:

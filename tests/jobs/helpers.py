@@ -127,3 +127,23 @@ def advisory_lock_held(lock_class: int, key: str) -> Iterator[None]:
     finally:
         release.set()
         holder.join(30)
+
+
+def scanned_rows(plan: dict) -> list[tuple[str, str, int]]:
+    """(node, relation, rows it produced) of every scan of ``jobs_job`` in a JSON plan."""
+    found = []
+    if plan.get("Relation Name") == "jobs_job":
+        found.append((plan["Node Type"], plan.get("Index Name", ""), plan["Actual Rows"]))
+    for child in plan.get("Plans", []):
+        found += scanned_rows(child)
+    return found
+
+
+def scans_of(sql: str, params) -> list[tuple[str, str, int]]:
+    """The job-table scans of ``sql`` run under EXPLAIN ANALYZE, its writes rolled back."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute("BEGIN")
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+        [[plan]] = cursor.fetchone()
+        cursor.execute("ROLLBACK")
+    return scanned_rows(plan["Plan"])

@@ -484,3 +484,104 @@ def test_held_while__both_executors_agree_on_every_case(django_user_model):
     assert set(answers()["held"]) == {(False, False)}, "an expired lease holds nothing"
     Job.objects.filter(pk=job.pk).update(state=Job.State.SUCCEEDED)
     assert set(answers()["held"]) == {(False, False)}, "a finished job is held by nobody"
+
+
+# --- the one queue's next-job claim, the same on both executors ------------------------
+
+
+def _next_claims(executor: str):
+    """The next-job claims (the claiming brokers' dequeue) of ``executor``."""
+    from jobs.executors import ormclaim, pgclaim
+
+    return pgclaim if executor == "postgres" else ormclaim
+
+
+@pytest.mark.parametrize("executor", ["postgres", "orm"])
+def test_next_claim__an_operators_cancel_in_flight__spends_no_start_defers_nothing(executor):
+    """The race of the issue that made the jobs table the one queue: an operator cancels
+    job a (its transaction holds a's row, not yet committed) while a claim takes the
+    queue's next job, under a rate of one start an hour. Then the cancel commits and the
+    cluster claims again. On both executors: a is cancelled and never started, b is
+    claimed once, the hour's one start went to b, nothing is deferred. (Before, the
+    claim's admission took the hour's start for a before anything held a's row, and the
+    fallback deferred b by about an hour on that spent start.)"""
+    import threading
+
+    from django.db import connections, transaction
+
+    from jobs.engine import job_machine
+
+    _rule("kind:test.contract", rate=1, period=3600.0)
+    a, _ = request_job(CLAIM_KIND, subject_type="contract", subject_id="a")
+    b, _ = request_job(CLAIM_KIND, subject_type="contract", subject_id="b")
+    holding, commit, cancelled = threading.Event(), threading.Event(), []
+
+    def operator():
+        try:
+            with transaction.atomic():
+                cancelled.append(job_machine.cancel(Job.objects.get(pk=a.pk), actor="op"))
+                holding.set()
+                assert commit.wait(60)
+        finally:
+            connections["default"].close()
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    claims = _next_claims(executor)
+    try:
+        assert holding.wait(30)
+        first = claims.claim_next("default", f"w-{executor}", lease=30.0, bound=4)
+    finally:
+        commit.set()
+        thread.join(60)
+    then = claims.claim_next("default", f"w-{executor}", lease=30.0, bound=4)
+    a.refresh_from_db()
+    b.refresh_from_db()
+    assert cancelled == [True]
+    assert (first.status, first.job.pk) == ("claimed", b.pk)
+    assert then is None, then
+    assert (a.state, a.attempts, b.state, b.attempts) == (
+        Job.State.CANCELLED,
+        0,
+        Job.State.RUNNING,
+        1,
+    )
+    outcomes = list(Attempt.objects.filter(job__kind=CLAIM_KIND).values_list("job_id", "outcome"))
+    assert outcomes == [(b.pk, "")], outcomes
+    rule = FlowRule.objects.get(scope="kind:test.contract")
+    assert rule.next_free_at is not None  # one start taken: b's
+
+
+@pytest.mark.parametrize("executor", ["postgres", "orm"])
+def test_next_claim__a_paused_scope_of_10000_jobs__is_not_read(executor):
+    """10,000 jobs of a paused kind wait in the queue; the claim of another kind's job
+    reads a handful of job rows (the pause holds them out of the claim's indexes), takes
+    that job, and writes nothing for any held job: no attempt, no deferral."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    import jobs
+    from jobs import flow
+    from jobs.engine import named_claim
+    from jobs.executors import pgclaim
+    from tests.jobs.helpers import scans_of
+
+    jobs.request_many([{"kind": CLAIM_KIND, "subject": ("contract", k)} for k in range(10_000)])
+    flow.pause(f"kind:{CLAIM_KIND}", actor="test")
+    other, _ = request_job(KIND, subject_type="contract", subject_id="other")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobs_job")
+    if executor == "postgres":
+        scans = scans_of(*pgclaim.next_statement("default", "w1", lease=30, bound=4))
+    else:
+        candidates = Job.objects.filter(rules.to_q(rules.CLAIMABLE), queue="default")
+        scans = []
+        for order in (named_claim._BY_PRIORITY, named_claim._BY_WAIT):
+            scans += scans_of(*candidates.order_by(*order)[:1].query.sql_with_params())
+    assert scans and max(rows for _, _, rows in scans) <= 5, scans
+    with CaptureQueriesContext(connection) as queries:
+        claim = _next_claims(executor).claim_next("default", "w1", lease=30.0, bound=4)
+    assert claim.won and claim.job.pk == other.pk
+    assert len(queries) <= 12, [q["sql"][:80] for q in queries]
+    assert Job.objects.filter(held_by=f"kind:{CLAIM_KIND}").count() == 10_000
+    assert list(Attempt.objects.values_list("job_id", flat=True)) == [other.pk]

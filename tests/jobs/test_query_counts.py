@@ -25,7 +25,7 @@ from jobs import conf
 from jobs.delivery.runner import run_adopted, run_delivery
 from jobs.executors import pgclaim
 from jobs.models import Attempt, Effect, Job, Notice
-from tests.jobs.helpers import new_job, request_job
+from tests.jobs.helpers import new_job, request_job, scans_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -152,16 +152,6 @@ def test_run_delivery__duplicate_round_trips(make_user):
     assert Attempt.objects.filter(job=job, outcome=Attempt.Outcome.DUPLICATE_DELIVERY).count() == 1
 
 
-def _scanned_rows(plan: dict) -> list[tuple[str, str, int]]:
-    """(node, relation, rows it produced) of every scan of ``jobs_job`` in a JSON plan."""
-    found = []
-    if plan.get("Relation Name") == "jobs_job":
-        found.append((plan["Node Type"], plan.get("Index Name", ""), plan["Actual Rows"]))
-    for child in plan.get("Plans", []):
-        found += _scanned_rows(child)
-    return found
-
-
 def _queue_of(n: int) -> int:
     """``n`` queued jobs of one queue, the table analyzed; the last one's id."""
     import jobs
@@ -177,16 +167,6 @@ def _queue_of(n: int) -> int:
     return handles[-1].id
 
 
-def _scans_of(sql: str, params) -> list[tuple[str, str, int]]:
-    """The job-table scans of ``sql`` run under EXPLAIN ANALYZE, its writes rolled back."""
-    with connection.cursor() as cursor:
-        cursor.execute("BEGIN")
-        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
-        [[plan]] = cursor.fetchone()
-        cursor.execute("ROLLBACK")
-    return _scanned_rows(plan["Plan"])
-
-
 @pytest.mark.postgres
 def test_claim_statement__reads_a_handful_of_rows_however_deep_the_queue():
     """The claim's choice of job (the queue's most urgent and longest waiting due job)
@@ -195,7 +175,7 @@ def test_claim_statement__reads_a_handful_of_rows_however_deep_the_queue():
     them all: 6,000 rows and 9 ms a claim with 6,000 queued)."""
     _queue_of(2000)
     sql, params = pgclaim.next_statement("default", "w1", lease=30, bound=4)
-    scans = _scans_of(sql, params)
+    scans = scans_of(sql, params)
     assert scans and max(rows for _, _, rows in scans) <= 5, scans
 
 
@@ -228,7 +208,7 @@ def test_orm_claim_first_read__reads_a_handful_of_rows_however_deep_the_queue():
     from jobs.engine import named_claim
 
     last = _queue_of(2000)
-    scans = _scans_of(*named_claim._first_read(last).query.sql_with_params())
+    scans = scans_of(*named_claim._first_read(last).query.sql_with_params())
     assert scans and max(rows for _, _, rows in scans) <= 5, scans
 
 
@@ -247,7 +227,7 @@ def test_next_claim__a_paused_scope_of_10000_jobs__is_not_read(make_user):
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE jobs_job")
     sql, params = pgclaim.next_statement("default", "w1", lease=30, bound=4)
-    scans = _scans_of(sql, params)
+    scans = scans_of(sql, params)
     print(f"job-table scans with 10,000 held: {scans}")
     assert scans and max(rows for _, _, rows in scans) <= 5, scans
     claim = pgclaim.claim_next("default", "w1", lease=30, bound=4)
