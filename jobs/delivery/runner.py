@@ -253,12 +253,9 @@ def adopt(job_id: int, owner: str, attempt_id: int, version: int) -> Claim:
     no write. ``stale`` when the job is no longer held under that claim (its lease ran
     out while the package waited, a cancel moved its version): the worker does nothing
     with it, as any worker that lost its lease."""
-    found = (
-        Attempt.objects.select_related("job")
-        .annotate(db_now=clock.ServerNow())
-        .filter(pk=attempt_id, job_id=job_id)
-    )
-    attempt = clock.checked_by(found.first)  # the task's first query: no SELECT 1 before
+    read = executors.current().read_claim
+    # The task's first query, and its connection's health check: no SELECT 1 before.
+    attempt = clock.checked_by(lambda: read(job_id, attempt_id))
     if attempt is None:
         return Claim("missing")
     job = attempt.job

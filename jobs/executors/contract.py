@@ -16,7 +16,7 @@ from typing import Protocol
 from django.db.models import Expression
 
 from jobs.engine.plan import Claim, Plan, Result
-from jobs.models import Job
+from jobs.models import Attempt, Job
 
 
 class Executor(Protocol):
@@ -24,6 +24,10 @@ class Executor(Protocol):
 
     def claim(self, job_id: int, worker: str, *, lease: float, bound: int) -> Claim:
         """Take the job for ``worker`` or record why not (duplicate, deferred, buried)."""
+
+    def read_claim(self, job_id: int, attempt_id: int) -> Attempt | None:
+        """The attempt a claim started, its ``job`` and the server's clock (``db_now``) in
+        one read: how a worker adopts the claim its cluster made for it."""
 
     def still_owner(self, job: Job, worker: str) -> bool:
         """Whether ``worker`` holds ``job`` at the version it last wrote, on a live lease."""

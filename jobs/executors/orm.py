@@ -12,13 +12,28 @@ from __future__ import annotations
 
 from django.db.models import Exists
 
+from jobs import clock
 from jobs.engine import job_machine
 from jobs.engine.named_claim import claim
 from jobs.engine.publishing import EXECUTOR as name
 from jobs.engine.publishing import publish, refused_accounts
-from jobs.models import Job
+from jobs.models import Attempt, Job
 
-__all__ = ["claim", "held_while", "name", "publish", "refused_accounts", "still_owner"]
+__all__ = [
+    "claim",
+    "held_while",
+    "name",
+    "publish",
+    "read_claim",
+    "refused_accounts",
+    "still_owner",
+]
+
+
+def read_claim(job_id: int, attempt_id: int) -> Attempt | None:
+    """The attempt a claim started, with its job and the server's clock, in one read."""
+    found = Attempt.objects.select_related("job").annotate(db_now=clock.ServerNow())
+    return found.filter(pk=attempt_id, job_id=job_id).first()
 
 
 def still_owner(job: Job, worker: str) -> bool:

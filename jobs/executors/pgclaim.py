@@ -233,6 +233,42 @@ def _claim(sql: str, params: list, worker: str) -> Claim | None:
 
 
 @functools.cache
+def _read_claim_statement() -> str:
+    job_t, attempt_t = _q(Job._meta.db_table), _q(Attempt._meta.db_table)
+    return _compact(
+        f"""SELECT j.*, a.number, a.worker, a.started_at, a.outcome, {NOW}
+        FROM {attempt_t} a JOIN {job_t} j ON j.id = a.job_id WHERE a.id = %s AND a.job_id = %s"""
+    )
+
+
+# The adopting read's job columns by the length of its row (as ``_columns``).
+_read_columns: dict[int, list[str]] = {}
+
+
+def read_claim(job_id: int, attempt_id: int) -> Attempt | None:
+    """The attempt a claim started, its ``job`` and the server's clock (``db_now``): the
+    worker's adoption of the claim, one statement rendered once (the ORM's join of the
+    two models cost more Python than the round trip). Its own health check: run it
+    through ``clock.checked_by``."""
+    with _cursor(health_check=False) as cursor:
+        cursor.execute(_read_claim_statement(), [_int8(attempt_id), _int8(job_id)])
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        names = _read_columns.get(len(row))
+        if names is None:
+            names = _read_columns[len(row)] = [d.name for d in cursor.description[:-5]]
+    *values, number, worker, started_at, outcome, db_now = row
+    job = _job_from_row(names, values)
+    attempt = Attempt(
+        pk=attempt_id, job=job, number=number, worker=worker, started_at=started_at, outcome=outcome
+    )
+    attempt._state.adding, attempt._state.db = False, job._state.db
+    attempt.db_now = db_now
+    return attempt
+
+
+@functools.cache
 def _own_verdict_statement() -> str:
     own = rules.literal_sql(rules.OWN_VERDICT, Job, quote=_q, now="clock_timestamp()")
     order = f"COALESCE(lease_expires_at, {rules.waiting_since_sql()})"

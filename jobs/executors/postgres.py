@@ -75,6 +75,11 @@ def path() -> tuple[bool, str]:
 # --- claim ---------------------------------------------------------------------------
 
 
+def read_claim(job_id: int, attempt_id: int) -> Attempt | None:
+    """The attempt a claim started, with its job and the server's clock, in one read."""
+    return pgclaim.read_claim(job_id, attempt_id)
+
+
 def claim(job_id: int, worker: str, *, lease: float, bound: int) -> Claim:
     """The claim of a job a message names (django-q2's message brokers): one statement
     when the job is plainly claimable (``pgclaim.claim_named``: claimed, or deferred by

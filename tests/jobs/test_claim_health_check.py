@@ -12,9 +12,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 from django.db import OperationalError, close_old_connections, connection
-from django.db.models import QuerySet
 
-from jobs import conf
+from jobs import conf, executors
 from jobs.delivery.runner import run_adopted
 from jobs.executors import pgclaim
 from jobs.models import Attempt, Job
@@ -98,7 +97,7 @@ def test_adoption__an_error_on_a_live_connection_is_the_reads_own(make_user, che
         sent.append(1)
         raise OperationalError("canceling statement due to lock timeout")
 
-    monkeypatch.setattr(QuerySet, "first", refused)  # the adoption's read
+    monkeypatch.setattr(executors.current(), "read_claim", refused)  # the adoption's read
 
     with pytest.raises(OperationalError):
         run_adopted(*package)
