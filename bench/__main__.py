@@ -743,7 +743,8 @@ def report(res: dict, workers: int) -> str:
         lines += ["", "worker hosts on this machine (demo.summary, one qcluster per host)"]
         lines.append(
             f"  {'hosts':>5} {'workers':>7} {'N':>5} {'jobs/s':>8} {'CPU ms/job':>10} "
-            f"{'workers':>7} {'cluster':>7} {'PG':>5} {'commits/job':>11} {'job upd/job':>11} "
+            f"{'workers':>7} {'cluster':>7} {'PG':>5} {'commits/job':>11} {'writes/job':>10} "
+            f"{'job upd/job':>11} "
             f"{'queue upd/job':>13}  claims by host"
         )
         for r in host_runs:
@@ -754,6 +755,7 @@ def report(res: dict, workers: int) -> str:
                 f"{r['cpu_ms'].get('sentinel/monitor/pusher', 0):7.1f} "
                 f"{r['cpu_ms'].get('postgres backends', 0):5.1f} "
                 f"{r['server'].get('xact_commit', 0):11.2f} "
+                f"{r['server'].get('xids', float('nan')):10.2f} "
                 f"{r['server'].get('jobs_job.upd', 0):11.2f} "
                 f"{r['server'].get('django_q_ormq.upd', 0):13.2f}  {r['claims_by_host']}"
                 + ("" if r["ok"] else "  CHECK FAILED")
@@ -763,7 +765,10 @@ def report(res: dict, workers: int) -> str:
             f"hosts 1→{last['hosts']}: {first['rate']:.1f}→{last['rate']:.1f} jobs/s, CPU "
             f"{sum(first['cpu_ms'].values()):.1f}→{sum(last['cpu_ms'].values()):.1f} ms/job, "
             f"commits {first['server'].get('xact_commit', 0):.2f}→"
-            f"{last['server'].get('xact_commit', 0):.2f}/job"
+            f"{last['server'].get('xact_commit', 0):.2f}/job (of which writing, by transaction "
+            f"ids: {first['server'].get('xids', float('nan')):.2f}→"
+            f"{last['server'].get('xids', float('nan')):.2f}; the enqueue is one transaction "
+            "for the whole queue)"
         )
     costs = res.get("store_costs")
     if costs:

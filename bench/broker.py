@@ -47,6 +47,9 @@ class BrokerRun:
     idle: Series
     burst: Series
     noop_burst_ms: float = float("nan")  # 83 bare django-q2 no-ops: enqueue commit → drained
+    # The ORM broker only: 83 plain tasks doing the minimal kind's work (``bench.plain``),
+    # enqueue commit → each one's notice written; the bar the jobs table's burst is held to.
+    plain_burst_ms: list[float] = field(default_factory=list)
     quiet_xacts_s: float = float("nan")
     quiet_window_s: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -126,6 +129,25 @@ def _noop_burst_ms(c: infra.Cluster) -> float:
     return (time.monotonic() - at) * 1000
 
 
+def _plain_burst_ms(user_id: int, c: infra.Cluster) -> list[float]:
+    """83 ``bench.plain.plain_minimal`` tasks (the minimal kind's work, no engine) in one
+    transaction; per task, ms from its commit until its notice row was written (the
+    worker's clock, this host's)."""
+    from django_q.tasks import async_task
+
+    from bench.models import PlainNotice
+
+    first = (PlainNotice.objects.order_by("-pk").values_list("pk", flat=True).first() or 0) + 1
+    tag = f"burst{time.monotonic_ns()}"
+    with transaction.atomic():
+        for i in range(BURST):
+            async_task("bench.plain.plain_minimal", user_id, tag, i)
+    at = timezone.now()
+    written = PlainNotice.objects.filter(pk__gte=first)
+    _wait("the plain burst", lambda: written.count() >= BURST, c)
+    return [_ms(created, at) for created in written.values_list("created_at", flat=True)]
+
+
 def run_one(
     broker: str, user_id: int, workers: int, *, singles: int, quiet: float, progress=print
 ) -> BrokerRun:
@@ -161,6 +183,13 @@ def run_one(
         time.sleep(0.5)
         out.noop_burst_ms = _noop_burst_ms(c)
         progress(f"broker {broker}: {BURST} bare no-ops drained in {out.noop_burst_ms:.0f} ms")
+        if broker == ORM:
+            time.sleep(0.5)
+            out.plain_burst_ms = _plain_burst_ms(user_id, c)
+            progress(
+                f"broker {broker}: burst of {BURST} plain tasks (same work) p99 "
+                f"{pct(out.plain_burst_ms, 99):.0f} ms"
+            )
 
         if quiet > 0:
             connection.close()  # this process stays out of the count
@@ -191,6 +220,7 @@ def as_json(runs: dict[str, BrokerRun]) -> dict:
             "idle_ms": r.idle.values_ms,
             "burst_ms": r.burst.values_ms,
             "noop_burst_ms": r.noop_burst_ms,
+            "plain_burst_ms": r.plain_burst_ms,
             "quiet_xacts_s": r.quiet_xacts_s,
             "quiet_window_s": r.quiet_window_s,
             "notes": r.notes,
@@ -220,6 +250,13 @@ def report_lines(res: dict, poll: float) -> tuple[list[str], list[str]]:
             f"  {LABELS[b]:36} {BURST} bare no-ops drained in {r.get('noop_burst_ms', nan):.0f} ms "
             "(the floor under any burst on this cluster)"
         )
+        plain = r.get("plain_burst_ms") or []
+        if plain:
+            lines.append(
+                f"  {LABELS[b]:36} {'plain tasks':14} p50 {pct(plain, 50):6.0f}  p95 "
+                f"{pct(plain, 95):6.0f}  p99 {pct(plain, 99):6.0f}  (n={len(plain)}; the "
+                "minimal kind's work without the engine, a burst of 83)"
+            )
         lines.append(
             f"  {LABELS[b]:36} quiet cluster  {r['quiet_xacts_s']:.2f} transactions/s at the "
             f"server over {r['quiet_window_s']:.0f} s" + "".join(f"; {n}" for n in r["notes"])
@@ -232,4 +269,11 @@ def report_lines(res: dict, poll: float) -> tuple[list[str], list[str]]:
             for b, r in res.items()
         )
     )
+    plain = res.get(ORM, {}).get("plain_burst_ms") or []
+    ours = res.get(JOBS, {}).get("burst_ms") or []
+    if plain and ours:
+        summary += (
+            f"; in-app burst of {BURST} p99: jobs table {pct(ours, 99):.0f} ms against plain "
+            f"django-q2 tasks on the ORM broker {pct(plain, 99):.0f} ms"
+        )
     return lines, [summary + f" (ORM poll {poll} s)"]

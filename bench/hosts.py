@@ -115,7 +115,9 @@ def run_hosts(user_id: int, *, n: int, workers: int = 1, progress=print) -> list
         progress(
             f"hosts: {hosts} x {workers}w: {r.rate:6.1f} jobs/s, CPU {cpu:.1f} ms/job "
             f"(backends {r.cpu_ms.get('postgres backends', 0):.1f}), "
-            f"{r.server.get('xact_commit', 0):.1f} commits/job, claims {r.claims_by_host}"
+            f"{r.server.get('xact_commit', 0):.1f} commits/job "
+            f"({r.server.get('xids', 0):.2f} writing), "
+            f"claims {r.claims_by_host}"
             f"{'' if r.ok else ', CHECK FAILED'}"
         )
     return runs

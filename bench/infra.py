@@ -292,10 +292,15 @@ def server_counters() -> dict[str, int]:
     """
     with scratchdb.admin_connection(server_url()) as conn:
         row = conn.execute(
-            "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = %s",
+            "SELECT xact_commit, xact_rollback, "
+            "pg_snapshot_xmax(pg_current_snapshot())::text::bigint "
+            "FROM pg_stat_database WHERE datname = %s",
             [E2E_DB],
         ).fetchone()
-    counters = {"xact_commit": row[0], "xact_rollback": row[1]}
+    # ``xids``: transaction ids handed out on the whole server (a read-only transaction takes
+    # none): the writing commits, which flush WAL. ``xact_commit`` counts every transaction
+    # of the database, reads too (a worker's adopting read, an idle look).
+    counters = {"xact_commit": row[0], "xact_rollback": row[1], "xids": row[2]}
     with connect(E2E_DB) as conn:
         for table, upd, hot, ins in conn.execute(
             "SELECT relname, n_tup_upd, n_tup_hot_upd, n_tup_ins FROM pg_stat_user_tables "
