@@ -50,6 +50,10 @@ log = logging.getLogger("jobs.claiming")
 
 RUN_CLAIMED = "jobs.tasks.run_claimed"
 RELEASE_CLAIMED = "jobs.tasks.release_claimed"
+# The longest an idle pusher waits without looking at the table (``broker_heartbeat``):
+# a NOTIFY that never arrived (a listener reconnecting) is made up for by then. Each look
+# is one statement (``Claiming.dequeue``).
+HEARTBEAT = 10.0
 # How often a busy cluster looks for jobs that need their own verdict (a lease that ran
 # out, a spent budget): an idle one looks when its nearest due time has come.
 OWN_VERDICT_EVERY = 1.0
@@ -79,9 +83,12 @@ def queue_of_key(key: str) -> str:
 
 _NEXT_JOB_DUE = """
 SELECT EXTRACT(EPOCH FROM min(due) - clock_timestamp())::float8 FROM (
-    SELECT min(next_attempt_at) AS due FROM {t}
-    WHERE queue = ANY(%(queues)s) AND state IN ('queued', 'retry_wait') AND held_by = ''
-      AND next_attempt_at IS NOT NULL
+    SELECT min(w.due) AS due FROM unnest(%(queues)s::varchar[]) AS served(queue),
+    LATERAL (
+        SELECT COALESCE(next_attempt_at, created_at) AS due FROM {t}
+        WHERE queue = served.queue AND state IN ('queued', 'retry_wait') AND held_by = ''
+        ORDER BY COALESCE(next_attempt_at, created_at) LIMIT 1
+    ) w
     UNION ALL
     SELECT min(lease_expires_at) FROM {t}
     WHERE queue = ANY(%(queues)s) AND state = 'running'
@@ -150,7 +157,7 @@ class Claimer:
                     return Leased(*leased)
         claim = self._next_job(owner, busy=busy)
         if claim is None and self.releases and not self._effect_turn:
-            leased = pgclaim.claim_effect(owner)
+            leased = pgclaim.claim_effect(owner, look_first=not busy)
             if leased is not None:
                 return Leased(*leased)
         return claim
@@ -198,6 +205,7 @@ class Claiming:
         self._claimer = Claimer(self.queues)
         self._busy = False  # the last dequeue handed out work
         self._full_since = (-1, 0.0)  # (count, monotonic) while every worker is busy
+        self._quiet_wake = False  # the last wait ended by its timeout, nothing else
 
     @property
     def queues(self) -> list[str]:
@@ -210,12 +218,24 @@ class Claiming:
     # --- the Broker interface ---------------------------------------------------------
 
     def dequeue(self) -> list[tuple[int, str]] | None:
-        """Claimed jobs and plain messages for the idle workers; waits when there is none."""
+        """Claimed jobs and plain messages for the idle workers; waits when there is none.
+
+        Woken by the heartbeat alone (no NOTIFY, no worker done, no due time reached),
+        one look at the nearest due time decides whether to claim at all: an idle
+        cluster sends one statement a heartbeat, not a claim per queue and source."""
         try:
             idle = self._idle()
+            if idle and self._quiet_wake:
+                self._quiet_wake = False
+                due_in = self._next_due()
+                if due_in is None or due_in > 0:
+                    self._wait_for_work(due_in)
+                    return None
             tasks = self._fill(idle)
             if idle:  # a full cluster found nothing because it looked for nothing
-                self._busy = bool(tasks)
+                # Busy with claimed work (jobs, sends), not with a plain message (the
+                # dispatcher's minute): only that makes a look for expired leases due.
+                self._busy = any(payload_ack == 0 for payload_ack, _ in tasks)
             if tasks:
                 return tasks
             self._wait_for_work()
@@ -338,13 +358,15 @@ class ClaimingBroker(Claiming, PostgresBroker):
 
     # --- waiting ------------------------------------------------------------------------
 
-    def _wait_for_work(self) -> None:
+    def _wait_for_work(self, due_in: float | bool | None = False) -> None:
         """Until a NOTIFY, a worker that finished, or the nearest due time (at most a
-        heartbeat, ``broker_heartbeat``; ``poll`` when not listening)."""
+        heartbeat, ``broker_heartbeat``; ``poll`` when not listening). ``due_in``: the
+        nearest due time just read (False: read it here)."""
         listening = self._ensure_listener()
-        wait = float(_option("broker_heartbeat", 5.0))
+        wait = heartbeat = float(_option("broker_heartbeat", HEARTBEAT))
         if self._idle() > 0:
-            due_in = self._next_due()
+            if due_in is False:
+                due_in = self._next_due()
             if due_in is not None and due_in <= 0:
                 # Due and not claimed: a lease that ran out waits for its own verdict.
                 self._claimer.look_now()
@@ -359,6 +381,8 @@ class ClaimingBroker(Claiming, PostgresBroker):
             ready, _, _ = select.select(fds, [], [], wait)
         except InterruptedError:
             return
+        # Only the heartbeat ended the wait (a due time it waited for is not quiet).
+        self._quiet_wake = listening and not ready and wait >= heartbeat
         if r in ready:
             _drain(r)
         if listening:

@@ -37,7 +37,6 @@ from jobs.outages import (
     close_connections,
     describe,
     pause,
-    ping_database,
     wait_for_database,
     within,
 )
@@ -194,6 +193,10 @@ def messages_waiting(*, stall: float, grace: float, keys: list[str] | None = Non
     from django_q.conf import Conf
     from django_q.models import OrmQ
 
+    from jobs.queue import claims_jobs
+
+    if claims_jobs():
+        return _jobs_waiting(grace=grace, keys=keys)
     if not Conf.ORM:
         return ""
     retry_seconds = float(Conf.RETRY or 0)
@@ -209,6 +212,30 @@ def messages_waiting(*, stall: float, grace: float, keys: list[str] | None = Non
     stuck = sum(1 for message in held[:50] if _never_began(message, retry_seconds))
     if stuck:
         return f"{stuck} job message(s) taken over {stall:g} s ago and never begun"
+    return ""
+
+
+def _jobs_waiting(*, grace: float, keys: list[str] | None) -> str:
+    """Where the jobs table is the queue (``jobs.claiming``): a job of the served queues
+    due for over ``grace`` seconds that no claim took or held back (a claim that holds a
+    job back gives it a due time ahead). A healthy idle cluster claims a job the moment
+    its NOTIFY arrives, and at the latest at its next heartbeat."""
+    from django.db.models import F
+    from django.db.models.functions import Coalesce
+    from django.utils import timezone
+    from django_q.conf import Conf
+
+    from jobs import rules
+    from jobs.claiming import queue_of_key
+    from jobs.models import Job
+
+    queues = list(dict.fromkeys(queue_of_key(k) for k in (keys or [Conf.CLUSTER_NAME])))
+    since = timezone.now() - timedelta(seconds=grace)
+    due = Job.objects.filter(rules.to_q(rules.CLAIMABLE), queue__in=queues)
+    due = due.alias(since=Coalesce(F("next_attempt_at"), F("created_at"))).filter(since__lte=since)
+    untaken = len(due.values_list("pk", flat=True)[:50])
+    if untaken:
+        return f"{untaken} job(s) due for over {grace:g} s and not claimed"
     return ""
 
 
@@ -236,6 +263,9 @@ class Options:
     max_backoff: float = 5.0  # longest wait between database tries / restarts
     grace: float = 5.0  # a message untaken this long is waiting
     check_every: float = 2.0  # how often the database (the queue, once idle) is looked at
+    # How often an idle cluster's queue is looked at while nothing waits for it (the look
+    # is its only statement then): at most this long is added to seeing a wedge.
+    quiet_every: float = 15.0
     quick_exit: float = 10.0  # a child that ran less than this backs off further
     # Until its first delivery a cluster may still be booting (django imports, N worker
     # processes forked): on a loaded host that can take longer than ``stall_seconds``,
@@ -384,40 +414,50 @@ class Supervisor:
     def _watch(self) -> tuple[str, str] | None:
         """Wait until the child exits or stalls ((kind, why)) or a signal came (None).
 
-        The database is looked at every ``check_every`` seconds, so an outage is
-        noticed while it lasts: the cluster could not work then, and its idle time
-        starts again when the database is back (django-q2's pusher also sleeps 10 s
-        after a failed pull).
+        Only a cluster that made no progress for ``stall_seconds`` (or whose last look
+        met an outage) is looked at: the look asks whether work waits for it, and is the
+        ping that notices an outage while it lasts (its idle time starts again when the
+        database is back). A busy cluster costs no statement here. A look that finds
+        nothing waiting comes back after ``quiet_every``; a stall is declared only when
+        two looks ``check_every`` apart both find work waiting, so a cluster catching up
+        after an outage this process did not see is not restarted for it.
         """
-        next_check = 0.0
+        next_check, seen_waiting = 0.0, False
         while not self.stopping():
             code = self.child.poll()
             if code is not None:
                 return "exited", f"exited with code {code}"
-            if time.monotonic() >= next_check:
-                next_check = time.monotonic() + self.options.check_every
+            now = time.monotonic()
+            if now >= next_check:
                 idle = self._idle_seconds()
-                waiting = self._look(stalled=idle >= self.options.stall_seconds)
-                if waiting and self._idle_seconds() >= self.options.stall_seconds:
-                    return "stalled", f"made no progress for {idle:.0f} s while {waiting}"
+                if idle < self.options.stall_seconds and not self.outage.down:
+                    next_check, seen_waiting = now + self.options.check_every, False
+                else:
+                    waiting = self._look()
+                    if (
+                        waiting
+                        and seen_waiting
+                        and self._idle_seconds() >= self.options.stall_seconds
+                    ):
+                        return "stalled", f"made no progress for {idle:.0f} s while {waiting}"
+                    seen_waiting = bool(waiting)
+                    busy = waiting or self.outage.down
+                    every = self.options.check_every if busy else self.options.quiet_every
+                    next_check = now + every
             time.sleep(0.1)
         return None
 
-    def _look(self, *, stalled: bool) -> str:
-        """Ping the database, or (``stalled``) ask whether messages wait; note outages."""
+    def _look(self) -> str:
+        """Ask whether work waits for the cluster (``messages_waiting``); note outages."""
         try:
-            if stalled:
-                waiting = within(
-                    self.options.ping_timeout,
-                    lambda: messages_waiting(
-                        stall=self.options.stall_seconds,
-                        grace=self.options.grace,
-                        keys=self._keys(),
-                    ),
-                )
-            else:
-                ping_database(self.options.ping_timeout)
-                waiting = ""
+            waiting = within(
+                self.options.ping_timeout,
+                lambda: messages_waiting(
+                    stall=self.options.stall_seconds,
+                    grace=self.options.grace,
+                    keys=self._keys(),
+                ),
+            )
         except DATABASE_ERRORS as exc:
             self.outage.failed(exc)
             return ""

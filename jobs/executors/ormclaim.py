@@ -75,9 +75,10 @@ def decide_own_verdict(queue: str, worker: str, *, lease: float, bound: int) -> 
         return verdict.decide(job, worker, job.db_now, lease=lease, bound=bound, swapped=False)
 
 
-def claim_effect(worker: str) -> tuple[Effect, str] | None:
+def claim_effect(worker: str, *, look_first: bool = True) -> tuple[Effect, str] | None:
     """Lease the ledger's longest-due releasable effect to ``worker``: the effect and its
-    state before, or None when none is due (``pgclaim.claim_effect``'s contract)."""
+    state before, or None when none is due (``pgclaim.claim_effect``'s contract; it
+    always looks first)."""
     from jobs.engine import effect_machine
 
     releasable = Effect.objects.filter(rules.to_q(rules.EFFECT_RELEASABLE))

@@ -302,15 +302,21 @@ def _effect_statement() -> str:
     )
 
 
-def claim_effect(worker: str) -> tuple[Effect, str] | None:
+def claim_effect(worker: str, *, look_first: bool = False) -> tuple[Effect, str] | None:
     """Lease the ledger's longest-due releasable effect to ``worker`` (pending or unknown
     and due, or sending whose lease ran out): the effect and its state before, or None
     when none is due. Picked under its row lock (another cluster passes over it) and
     leased by the ledger's own arrow (``effect_machine.claim_send``) in one transaction;
     an effect whose send budget is spent goes to ``needs_review`` here, and the next due
-    one is looked at."""
+    one is looked at. ``look_first`` (an idle cluster's look): the pick alone, outside a
+    transaction, first; none due costs that one statement, not four."""
     from jobs.engine import effect_machine
 
+    if look_first:
+        with connection.cursor() as cursor:
+            cursor.execute(_effect_statement())
+            if cursor.fetchone() is None:
+                return None
     for _ in range(4):
         with clock.worker_transaction():
             with connection.cursor() as cursor:

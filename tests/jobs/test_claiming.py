@@ -228,6 +228,30 @@ def test_claiming__next_due_time_is_the_nearest_job_due_or_lease_expiry(db):
     assert due_in is not None and 0 < due_in <= 31
 
 
+def test_claiming__woken_by_the_heartbeat_alone_an_idle_cluster_sends_one_statement(
+    db, monkeypatch
+):
+    """An idle cluster whose wait ended by its heartbeat (no NOTIFY, no worker done, no due
+    time) looks once at the nearest due time and claims nothing when nothing is due: one
+    statement a heartbeat (issue 41: an idle worker, at most one statement a second). A job
+    whose NOTIFY never reached it is due at that look, and claimed."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    b = broker()
+    waits = []
+    monkeypatch.setattr(b, "_wait_for_work", lambda *args: waits.append(args))
+    b._quiet_wake = True
+    with CaptureQueriesContext(connection) as queries:
+        assert b.dequeue() is None
+    assert len(queries) == 1, [q["sql"][:60] for q in queries]
+    assert waits == [(None,)]
+    job = ask("no-notify")
+    b._quiet_wake = True
+    [task] = take(b)
+    assert task["args"][0] == job.pk
+
+
 def test_claiming__an_acknowledgement_that_meets_a_database_error_does_not_raise(db, monkeypatch):
     b = broker()
 

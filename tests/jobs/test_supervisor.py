@@ -148,3 +148,33 @@ def test_within__a_look_that_gets_no_answer_is_an_outage_in_seconds(caplog):
             assert time.monotonic() < deadline, "the blocked look never ended"
             time.sleep(0.05)
     assert supervisor.within(None, lambda: 7) == 7, "no deadline: run in place"
+
+
+@pytest.mark.django_db
+def test_messages_waiting__where_the_table_is_the_queue__a_job_due_and_untaken(
+    monkeypatch, django_user_model
+):
+    """Under a claiming broker a job has no message: the stall watch's sign is a job of the
+    served queues due for over ``grace`` seconds that no claim took or held back (one due
+    later, held by a pause, or of another queue is none)."""
+    from datetime import timedelta
+
+    from django_q.conf import Conf
+
+    import jobs
+    from jobs.models import Job
+
+    monkeypatch.setattr(Conf, "BROKER_CLASS", "jobs.claiming.ClaimingBroker")
+    monkeypatch.setattr(Conf, "SYNC", False)
+    job = jobs.request("test.steps", ("auth.user", 1), params={"recipients": []}).job
+    assert supervisor.messages_waiting(stall=30, grace=5) == "", "due for less than grace"
+    ago = timezone.now() - timedelta(seconds=10)
+    Job.objects.filter(pk=job.pk).update(created_at=ago, next_attempt_at=ago)
+    assert supervisor.messages_waiting(stall=30, grace=5) == (
+        "1 job(s) due for over 5 s and not claimed"
+    )
+    Job.objects.filter(pk=job.pk).update(held_by="kind:test.steps")
+    assert supervisor.messages_waiting(stall=30, grace=5) == ""
+    Job.objects.filter(pk=job.pk).update(held_by="", queue="reports")
+    assert supervisor.messages_waiting(stall=30, grace=5) == ""
+    assert supervisor.messages_waiting(stall=30, grace=5, keys=[f"{Conf.PREFIX}.reports"])
