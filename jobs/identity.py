@@ -21,6 +21,7 @@ import os
 import re
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 # The 48 bits of a UUIDv7's timestamp, and its random parts (RFC 9562, section 5.7).
@@ -44,6 +45,13 @@ def uuid7(at_ms: int | None = None) -> uuid.UUID:
     return uuid.UUID(int=value)
 
 
+def made_at(uid: uuid.UUID) -> datetime | None:
+    """When a UUIDv7 was made (its milliseconds), or None for another version."""
+    if uid.version != 7:
+        return None
+    return datetime.fromtimestamp((uid.int >> 80) / 1000, tz=UTC)
+
+
 def new_uid() -> uuid.UUID:
     """``Job.uid``'s default: made once, when the row is made."""
     return uuid7()
@@ -63,7 +71,7 @@ def display_name(job: Any) -> str:
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 # A key or object name of a job's artifact: ``job-<uid>-rev-N`` (``job-<id>-rev-N`` before
 # migration 0024), anywhere in a storage name.
-KEY_IN_NAME = re.compile(rf"(?:^|/)job-(?P<job>{_UUID}|\d+)-rev-\d+")
+KEY_IN_NAME = re.compile(rf"(?:^|/)job-(?P<job>{_UUID}|\d+)-rev-(?P<revision>\d+)")
 
 
 def job_lookup(name: str) -> dict[str, Any] | None:

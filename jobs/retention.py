@@ -78,6 +78,11 @@ def _walk(storage, folder: str) -> Iterator[str]:
         yield from _walk(storage, f"{folder}/{sub}")
 
 
+def stored_names() -> Iterator[str]:
+    """Every file name under the artifact storage's folder."""
+    return _walk(artifacts.get_storage(), artifacts.FOLDER)
+
+
 def orphans(*, older_than_seconds: float | None = None) -> list[str]:
     """Artifact files no row names, of no live job (older than the given age, if any)."""
     storage = artifacts.get_storage()

@@ -16,8 +16,8 @@ from django.db import connection
 from jobs import artifacts, identity, retention
 from jobs.delivery.runner import run_delivery
 from jobs.engine import effect_machine
-from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, JobEvent, Notice
-from tests.jobs.helpers import new_job
+from jobs.models import Artifact, Effect, Job
+from tests.jobs.helpers import lose_job, new_job
 
 pytestmark = pytest.mark.django_db
 
@@ -52,17 +52,6 @@ def _outputs(job: Job) -> dict[str, object]:
     }
 
 
-def _lose(job: Job) -> None:
-    """Delete the job and all it wrote, as a promoted replica that never received it."""
-    Notice.objects.filter(effect__job=job).delete()
-    EffectEvent.objects.filter(effect__job=job).delete()
-    Effect.objects.filter(job=job).delete()
-    Artifact.objects.filter(job=job).delete()
-    Attempt.objects.filter(job=job).delete()
-    JobEvent.objects.filter(job=job).delete()
-    Job.objects.filter(pk=job.pk).delete()
-
-
 def _rewind_job_ids(to: int) -> None:
     """The next job gets id ``to``, as after a failover to a replica that was behind."""
     with connection.cursor() as cursor:
@@ -84,7 +73,7 @@ def test_rewound_sequence__reused_id_gets_keys_and_object_names_of_its_own(make_
     lost_file = lost_outputs["object name"]
     assert artifacts.get_storage().exists(lost_file)  # the bucket kept it; the rows are gone
 
-    _lose(lost)
+    lose_job(lost)
     _rewind_job_ids(lost.pk)
     new = new_job(reviewer, subject=other_subject.pk)
     assert new.pk == lost.pk, "the rewound sequence handed the id out again"
@@ -104,7 +93,7 @@ def test_rewound_sequence__lost_jobs_object_is_an_orphan_not_the_new_jobs(make_u
     lost = new_job(make_user())
     assert run_delivery(lost.pk, worker="w-old-primary").outcome == "succeeded"
     lost_file = Artifact.objects.get(job=lost).storage_name
-    _lose(lost)
+    lose_job(lost)
     _rewind_job_ids(lost.pk)
     waiting = new_job(make_user())  # queued: its files would be kept
     assert waiting.pk == lost.pk
