@@ -8,9 +8,13 @@ is reported once, with its kind (as its folder names it), revision and, from the
 when it was asked for. Run it before ``jobs_prune`` removes orphans older than
 ``JOBS_ORPHAN_GRACE_SECONDS``: they are the evidence.
 
-Still to come (issue 47): the provider's accepted keys against the ledger, asking for
-the lost jobs again where their subject still exists, and recording what the outside
-world already has so no second notice goes out.
+The provider's side, for any provider: ``unknown_keys`` takes the idempotency keys a
+provider says it accepted (its export, one a line, optionally followed by the effect id
+it recorded) and returns those the ledger has no effect for: notices of lost jobs.
+
+Still to come (issue 47): asking a provider with a ``lookup`` for its keys, asking for the
+lost jobs again where their subject still exists, and recording what the outside world
+already has so no second notice goes out.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from datetime import datetime
 from django.db.models import Q
 
 from jobs import artifacts, identity, retention
-from jobs.models import Job
+from jobs.models import Effect, Job
 
 
 @dataclass(frozen=True)
@@ -83,3 +87,48 @@ def _known(tokens: set[str]) -> set[str]:
         return set()
     rows = Job.objects.filter(Q(pk__in=ids, keys_from_id=True) | Q(uid__in=uids))
     return {identity.job_key(job) for job in rows.only("pk", "uid", "keys_from_id")}
+
+
+@dataclass(frozen=True)
+class UnknownKey:
+    """A key a provider accepted that no effect of the ledger has."""
+
+    idempotency_key: str
+    effect_id: str  # as the provider recorded it ("" when its export has none)
+    job: str  # the job part of that effect id (its uid), or ""
+
+
+def read_provider_keys(lines) -> list[tuple[str, str]]:
+    """``(key, effect id)`` pairs from a provider's export: a key a line, optionally
+    followed by whitespace and the effect id; blank lines and ``#`` comments skipped."""
+    pairs = []
+    for line in lines:
+        parts = line.split(None, 1)
+        if not parts or parts[0].startswith("#"):
+            continue
+        pairs.append((parts[0], parts[1].strip() if len(parts) > 1 else ""))
+    return pairs
+
+
+def unknown_keys(accepted: list[tuple[str, str]]) -> list[UnknownKey]:
+    """The accepted ``(key, effect id)`` pairs whose key no effect of the ledger has."""
+    keys = {key for key, _ in accepted}
+    known: set[str] = set()
+    for chunk in _chunks(sorted(keys), 1000):
+        known.update(
+            Effect.objects.filter(idempotency_key__in=chunk).values_list(
+                "idempotency_key", flat=True
+            )
+        )
+    out, seen = [], set()
+    for key, effect_id in accepted:
+        if key in known or key in seen:
+            continue
+        seen.add(key)
+        out.append(UnknownKey(key, effect_id, effect_id.split(":", 1)[0] if effect_id else ""))
+    return out
+
+
+def _chunks(items: list[str], size: int):
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from jobs import reconcile
 from jobs.delivery.runner import run_delivery
-from jobs.models import Artifact
+from jobs.models import Artifact, Effect
 from tests.jobs.helpers import lose_job, new_job
 
 pytestmark = pytest.mark.django_db
@@ -58,3 +58,32 @@ def test_jobs_reconcile_command__lists_them(make_user):
     call_command("jobs_reconcile", "--json", stdout=out)
     [entry] = json.loads(out.getvalue())["lost_jobs"]
     assert entry["job"] == str(lost.uid) and len(entry["objects"]) == 1
+
+
+def test_unknown_keys__a_key_the_provider_accepted_for_a_lost_job(make_user, tmp_path):
+    kept, lost = new_job(make_user()), new_job(make_user())
+    for job in (kept, lost):
+        assert run_delivery(job.pk, worker="w-old-primary").outcome == "succeeded"
+    sent = {e.idempotency_key: e.effect_id for e in Effect.objects.all()}  # the provider's
+    lost_effect = Effect.objects.get(job=lost)
+    lose_job(lost)
+
+    export = tmp_path / "accepted.txt"
+    export.write_text(
+        "# the provider's export\n\n" + "".join(f"{k} {e}\n" for k, e in sent.items())
+    )
+    accepted = reconcile.read_provider_keys(export.read_text().splitlines())
+    [unknown] = reconcile.unknown_keys(accepted)
+    assert unknown.idempotency_key == lost_effect.idempotency_key
+    assert (unknown.effect_id, unknown.job) == (lost_effect.effect_id, str(lost.uid))
+
+    out = StringIO()
+    call_command("jobs_reconcile", "--provider-keys", str(export), stdout=out)
+    text = out.getvalue()
+    assert f"accepted key {lost_effect.idempotency_key} effect={lost_effect.effect_id}" in text
+    assert f"lost job {lost.uid}" in text
+    assert text.rstrip().endswith("accepted keys not in the ledger: 1")
+    out = StringIO()
+    call_command("jobs_reconcile", "--json", "--provider-keys", str(export), stdout=out)
+    [entry] = json.loads(out.getvalue())["unknown_keys"]
+    assert entry["job"] == str(lost.uid)
