@@ -16,14 +16,17 @@ BATCH = 2000
 
 
 def give_existing_jobs_a_uid(apps, schema_editor):
-    """A UUIDv7 dated by ``created_at`` for each job made before this migration."""
+    """A UUIDv7 dated by ``created_at`` for each job made before this migration, in
+    batches walked by the primary key (each one an index range, not a scan)."""
     Job = apps.get_model("jobs", "Job")
     db = schema_editor.connection.alias
-    rows = Job.objects.using(db).filter(uid__isnull=True).order_by("pk")
-    while batch := list(rows.only("pk", "created_at")[:BATCH]):
+    rows = Job.objects.using(db).order_by("pk").only("pk", "created_at")
+    last = None
+    while batch := list((rows if last is None else rows.filter(pk__gt=last))[:BATCH]):
         for job in batch:
             job.uid = jobs.identity.uuid7(int(job.created_at.timestamp() * 1000))
         Job.objects.using(db).bulk_update(batch, ["uid"])
+        last = batch[-1].pk
 
 
 class Migration(migrations.Migration):

@@ -10,6 +10,7 @@ derivations written out here, then the app migrates forward.
 from __future__ import annotations
 
 import hashlib
+import importlib
 
 import pytest
 from django.core.files.base import ContentFile
@@ -69,9 +70,11 @@ def _old_rows(apps, *, state: str, subject: str, with_outputs: bool) -> dict:
     return made
 
 
-def test_migration_0024__existing_jobs_keep_their_keys_and_object_names(before_0024):
+def test_migration_0024__existing_jobs_keep_their_keys_and_object_names(before_0024, monkeypatch):
     published = _old_rows(before_0024, state="succeeded", subject="1", with_outputs=True)
     waiting = _old_rows(before_0024, state="queued", subject="2", with_outputs=False)
+    third = _old_rows(before_0024, state="dead", subject="3", with_outputs=False)
+    monkeypatch.setattr(importlib.import_module("jobs.migrations.0024_job_uid"), "BATCH", 2)
 
     _migrate(AFTER)
 
@@ -90,7 +93,9 @@ def test_migration_0024__existing_jobs_keep_their_keys_and_object_names(before_0
     old_waiting = Job.objects.get(pk=waiting["pk"])
     assert old_waiting.keys_from_id is True
     assert artifacts.artifact_key(old_waiting) == f"job-{old_waiting.pk}-rev-29"
-    assert len({job.uid, old_waiting.uid}) == 2
+    uids = set(Job.objects.filter(keys_from_id=True).values_list("uid", flat=True))
+    assert len(uids) == 3 and None not in uids, "every batch dated its jobs"
+    assert Job.objects.get(pk=third["pk"]).uid.version == 7
 
     new = Job.objects.create(kind="test.steps", subject_type="auth.user", subject_id="3")
     assert new.keys_from_id is False
