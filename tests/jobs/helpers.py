@@ -54,6 +54,18 @@ def new_job(
     return job
 
 
+def lose_job(job: Job) -> None:
+    """Delete the job and all it wrote, as a promoted standby that never received it
+    (the artifact storage keeps its objects)."""
+    Notice.objects.filter(effect__job=job).delete()
+    EffectEvent.objects.filter(effect__job=job).delete()
+    Effect.objects.filter(job=job).delete()
+    Artifact.objects.filter(job=job).delete()
+    Attempt.objects.filter(job=job).delete()
+    JobEvent.objects.filter(job=job).delete()
+    Job.objects.filter(pk=job.pk).delete()
+
+
 def _travel(job: Job, field: str) -> None:
     """Make ``field`` a second past, as if time went by: any earlier message predates it."""
     now = timezone.now()
@@ -127,15 +139,3 @@ def advisory_lock_held(lock_class: int, key: str) -> Iterator[None]:
     finally:
         release.set()
         holder.join(30)
-
-
-def lose_job(job: Job) -> None:
-    """Delete the job and all it wrote, as a promoted standby that never received it
-    (the artifact storage keeps its objects)."""
-    Notice.objects.filter(effect__job=job).delete()
-    EffectEvent.objects.filter(effect__job=job).delete()
-    Effect.objects.filter(job=job).delete()
-    Artifact.objects.filter(job=job).delete()
-    Attempt.objects.filter(job=job).delete()
-    JobEvent.objects.filter(job=job).delete()
-    Job.objects.filter(pk=job.pk).delete()
