@@ -1,7 +1,7 @@
 """Artifacts: files written once under names that include their content hash; every read verified.
 
-The stable key (``job-84-rev-29``) is the business identity: one row per key,
-committed with the job's publish. The file is the bytes of one delivery, created
+The stable key (``job-<uid>-rev-29``, ``jobs.identity``) is the business identity: one
+row per key, committed with the job's publish. The file is the bytes of one delivery, created
 exclusively under ``jobs/<kind>/<key>-<sha12>.<ext>`` and never replaced or deleted
 by a delivery. Two workers that render the same bytes meet at the same name (the
 second reuses the first's file); a worker whose bytes differ writes its own file,
@@ -38,7 +38,7 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import FileSystemStorage, Storage, storages
 from django.utils import timezone
 
-from jobs import conf
+from jobs import conf, identity
 from jobs.exceptions import ArtifactCorrupt, ArtifactLost, StorageUnavailable
 from jobs.models import Artifact, Job
 
@@ -140,8 +140,13 @@ def get_replica_storage() -> Storage | None:
 
 
 def artifact_key(job: Job) -> str:
-    """The stable key: the same job and revision always name the same artifact."""
-    return f"job-{job.pk}-rev-{job.output_revision}"
+    """The stable key: the same job and revision always name the same artifact.
+
+    Derived from the job's uid (``jobs.identity``), never its id: after a failover a new
+    job may get a lost job's id, and its key and object names must still be its own.
+    ``identity.display_name`` is the readable ``job-84-rev-29``.
+    """
+    return f"job-{identity.job_key(job)}-rev-{job.output_revision}"
 
 
 def storage_name_for(job: Job, extension: str, sha256: str, *, suffix: str = "") -> str:

@@ -23,6 +23,7 @@ runserver) stops on an Error, so a project learns what to fix before a job runs.
 | jobs.W018 | a kind's ``timeout`` beyond the lease: its handler must heartbeat |
 | jobs.W010 | PostgreSQL allows the connections the configured processes need (database tag) |
 | jobs.W014 | no pooler in front of PostgreSQL while prepared statements are on (database tag) |
+| jobs.W020 | ``JOBS_REQUIRE_SYNC_REPLICATION``: the primary has a sync standby (database tag) |
 | jobs.I001 | which path the hot path takes on this database, and why (database tag) |
 | jobs.W015 | the jobs' SQLite database runs without ``transaction_mode="IMMEDIATE"`` and WAL |
 | jobs.W016 | the metrics URL is routed but ``prometheus_client`` (``[metrics]``) is missing |
@@ -46,6 +47,7 @@ from django.apps import apps
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError, connections, router
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from jobs import artifacts, conf, executors, queue, registry, schedules
 from jobs.providers import email
@@ -401,6 +403,98 @@ def check_broker_pooler(app_configs=None, databases=None, **kwargs):
             hint="Give the workers a session-mode pool or a direct connection, or set "
             "Q_CLUSTER['broker_listen'] = False to poll without trying. See docs/broker.md.",
             id="jobs.W019",
+        )
+    ]
+
+
+# synchronous_commit values with which a commit waits for the synchronous standby.
+COMMIT_WAITS_FOR_STANDBY = ("on", "remote_write", "remote_apply")
+
+
+@dataclass(frozen=True)
+class Replication:
+    """What a PostgreSQL server says about its synchronous standbys."""
+
+    standby_names: str  # synchronous_standby_names: empty means none is synchronous
+    synchronous_commit: str
+    in_recovery: bool  # this connection reached a standby, not the primary
+    sync_standbys: int | None  # connected as sync or quorum; None when hidden from this role
+
+    def problem(self) -> str | None:
+        """Why a failover could lose an acknowledged commit, or None."""
+        if self.in_recovery:
+            return (
+                "this connection reaches a standby (in recovery), not the primary: "
+                "nothing can be written here"
+            )
+        if not self.standby_names.strip():
+            return (
+                "the primary has no synchronous standby (synchronous_standby_names is "
+                "empty): a failover to an asynchronous standby loses what it had not yet "
+                "received, acknowledged jobs included"
+            )
+        if self.synchronous_commit not in COMMIT_WAITS_FOR_STANDBY:
+            return (
+                f"synchronous_commit is {self.synchronous_commit!r}: commits do not wait "
+                "for the synchronous standby"
+            )
+        if self.sync_standbys == 0:
+            return (
+                f"synchronous_standby_names is {self.standby_names!r} but no standby is "
+                "connected as sync or quorum (pg_stat_replication): commits wait until one is"
+            )
+        return None
+
+
+def replication(conn: BaseDatabaseWrapper) -> Replication:
+    """Ask ``conn``'s PostgreSQL server about its synchronous standbys."""
+    with conn.cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('synchronous_standby_names'),"
+            " current_setting('synchronous_commit'), pg_is_in_recovery(),"
+            " (SELECT count(*) FILTER (WHERE sync_state IN ('sync', 'quorum')) FROM"
+            " pg_stat_replication),"
+            " (SELECT count(*) FILTER (WHERE sync_state IS NULL) FROM pg_stat_replication)"
+        )
+        names, commit, in_recovery, sync, hidden = cursor.fetchone()
+    # A role without pg_read_all_stats sees the rows but not their sync_state.
+    return Replication(names, commit, in_recovery, None if not sync and hidden else int(sync))
+
+
+@register(Tags.database)
+def check_sync_replication(app_configs=None, databases=None, **kwargs):
+    """Warn when ``JOBS_REQUIRE_SYNC_REPLICATION`` is on and the jobs' database reports no
+    synchronous standby.
+
+    With asynchronous replication a promoted standby lacks the primary's last commits:
+    jobs whose publish was acknowledged (and whose notices a provider may have
+    accepted) are gone. Synchronous replication (``synchronous_commit`` on or
+    ``remote_apply`` and a named standby) loses none (docs/deployment.md). Runs with the
+    database checks; silent when the setting is off or the database cannot be asked.
+    """
+    if not conf.get("JOBS_REQUIRE_SYNC_REPLICATION"):
+        return []
+    alias = router.db_for_write(apps.get_model("jobs", "Job"))
+    if not databases or alias not in databases:
+        return []
+    conn = connections[alias]
+    if conn.vendor != "postgresql":
+        problem = f"the jobs' database {alias!r} is {conn.vendor}, which has no standby"
+    else:
+        try:
+            problem = replication(conn).problem()
+        except DatabaseError:
+            return []
+    if problem is None:
+        return []
+    return [
+        Warning(
+            f"JOBS_REQUIRE_SYNC_REPLICATION is on but {problem}",
+            hint="Name a standby in synchronous_standby_names (e.g. 'FIRST 1 (standby1)') and "
+            "keep synchronous_commit = on or remote_apply on the primary; connect with "
+            "target_session_attrs=read-write. See docs/deployment.md, 'Replication and "
+            "failover'.",
+            id="jobs.W020",
         )
     ]
 

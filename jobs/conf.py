@@ -124,6 +124,13 @@ SETTINGS: tuple[Setting, ...] = (
         "(PgBouncer in transaction mode before 1.21).",
     ),
     Setting(
+        "JOBS_REQUIRE_SYNC_REPLICATION",
+        False,
+        "PostgreSQL: this deployment promises that a failover loses no acknowledged job; "
+        "check jobs.W020 warns when the primary reports no synchronous standby "
+        "(docs/deployment.md).",
+    ),
+    Setting(
         "JOBS_OUTAGE_WINDOW_SECONDS",
         3600.0,
         "A dependency outage (database, artifact storage) does not spend a job's attempts "

@@ -15,6 +15,8 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
+from jobs import identity
+
 JOB_STATES = ["queued", "running", "retry_wait", "succeeded", "failed", "dead", "cancelled"]
 EFFECT_STATES = ["pending", "sending", "applied", "unknown", "withheld", "failed", "needs_review"]
 
@@ -33,6 +35,20 @@ class Job(models.Model):
     TERMINAL = (State.SUCCEEDED, State.FAILED, State.DEAD, State.CANCELLED)
 
     kind = models.CharField(max_length=64)
+    # A failover's rewound sequence can hand an id out again, never a uid: every key and
+    # object name of the job derives from it (jobs.identity).
+    uid = models.UUIDField(
+        unique=True,
+        default=identity.new_uid,
+        editable=False,
+        help_text="unique forever, failovers included; keys and object names derive from it",
+    )
+    keys_from_id = models.BooleanField(
+        default=False,
+        db_default=False,
+        editable=False,
+        help_text="made before migration 0024: its keys derive from its id, as they did",
+    )
     # Indexed by (tenant_key, state) below; no index of its own.
     tenant_key = models.CharField(max_length=64, default="", blank=True)
     subject_type = models.CharField(
@@ -323,7 +339,7 @@ class Artifact(models.Model):
 
     job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="artifacts")
     key = models.CharField(
-        max_length=200, unique=True, help_text="derived from job id and revision"
+        max_length=200, unique=True, help_text="derived from the job's uid and revision"
     )
     storage_name = models.CharField(max_length=300, help_text="includes the content hash")
     sha256 = models.CharField(max_length=64)

@@ -18,17 +18,16 @@ as well as the filesystem.
 
 from __future__ import annotations
 
-import re
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from jobs import artifacts, conf
+from jobs import artifacts, conf, identity
 from jobs.models import Artifact, Attempt, Effect, Job
-
-_JOB_OF_NAME = re.compile(r"(?:^|/)job-(\d+)-rev-\d+")
 
 
 def minimum_days() -> float:
@@ -79,24 +78,23 @@ def _walk(storage, folder: str) -> Iterator[str]:
         yield from _walk(storage, f"{folder}/{sub}")
 
 
+def stored_names() -> Iterator[str]:
+    """Every file name under the artifact storage's folder."""
+    return _walk(artifacts.get_storage(), artifacts.FOLDER)
+
+
 def orphans(*, older_than_seconds: float | None = None) -> list[str]:
     """Artifact files no row names, of no live job (older than the given age, if any)."""
     storage = artifacts.get_storage()
     named = set(Artifact.objects.values_list("storage_name", flat=True))
     candidates = [name for name in _walk(storage, artifacts.FOLDER) if name not in named]
-    job_ids = {int(m.group(1)) for n in candidates if (m := _JOB_OF_NAME.search(n))}
-    live = set(
-        Job.objects.filter(pk__in=job_ids)
-        .exclude(state__in=Job.TERMINAL)
-        .values_list("pk", flat=True)
-    )
+    live = _live_keys(candidates)
     cutoff = None
     if older_than_seconds is not None:
         cutoff = timezone.now() - timedelta(seconds=older_than_seconds)
     found = []
     for name in candidates:
-        m = _JOB_OF_NAME.search(name)
-        if m and int(m.group(1)) in live:
+        if _key_token(name) in live:
             continue  # its next delivery may still publish this very file
         if cutoff is not None:
             try:
@@ -106,6 +104,29 @@ def orphans(*, older_than_seconds: float | None = None) -> list[str]:
                 continue
         found.append(name)
     return found
+
+
+def _key_token(name: str) -> str | None:
+    """The job part of a file's key (a uid, or an id before migration 0024), or None."""
+    found = identity.KEY_IN_NAME.search(name)
+    return None if found is None else found.group("job")
+
+
+def _live_keys(names: list[str]) -> set[str]:
+    """The key tokens (``_key_token``) of the names whose job is not finished.
+
+    A name finds its own job only (``identity.job_lookup``): an orphan of a job a
+    failover lost is not kept alive by a new job that got the same id.
+    """
+    tokens = {t for t in map(_key_token, names) if t is not None}
+    ids = {int(t) for t in tokens if t.isdigit()}
+    uids = {uuid.UUID(t) for t in tokens if not t.isdigit()}
+    if not tokens:
+        return set()
+    live = Job.objects.exclude(state__in=Job.TERMINAL).filter(
+        Q(pk__in=ids, keys_from_id=True) | Q(uid__in=uids)
+    )
+    return {identity.job_key(job) for job in live.only("pk", "uid", "keys_from_id")}
 
 
 def prune_orphans(*, dry_run: bool = False) -> int:
@@ -130,12 +151,12 @@ def _delete_if_orphan(storage, name: str) -> bool:
     after a requeue, so no publish can name the file between the check and the delete.
     A job requeued before the lock is live, and its file is kept.
     """
-    found = _JOB_OF_NAME.search(name)
+    found = identity.job_lookup(name)
     with transaction.atomic():
         if found is not None:
             state = (
                 Job.objects.select_for_update()
-                .filter(pk=int(found.group(1)))
+                .filter(**found)
                 .values_list("state", flat=True)
                 .first()
             )

@@ -402,6 +402,8 @@ JOBS_BACKOFF_BASE_SECONDS = env_float("JOBS_BACKOFF_BASE_SECONDS", 2.0)
 JOBS_BACKOFF_CAP_SECONDS = env_float("JOBS_BACKOFF_CAP_SECONDS", 300.0)
 # Off behind PgBouncer in transaction mode before 1.21 (docs/deployment.md, jobs.W014).
 JOBS_PREPARED_STATEMENTS = env_bool("JOBS_PREPARED_STATEMENTS", True)
+# A deployment that promises no loss on failover (docs/deployment.md, jobs.W020).
+JOBS_REQUIRE_SYNC_REPLICATION = env_bool("JOBS_REQUIRE_SYNC_REPLICATION", False)
 # Several simulated hosts on one machine (make scaleout) tell themselves apart by this.
 JOBS_HOST_NAME = os.environ.get("JOBS_HOST_NAME", "")
 # The reviewers' morning digest (``permits.digest``): a cron in TIME_ZONE; empty: no

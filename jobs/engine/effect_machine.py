@@ -1,6 +1,6 @@
 """The effect ledger: one row per business outcome, the only writer of ``Effect.state``.
 
-An effect's identity (``job:revision:name:recipient``) and its idempotency key
+An effect's identity (``job uid:revision:name:recipient``) and its idempotency key
 are derived, never generated, so every retry, redelivery and re-drive names
 the same effect and sends the same key. Rows are inserted with the publish
 (``jobs.delivery.publish``); a worker that lost its lease publishes nothing, so it
@@ -39,7 +39,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from jobs import clock, conf, queue, registry, rules
+from jobs import clock, conf, identity, queue, registry, rules
 from jobs.engine.cas import compare_and_swap
 from jobs.engine.plan import Hold
 from jobs.models import Effect, EffectEvent, Job
@@ -51,8 +51,9 @@ State = Effect.State
 
 
 def effect_identity(job: Job, name: str, recipient: str) -> str:
-    """e.g. ``84:29:completion-notice:47``: the same outcome always has the same id."""
-    return f"{job.pk}:{job.output_revision}:{name}:{recipient}"
+    """``<job uid>:29:completion-notice:47``: the same outcome always has the same id, and
+    no other outcome ever has it (the uid, not the id a failover can repeat)."""
+    return f"{identity.job_key(job)}:{job.output_revision}:{name}:{recipient}"
 
 
 def idempotency_key(effect_id: str) -> str:

@@ -232,6 +232,7 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
     # text of errors is reading it: only with view_error_detail (error_search_fields).
     search_fields = (
         "=id",
+        "=uid",  # the job's part of an object name or key (jobs.identity)
         "=subject_id",
         "kind",
         "lease_owner",
@@ -289,6 +290,8 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
                 "classes": ("collapse",),
                 "fields": (
                     "id",
+                    "uid",
+                    "keys_from_id",
                     "subject_type",
                     "subject_id",
                     "output_revision",

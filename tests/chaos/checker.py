@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jobs import identity
 from jobs.engine import effect_machine
 from tests.chaos.intervals import Slot, merge, tenant_peaks
 
@@ -621,12 +621,14 @@ def one_artifact_per_job(h: History, r: Report) -> None:
     # A worker killed between storing the file and inserting its row leaves a file
     # the next claim adopts (same bytes, same <key>-<sha12> name); only a job that never
     # succeeded keeps it unrecorded.
+    # A file's name carries its job's uid (jobs.identity), not its id.
+    by_key = {identity.job_key(job): job for job in h.jobs.values()}
     orphans = {
         f
         for f in files - names
-        if (m := re.search(r"job-(\d+)-rev-\d+-[0-9a-f]{12}", f))
-        and int(m[1]) in h.jobs
-        and h.jobs[int(m[1])].state != Job.State.SUCCEEDED
+        if (m := identity.KEY_IN_NAME.search(f))
+        and m["job"] in by_key
+        and by_key[m["job"]].state != Job.State.SUCCEEDED
     }
     unrecorded, missing_files = files - names - orphans, names - files
     r.check(
@@ -645,17 +647,17 @@ def one_ledger_row_per_effect_identity(h: History, r: Report) -> None:
 
     from jobs.models import Effect
 
-    identity = []
+    underived = []
     for fx in h.effects:
         if fx.effect_id != effect_machine.effect_identity(fx.job, fx.name, fx.recipient):
-            identity.append(f"{fx.effect_id}: not derived from its job")
+            underived.append(f"{fx.effect_id}: not derived from its job")
         if fx.idempotency_key != effect_machine.idempotency_key(fx.effect_id):
-            identity.append(f"{fx.effect_id}: key not derived from the identity")
+            underived.append(f"{fx.effect_id}: key not derived from the identity")
     twice = Effect.objects.values("effect_id").annotate(n=Count("id")).filter(n__gt=1).count()
     r.check(
         "2 one ledger row per effect identity; keys derived from it",
-        not identity and twice == 0,
-        _few(identity) or f"{len(h.effects)} rows, {twice} identities twice",
+        not underived and twice == 0,
+        _few(underived) or f"{len(h.effects)} rows, {twice} identities twice",
     )
 
 

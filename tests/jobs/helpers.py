@@ -11,7 +11,7 @@ from django.db import connections
 from django.utils import timezone
 
 import jobs
-from jobs.models import Job
+from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, JobEvent, Notice
 from jobs.testing.queue import run_queued_effects
 
 __all__ = ["deliver", "request_job", "run_queued_effects"]
@@ -52,6 +52,18 @@ def new_job(
         params=params,
     )
     return job
+
+
+def lose_job(job: Job) -> None:
+    """Delete the job and all it wrote, as a promoted standby that never received it
+    (the artifact storage keeps its objects)."""
+    Notice.objects.filter(effect__job=job).delete()
+    EffectEvent.objects.filter(effect__job=job).delete()
+    Effect.objects.filter(job=job).delete()
+    Artifact.objects.filter(job=job).delete()
+    Attempt.objects.filter(job=job).delete()
+    JobEvent.objects.filter(job=job).delete()
+    Job.objects.filter(pk=job.pk).delete()
 
 
 def _travel(job: Job, field: str) -> None:

@@ -61,9 +61,9 @@ def test_run_delivery__one_artifact_one_effect_one_notice(make_user):
     job.refresh_from_db()
     assert job.state == Job.State.SUCCEEDED and job.attempts == 1
     artifact = Artifact.objects.get(job=job)
-    assert artifact.key == f"job-{job.pk}-rev-1" and artifacts.is_intact(artifact)
+    assert artifact.key == f"job-{job.uid}-rev-1" and artifacts.is_intact(artifact)
     effect = Effect.objects.get(job=job)
-    assert effect.effect_id == f"{job.pk}:1:completion-notice:{user.pk}"
+    assert effect.effect_id == f"{job.uid}:1:completion-notice:{user.pk}"
     assert effect.idempotency_key == effect_machine.idempotency_key(effect.effect_id)
     assert effect.state == Effect.State.APPLIED
     assert Notice.objects.filter(recipient=user).count() == 1

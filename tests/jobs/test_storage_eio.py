@@ -68,7 +68,7 @@ def test_store__a_storage_write_failing_with_a_disk_error_is_storage_unavailable
     assert str(raised.value) == f"artifact storage write failed ({name})", "no path in it"
     c = classify(raised.value)
     assert (c.code, c.outage) == (f"storage_{name.lower()}", True)
-    leftovers = [p for p in root.rglob(f"job-{job.pk}-*")]
+    leftovers = [p for p in root.rglob(f"{artifacts.artifact_key(job)}-*")]
     assert leftovers == [], "no temporary file, no half-written name"
 
 

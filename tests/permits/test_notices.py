@@ -73,7 +73,7 @@ def test_assigned__one_notice_per_grant_through_the_ledger(reviewer, office_admi
     assert run(job) == "duplicate"  # a redelivery adds nothing
     assert titles(reviewer) == [f"New request assigned to you: {permit.reference}"]
     [effect] = Effect.objects.filter(job=job)
-    assert effect.effect_id == f"{job.pk}:1:assigned-notice:{reviewer.pk}"
+    assert effect.effect_id == f"{job.uid}:1:assigned-notice:{reviewer.pk}"
     assert Notice.objects.get(recipient=reviewer).link == f"/requests/{permit.pk}/"
     # Assigning again is no new grant: no second job, no second notice.
     assign_reviewer(permit, reviewer, by=office_admin)

@@ -59,8 +59,8 @@ def test_report_job__stores_the_pdf_and_notifies_each_assigned_reviewer_once(mak
         assert hashlib.sha256(fh.read()).hexdigest() == artifact.sha256
     effect_ids = set(Effect.objects.values_list("effect_id", flat=True))
     assert effect_ids == {
-        f"{job.pk}:1:completion-notice:{first.pk}",
-        f"{job.pk}:1:completion-notice:{second.pk}",
+        f"{job.uid}:1:completion-notice:{first.pk}",
+        f"{job.uid}:1:completion-notice:{second.pk}",
     }
     assert Notice.objects.filter(recipient=first).count() == 1
     assert Notice.objects.filter(recipient=second).count() == 1
@@ -140,7 +140,7 @@ def test_seed_demo__idempotent_with_job_84_at_revision_29():
     # request 7's (revision 29); and the chain's first job of the seeded decision.
     assert PermitRequest.objects.count() == 12 and Job.objects.count() == 13
     assert run_delivery(84).outcome == "succeeded"
-    assert Effect.objects.get(job_id=84).effect_id == "84:29:completion-notice:47"
+    assert Effect.objects.get(job_id=84).effect_id == f"{job.uid}:29:completion-notice:47"
     out = StringIO()
     call_command("request_report", "3", stdout=out)
     assert int(out.getvalue()) > 84, "sequences moved past the seeded ids"

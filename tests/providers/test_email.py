@@ -98,7 +98,7 @@ def test_email__sent_once_through_the_mail_backend(make_user):
     assert message.to == ["reviewer@example.org"]
     assert message.extra_headers["Message-ID"].startswith(f"<{effect.idempotency_key}@")
     assert effect.provider_ref == message.extra_headers["Message-ID"]
-    assert f"job-{job.pk}-rev-1" in message.body
+    assert f"job-{job.uid}-rev-1" in message.body
     assert "Jane" not in message.body and "555" not in message.body, "references only"
     assert release_effect(effect.pk) == "skipped"
     assert len(mail.outbox) == 1

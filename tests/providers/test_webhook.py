@@ -263,7 +263,7 @@ def test_webhook__body_is_the_six_references_with_key_and_bearer_token(make_user
         "recipient": str(user.pk),
         "job": job.pk,
         "revision": 1,
-        "report_key": f"job-{job.pk}-rev-1",
+        "report_key": f"job-{job.uid}-rev-1",
         "kind": "completion-notice",
     }
     assert "Jane" not in send["body"] and "555" not in send["body"], "no private data"

@@ -1,0 +1,89 @@
+"""What a failover lost, as the artifact storage shows it (issue 47, part 3: a start)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from jobs import reconcile
+from jobs.delivery.runner import run_delivery
+from jobs.models import Artifact, Effect
+from tests.jobs.helpers import lose_job, new_job
+
+pytestmark = pytest.mark.django_db
+
+
+def test_lost_jobs__an_object_whose_job_row_is_gone_names_the_lost_job(make_user):
+    kept, lost = new_job(make_user()), new_job(make_user())
+    for job in (kept, lost):
+        assert run_delivery(job.pk, worker="w-old-primary").outcome == "succeeded"
+    lost_file = Artifact.objects.get(job=lost).storage_name
+    lose_job(lost)  # the promoted standby never had it
+
+    [found] = reconcile.lost_jobs()
+    assert found.job == str(lost.uid)
+    assert (found.kind_folder, found.revision, found.objects) == ("test-steps", 1, (lost_file,))
+    assert abs(found.made_at - timezone.now()) < timedelta(minutes=1), "dated by its uid"
+
+
+def test_lost_jobs__a_late_writers_orphan_of_a_known_job_is_not_lost(make_user):
+    job = new_job(make_user())
+    assert run_delivery(job.pk, worker="w1").outcome == "succeeded"
+    published = Artifact.objects.get(job=job).storage_name
+    late = published.replace(".txt", "-a1b2c3.txt")  # another name of the same job
+    assert reconcile.lost_jobs([published, late, "jobs/other/readme.txt"]) == []
+
+
+def test_lost_jobs__a_name_from_before_0024_is_told_by_the_id_of_an_old_job(make_user):
+    job = new_job(make_user())  # made after 0024: its id does not claim id-named files
+    name = f"jobs/test-steps/job-{job.pk}-rev-1-000000000000.txt"
+    [found] = reconcile.lost_jobs([name])
+    assert (found.job, found.made_at) == (str(job.pk), None)
+
+
+def test_jobs_reconcile_command__lists_them(make_user):
+    lost = new_job(make_user())
+    assert run_delivery(lost.pk, worker="w-old-primary").outcome == "succeeded"
+    lose_job(lost)
+    out = StringIO()
+    call_command("jobs_reconcile", stdout=out)
+    assert f"lost job {lost.uid} kind=test-steps revision=1" in out.getvalue()
+    assert out.getvalue().rstrip().endswith("lost jobs: 1")
+    out = StringIO()
+    call_command("jobs_reconcile", "--json", stdout=out)
+    [entry] = json.loads(out.getvalue())["lost_jobs"]
+    assert entry["job"] == str(lost.uid) and len(entry["objects"]) == 1
+
+
+def test_unknown_keys__a_key_the_provider_accepted_for_a_lost_job(make_user, tmp_path):
+    kept, lost = new_job(make_user()), new_job(make_user())
+    for job in (kept, lost):
+        assert run_delivery(job.pk, worker="w-old-primary").outcome == "succeeded"
+    sent = {e.idempotency_key: e.effect_id for e in Effect.objects.all()}  # the provider's
+    lost_effect = Effect.objects.get(job=lost)
+    lose_job(lost)
+
+    export = tmp_path / "accepted.txt"
+    export.write_text(
+        "# the provider's export\n\n" + "".join(f"{k} {e}\n" for k, e in sent.items())
+    )
+    accepted = reconcile.read_provider_keys(export.read_text().splitlines())
+    [unknown] = reconcile.unknown_keys(accepted)
+    assert unknown.idempotency_key == lost_effect.idempotency_key
+    assert (unknown.effect_id, unknown.job) == (lost_effect.effect_id, str(lost.uid))
+
+    out = StringIO()
+    call_command("jobs_reconcile", "--provider-keys", str(export), stdout=out)
+    text = out.getvalue()
+    assert f"accepted key {lost_effect.idempotency_key} effect={lost_effect.effect_id}" in text
+    assert f"lost job {lost.uid}" in text
+    assert text.rstrip().endswith("accepted keys not in the ledger: 1")
+    out = StringIO()
+    call_command("jobs_reconcile", "--json", "--provider-keys", str(export), stdout=out)
+    [entry] = json.loads(out.getvalue())["unknown_keys"]
+    assert entry["job"] == str(lost.uid)
