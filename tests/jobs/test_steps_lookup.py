@@ -111,9 +111,7 @@ def _lookups(provider, job: Job) -> list[int]:
 
 
 @pytest.mark.parametrize("lookup", [True, False])
-def test_step_lookup__a_call_that_landed_before_the_crash_is_found_not_made_again(
-    provider, lookup
-):
+def test_step_lookup__a_call_that_landed_before_the_crash_is_found_not_made_again(provider, lookup):
     """The attempt dies after its call and before its record. With a lookup the next
     attempt finds the call's outcome (1 POST); without, it calls again (2 POSTs)."""
     subject = f"landed-{lookup}"
