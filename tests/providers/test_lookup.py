@@ -193,3 +193,15 @@ def test_lookup__email_has_no_lookup_and_keeps_needs_review():
 
     assert registry.get_provider("email").supports_lookup is False
     assert registry.get_provider("webhook").supports_lookup is True
+
+
+def test_lookup__refused_credentials_withhold_as_for_a_send(make_user, webhook):
+    """A 401 to the lookup is the authorization row of the table, as a 401 to a send:
+    withheld, nothing sent; an operator's re-check sends under the same key."""
+    effect = stalled_effect(make_user(), webhook)
+    webhook.token = "rotated-on-the-provider"
+
+    assert release_effect(effect.pk) == State.WITHHELD
+    effect.refresh_from_db()
+    assert (effect.last_error_class, effect.last_error_code) == ("authorization", "http_401")
+    assert posts(webhook, effect) == [STALLED] and lookups(webhook, effect) == [401]
