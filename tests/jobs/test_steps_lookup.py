@@ -167,3 +167,68 @@ def test_step_lookup__a_step_without_lookup_writes_no_begun_row(provider):
     job = _job("plain", provider, lookup=False)
     _first_attempt_dies(job, "step_done:send")
     assert not JobStep.objects.filter(job=job).exists()
+
+
+# --- the same from an ``async def`` kind (``ctx.astep(..., lookup=...)``) -----------------
+
+ASYNC_KIND = "test.async_step_with_lookup"
+
+
+async def _async_handler(ctx):
+    """Attempt 1's ``fn`` makes its call, then fails (its answer could not be read): the
+    step stays begun. Attempt 2 asks the async lookup before calling again."""
+    import jobs
+
+    subject = ctx.job.subject_id
+    key = ctx.step_key("send")
+
+    async def send() -> dict:
+        RUNS[subject, "send"] += 1
+        body = {
+            "effect_id": key,
+            "recipient": "1",
+            "job": ctx.job.pk,
+            "revision": ctx.job.output_revision,
+            "report_key": f"job-{ctx.job.pk}",
+            "kind": ASYNC_KIND,
+        }
+        headers = {"Authorization": f"Bearer {TOKEN}", "Idempotency-Key": key}
+        async with httpx.AsyncClient(timeout=5) as client:
+            answer = await client.post(
+                ctx.params["provider"] + "/notices", json=body, headers=headers
+            )
+        if ctx.job.attempts == 1:
+            raise jobs.TemporaryFailure("the answer could not be read", code="test_garbled")
+        return {"send_id": answer.json()["id"]}
+
+    async def look_up() -> dict | None:
+        RUNS[subject, "lookup"] += 1
+        async with httpx.AsyncClient(timeout=5) as client:
+            answer = await client.get(
+                f"{ctx.params['provider']}/notices/{key}",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            )
+        return None if answer.status_code == 404 else {"send_id": answer.json()["id"]}
+
+    await ctx.astep("send", send, lookup=look_up)
+    return []
+
+
+if ASYNC_KIND not in kinds():
+    register_kind(ASYNC_KIND, _async_handler, max_attempts=3)
+
+
+def test_step_lookup__an_async_step_that_failed_after_its_call_is_found_not_called_again(
+    provider,
+):
+    job, _ = request_job(
+        ASYNC_KIND, subject_type="test", subject_id="async", params={"provider": provider.url}
+    )
+    assert run_delivery(job.pk, worker="w-1").outcome == Attempt.Outcome.RETRY
+    assert JobStep.objects.get(job=job, name="send").finished_at is None, "begun, unfinished"
+    make_due(Job.objects.get(pk=job.pk))
+    assert run_delivery(job.pk, worker="w-2").outcome == Attempt.Outcome.SUCCEEDED
+    (applied,) = provider.record.sends()
+    assert JobStep.objects.get(job=job, name="send").output == {"send_id": applied["send_id"]}
+    assert (_posts(provider, job), _lookups(provider, job)) == ([201], [200])
+    assert (RUNS["async", "send"], RUNS["async", "lookup"]) == (1, 1)
