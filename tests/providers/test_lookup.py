@@ -15,6 +15,7 @@ import httpx
 import pytest
 from django.utils import timezone
 
+from jobs.delivery import release
 from jobs.engine import effect_machine
 from jobs.models import Effect, EffectEvent
 from jobs.providers import ProviderLookupUnsupported
@@ -36,8 +37,9 @@ def make_due(effect: Effect) -> None:
     )
 
 
-def stalled_effect(user, webhook) -> Effect:
-    """A notice the provider applied and never answered: ``unknown`` in the ledger."""
+def stalled_effect(user, webhook, *, due: bool = True) -> Effect:
+    """A notice the provider applied and never answered: ``unknown`` in the ledger (and
+    due now, unless ``due`` is False: a later delivery would follow on to it)."""
     webhook.faults.stall = 1.0
     job = notify_job(user)
     run_delivery(job.pk, worker="w1")
@@ -45,7 +47,8 @@ def stalled_effect(user, webhook) -> Effect:
     effect = Effect.objects.select_related("job").get(job=job)
     applied = [s["effect_id"] for s in webhook.record.sends()]
     assert effect.state == State.UNKNOWN and applied.count(effect.effect_id) == 1
-    make_due(effect)
+    if due:
+        make_due(effect)
     return effect
 
 
@@ -205,3 +208,52 @@ def test_lookup__refused_credentials_withhold_as_for_a_send(make_user, webhook):
     effect.refresh_from_db()
     assert (effect.last_error_class, effect.last_error_code) == ("authorization", "http_401")
     assert posts(webhook, effect) == [STALLED] and lookups(webhook, effect) == [401]
+
+
+def test_lookup__failing_lookups_open_the_circuit_and_wait_unknown_without_a_send(
+    make_user, webhook, settings
+):
+    """Lookups are calls: in a provider outage they count for its circuit like sends, and
+    the effects then wait (unknown, no attempt spent) instead of burning their budget."""
+    from jobs import flow
+    from jobs.models import FlowRule
+
+    flow.forget()
+    settings.JOBS_BACKOFF_FLOOR_SECONDS = 60  # the next stalled delivery must not release
+    settings.JOBS_CIRCUIT_FAILURES = 100  # the stalled sends count too: not yet
+    settings.JOBS_CIRCUIT_PROBE_SECONDS = 30.0
+    settings.JOBS_FLOW_CACHE_SECONDS = 0.0
+    effects = [stalled_effect(make_user(), webhook, due=False) for _ in range(3)]
+    FlowRule.objects.filter(scope="provider:webhook").update(circuit_failures=0)
+    settings.JOBS_CIRCUIT_FAILURES = 2
+    for e in effects:
+        make_due(e)
+        e.refresh_from_db()
+    assert [e.state for e in effects] == [State.UNKNOWN] * 3
+    webhook.faults.lookup_unavailable, webhook.faults.retry_after = 1.0, 0
+
+    # One release each, by hand (a task would follow on to the next due effect itself).
+    outcomes = [release.release(e, "w2") for e in effects]
+    assert outcomes == [State.UNKNOWN, State.UNKNOWN, "deferred"], "the 2nd opened it"
+    rule = FlowRule.objects.get(scope="provider:webhook")
+    assert rule.circuit_state == FlowRule.Circuit.OPEN
+    for e in effects:
+        e.refresh_from_db()
+    assert [e.state for e in effects] == [State.UNKNOWN] * 3, "never pending: it may have landed"
+    assert [e.attempts for e in effects] == [2, 2, 1], "held at the gate: no attempt spent"
+    assert [len(lookups(webhook, e)) for e in effects] == [1, 1, 0], "the 3rd held at the gate"
+    assert all(posts(webhook, e) == [STALLED] for e in effects), "no send while nobody knew"
+
+    webhook.faults.lookup_unavailable = 0.0
+    FlowRule.objects.filter(pk=rule.pk).update(
+        circuit_probe_at=timezone.now() - timedelta(seconds=1)
+    )
+    for e in effects:
+        make_due(e)
+        e.refresh_from_db()
+        assert release.release(e, "w3") == State.APPLIED
+    assert Effect.objects.filter(state=State.APPLIED).count() == 3
+    assert all(posts(webhook, e) == [STALLED] for e in effects)
+    rule.refresh_from_db()
+    assert rule.circuit_state == FlowRule.Circuit.CLOSED, "a found lookup closes the circuit"
+    flow.forget()
