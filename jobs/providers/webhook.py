@@ -192,9 +192,9 @@ class WebhookProvider(Provider):
                 f"could not connect to the {self.name!r} provider for a lookup",
                 code=type(exc).__name__.lower(),
             ) from None
-        except httpx.HTTPError as exc:
+        except httpx.HTTPError as exc:  # timeouts, a dropped answer: it could not say
             raise ProviderTimeout(
-                f"the {self.name!r} provider did not answer a lookup in time",
+                f"the {self.name!r} provider did not answer a lookup",
                 code=type(exc).__name__.lower(),
             ) from None
         status = response.status_code
@@ -219,7 +219,8 @@ class WebhookProvider(Provider):
         except (ValueError, KeyError, TypeError, AttributeError):
             raise ProviderProtocolError("the lookup's answer carried no notice id") from None
         if outcome != "applied" or not ref:
-            raise ProviderProtocolError(f"the lookup answered outcome {str(outcome)[:32]!r}")
+            # Only "applied" settles an effect; the other side's word is not quoted.
+            raise ProviderProtocolError("the lookup answered an outcome other than applied")
         return str(ref)
 
 
