@@ -234,20 +234,11 @@ class AsyncJobContext:
             data, content_type=content_type, extension=extension
         )
 
-    async def astep(
-        self, name: str, fn: Callable[[], Any], *, lookup: Callable[[], Any] | None = None
-    ) -> Any:
+    async def astep(self, name: str, fn: Callable[[], Any]) -> Any:
         """``ctx.step(name, fn)``: ``fn`` (a function or an ``async def``) runs once per job,
-        its JSON output recorded under this worker's fence and returned to later attempts.
-        ``lookup`` (either kind too): asked before ``fn`` runs again when an earlier attempt
-        began the step and did not finish it (``jobs.delivery.steps.run``)."""
+        its JSON output recorded under this worker's fence and returned to later attempts."""
         run = async_to_sync(fn) if is_async_handler(fn) else fn
-        if lookup is None:
-            return await sync_to_async(self.sync.step)(name, run)
-        from jobs.delivery import steps  # here: the registry loads this module before the engine
-
-        ask = async_to_sync(lookup) if is_async_handler(lookup) else lookup
-        return await sync_to_async(steps.run)(self.sync, name, run, lookup=ask)
+        return await sync_to_async(self.sync.step)(name, run)
 
     async def ajoined(self) -> list:
         """``ctx.joined()``: the children of the group this job is the join of."""
