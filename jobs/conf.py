@@ -213,6 +213,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("NOTICE_PROVIDER_CONNECT_TIMEOUT", 3.0, "Seconds to connect to the provider."),
     Setting("NOTICE_PROVIDER_READ_TIMEOUT", 10.0, "Seconds to wait for the provider's answer."),
     Setting("NOTICE_PROVIDER_MAX_IN_FLIGHT", 4, "Most webhook calls in flight (0: unbounded)."),
+    Setting(
+        "NOTICE_PROVIDER_LOOKUP",
+        True,
+        "Ask the provider what became of a key (GET {url}/notices/{key}) before sending "
+        "again an effect whose outcome is unknown; off: resend under the same key.",
+    ),
     Setting("NOTICE_EMAIL_MAX_IN_FLIGHT", 2, "Most e-mail sends in flight (0: unbounded)."),
     Setting(
         "NOTICE_EMAIL_TIMEOUT",

@@ -148,6 +148,13 @@ class ProviderRefusedCredentials(ProviderError):
     code = "credentials_refused"
 
 
+class ProviderLookupUnsupported(ProviderError):
+    """Raised when the provider answered that it cannot look a key up (HTTP 405/501)."""
+
+    error_class = "unknown"
+    code = "lookup_unsupported"
+
+
 class ProviderProtocolError(ProviderError):
     """Raised when the provider answered outside its protocol (e.g. no id)."""
 

@@ -305,7 +305,10 @@ class JobGroup(models.Model):
 
 class JobStep(models.Model):
     """A durable step's output (``ctx.step``): written once, by the attempt that completed
-    the step while it still held the job; later attempts read it instead of running it."""
+    the step while it still held the job; later attempts read it instead of running it.
+
+    A step with a ``lookup`` is first recorded as begun (``finished_at`` empty) before its
+    ``fn`` runs, so a later attempt knows an outside call may have happened and asks."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="steps")
     name = models.CharField(max_length=64)
@@ -313,7 +316,9 @@ class JobStep(models.Model):
     attempt = models.PositiveIntegerField(help_text="Job.attempts of the attempt that ran it")
     worker = models.CharField(max_length=200)
     started_at = models.DateTimeField()
-    finished_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(
+        null=True, blank=True, default=timezone.now, help_text="empty: begun, not finished"
+    )
 
     class Meta:
         constraints = [
@@ -434,6 +439,7 @@ class EffectEvent(models.Model):
     class Action(models.TextChoices):
         CLAIM = "claim"  # a sender took the effect (its sending lease)
         SEND = "send"  # one call to the provider (or a failure on the way to it)
+        LOOKUP = "lookup"  # asked the provider what became of the key (no send)
         DEFER = "defer"  # no in-flight slot freed in time: handed back, no attempt spent
         CHECK = "check"  # the release check before the call failed (nothing was sent)
         STOP = "stop"  # the send budget was spent, or a sender was lost mid-send

@@ -13,7 +13,8 @@ def collect_providers() -> dict[str, dict]:
     """Per provider: effects (outcomes) and sends (calls) apart.
 
     ``sends`` counts calls; ``resends`` the calls beyond the first for one effect,
-    always under the same key (expected under faults); ``duplicate_effects`` counts
+    always under the same key (expected under faults); ``lookups`` the questions "what
+    became of this key?" asked instead of a resend (no sends); ``duplicate_effects`` counts
     effect identities with a second ledger row or a second applied outcome (must be 0).
     """
     out: dict[str, dict] = {}
@@ -26,6 +27,7 @@ def collect_providers() -> dict[str, dict]:
                 "by_state": {},
                 "sends": 0,
                 "resends": 0,
+                "lookups": 0,
                 "withheld_before_send": 0,
                 "operator_actions": 0,
                 "duplicate_effects": 0,
@@ -41,6 +43,7 @@ def collect_providers() -> dict[str, dict]:
     for r in events.annotate(
         sends=Count("id", filter=Q(action=Action.SEND)),
         sent_effects=Count("effect", filter=Q(action=Action.SEND), distinct=True),
+        lookups=Count("id", filter=Q(action=Action.LOOKUP)),
         withheld=Count("id", filter=Q(action=Action.WITHHOLD)),
         operator=Count(
             "id", filter=Q(action__in=[Action.MARK_SENT, Action.SEND_AGAIN, Action.RECHECK])
@@ -49,6 +52,7 @@ def collect_providers() -> dict[str, dict]:
         p = row(r["provider"])
         p["sends"] = r["sends"]
         p["resends"] = r["sends"] - r["sent_effects"]
+        p["lookups"] = r["lookups"]
         p["withheld_before_send"] = r["withheld"]
         p["operator_actions"] = r["operator"]
     twice_applied = (

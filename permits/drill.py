@@ -502,7 +502,17 @@ def step_provider_timeout(d: Drill, server) -> None:
     d.check("the retry is applied", outcome == Effect.State.APPLIED, outcome)
     d.check("both calls carried the same key", keys == {effect.idempotency_key}, str(len(keys)))
     d.check("the provider applied it once", d.applied_at_provider(job) == 1)
-    d.row("6 re-drive, same key", "dispatcher", f"provider replayed the send -> {outcome}", job)
+    # With the provider's lookup (NOTICE_PROVIDER_LOOKUP, on by default) the re-drive asks
+    # what became of the key and sends nothing; without it, it sends again under the key.
+    posts = len(d.provider.requests_for(effect.idempotency_key))
+    lookups = len(d.provider.lookups_for(effect.idempotency_key))
+    how = (
+        f"looked up by key: applied, {posts} POST in all"
+        if lookups
+        else f"provider replayed the send ({posts} POSTs)"
+    )
+    d.check("a key found by lookup is not sent again", not lookups or posts == 1, str(posts))
+    d.row("6 re-drive, same key", "dispatcher", f"{how} -> {outcome}", job)
 
 
 def step_deadlock(d: Drill) -> None:

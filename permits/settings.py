@@ -463,6 +463,8 @@ LOGGING = {
         },
         "json": {"()": "jobs.logformat.JsonFormatter"},
     },
+    # A server error's line ends with the reference its 500 page shows (permits.friendly).
+    "filters": {"error_reference": {"()": "permits.friendly.ErrorReference"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "loggers": {
         "jobs": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": True},
@@ -472,7 +474,7 @@ LOGGING = {
         "django": {"handlers": ["console"], "level": "ERROR"},
         # A server error (500): one line with its traceback, messages redacted (the
         # handler is django's, above, so it is written once).
-        "django.request": {"level": "ERROR", "propagate": True},
+        "django.request": {"level": "ERROR", "propagate": True, "filters": ["error_reference"]},
         "django-q": {"handlers": ["console"], "level": os.environ.get("Q_LOG_LEVEL", "WARNING")},
     },
 }

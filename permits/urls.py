@@ -9,7 +9,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from permits import views
-from permits.friendly import not_found_page
+from permits.friendly import not_found_page, server_error_page
 
 urlpatterns = [
     path("", include("jobs.urls")),
@@ -34,3 +34,4 @@ urlpatterns = [
 ]
 
 handler404 = not_found_page
+handler500 = server_error_page  # the error's time and reference (permits.friendly)

@@ -5,6 +5,12 @@ for exactly the duration of the call, and respects the provider's flow rules and
 circuit (``jobs.flow``); the recipient's authorization is rechecked inside the slot,
 right before the call. Every failure on the way, the authorization recheck included,
 goes through the retry table; each outcome is one arrow of ``jobs.engine.effect_machine``.
+
+An effect whose last send may have landed unanswered (``unknown``, or ``sending`` whose
+sender's lease ran out) is first looked up by its key where the provider can say
+(``Provider.supports_lookup``): found is recorded as applied with the provider's reference
+and nothing is sent; never seen lets the send go on; no answer leaves it unknown, to be
+asked again later: never a send the provider said nothing about.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from jobs.delivery import policy
 from jobs.engine import effect_machine
 from jobs.engine.plan import Hold
 from jobs.models import Effect
+from jobs.providers import ProviderLookupUnsupported
 from jobs.retry import classify
 
 State = Effect.State
@@ -48,7 +55,9 @@ def send_claimed(effect: Effect, worker: str, prior: str) -> str:
     provider = registry.get_provider(effect.provider)
     if provider.transactional:
         return _release_transactional(effect, worker, provider)
-    if prior == State.SENDING and not provider.supports_idempotency:
+    unsure = prior in (State.UNKNOWN, State.SENDING)  # an earlier send may have landed
+    ask = unsure and provider.supports_lookup
+    if prior == State.SENDING and not provider.supports_idempotency and not ask:
         # The last sender's lease ran out mid-call: the message may be out, and a
         # provider without keys cannot tell a resend from a new one. An operator decides.
         return effect_machine.sender_lost(effect, worker)
@@ -63,12 +72,22 @@ def send_claimed(effect: Effect, worker: str, prior: str) -> str:
         return effect_machine.defer(effect, worker, prior, hold=gate.hold)
     # One budget for the slots and the rate: a send still ends within its lease (E010).
     deadline = time.monotonic() + float(conf.get("JOBS_PROVIDER_SLOT_WAIT_SECONDS"))
-    slot = reason = ref = held = None
-    called = False
+    slot = reason = ref = held = found = None
+    called = looking = lost = False
     try:
         provider.prepare(effect)  # the slow part of a send, before its start is taken
         with flow.slots(gate, deadline=deadline) as slot:
-            if slot:
+            if slot and ask:
+                # A lookup holds an in-flight slot like a send (the provider's bound
+                # counts every call) but takes no rate start: it is no notice.
+                looking = True
+                found = _look_up(provider, effect, worker)
+                looking = False
+                # Not seen yet, but a lost sender's call may still arrive, and a provider
+                # without keys would apply it twice: an operator decides.
+                lost = found is None and prior == State.SENDING
+                lost = lost and not provider.supports_idempotency
+            if slot and found is None and not lost:
                 # Inside the slot: the current policy, then the rate's start, then the
                 # call; nothing stands between the start and the call.
                 held, reason = flow.take_within(
@@ -78,12 +97,30 @@ def send_claimed(effect: Effect, worker: str, prior: str) -> str:
                     called = True
                     ref = provider.send(effect)
     except Exception as exc:  # the retry table decides, not this except
-        return _failed(effect, worker, provider, exc, called=called, prior=prior, probe=gate.probe)
+        # A lookup that failed: the provider could not say; still unknown, asked again later.
+        return _failed(
+            effect,
+            worker,
+            provider,
+            exc,
+            called=called or looking,
+            prior=prior,
+            probe=gate.probe,
+            looked_up=looking,
+        )
     finally:
-        if gate.probe and not called:  # the provider was not asked: another sender probes
+        if gate.probe and not (called or looking) and found is None:
+            # The provider was not asked (or only told us it never saw the key, and no
+            # send followed): another sender probes.
             flow.probe_abandoned(provider.name, worker)
     if not slot:
         return effect_machine.defer(effect, worker, prior)
+    if lost:
+        return effect_machine.sender_lost(effect, worker)
+    if found is not None:
+        outcome = effect_machine.found_applied(effect, worker, found)
+        flow.circuit_success(provider.name, worker)  # the provider answered
+        return outcome
     if held is not None:
         return effect_machine.defer(effect, worker, prior, hold=held)
     if reason:
@@ -92,6 +129,19 @@ def send_claimed(effect: Effect, worker: str, prior: str) -> str:
     # After the ledger committed: the count restarts, an open circuit closes.
     flow.circuit_success(provider.name, worker)
     return outcome
+
+
+def _look_up(provider, effect: Effect, worker: str) -> str | None:
+    """The provider's reference for the effect's key, or None when the send should go on:
+    the provider never saw the key, or it turned out to have no lookup (today's rule)."""
+    try:
+        ref = provider.lookup(effect.idempotency_key)
+    except ProviderLookupUnsupported:
+        effect_machine.log_outcome(effect, "looked_up", worker, lookup="unsupported")
+        return None
+    if ref is None:
+        effect_machine.not_found(effect, worker)
+    return ref
 
 
 def _release_transactional(effect: Effect, worker: str, provider) -> str:
@@ -118,6 +168,7 @@ def _failed(
     called: bool,
     prior: str,
     probe: bool = False,
+    looked_up: bool = False,
 ) -> str:
     """A failed release, by the retry table.
 
@@ -125,16 +176,25 @@ def _failed(
     (``jobs.flow``); one that failed while the circuit is open (it opened now, or
     another sender opened it after this one read it closed) belongs to the outage: it
     is recorded as the send it was, with its answer, and the effect gets its attempt
-    back and waits, as if it had been held at the gate.
+    back and waits, as if it had been held at the gate. ``looked_up``: the failed call
+    was a lookup: recorded as one, and the effect stays unknown whatever the class.
     """
     c = classify(exc)
     outage = called and c.error_class in flow.CIRCUIT_CLASSES
     if outage and flow.circuit_failure(provider.name, worker, probe=probe):
         hold = Hold(rules.provider_scope(provider.name), "circuit_open", 1.0)
-        hold, unsure = _later(hold, c.retry_after), c.rule.may_have_landed
-        return effect_machine.defer(effect, worker, prior, hold=hold, unsure=unsure, answer=c)
+        hold, unsure = _later(hold, c.retry_after), c.rule.may_have_landed or looked_up
+        return effect_machine.defer(
+            effect, worker, prior, hold=hold, unsure=unsure, answer=c, looked_up=looked_up
+        )
     return effect_machine.record_failure(
-        effect, worker, c, called=called, prior=prior, dedupes=provider.supports_idempotency
+        effect,
+        worker,
+        c,
+        called=called,
+        prior=prior,
+        dedupes=provider.supports_idempotency,
+        looked_up=looked_up,
     )
 
 

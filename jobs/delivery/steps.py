@@ -12,6 +12,12 @@ What is not promised: ``fn`` itself may run more than once when an attempt dies 
 its end and the record (a crash, a stop, a lost lease). A step that calls the outside
 world passes ``ctx.step_key(name)`` as the call's idempotency key, so a repeat is the same
 request to a provider that honours keys (docs/app/steps.md).
+
+A step given a ``lookup`` does better: it is recorded as *begun* (a row without
+``finished_at``, under the same fence) before ``fn`` runs, and an attempt that finds it
+begun but not finished asks ``lookup()`` first. An output found is recorded as the
+step's and ``fn`` does not run; None ("never seen") runs ``fn``; a lookup that raises
+fails the attempt (retried by the table), never a blind second call.
 """
 
 from __future__ import annotations
@@ -58,38 +64,77 @@ def key(job_id: int, revision: int, name: str) -> str:
     return f"job-{job_id}-r{revision}-step-{name}"
 
 
-def run(ctx: JobContext, name: str, fn: Callable[[], Any]) -> Any:
-    """The step's recorded output, running ``fn`` only when no attempt has recorded it."""
+def run(
+    ctx: JobContext,
+    name: str,
+    fn: Callable[[], Any],
+    *,
+    lookup: Callable[[], Any] | None = None,
+) -> Any:
+    """The step's recorded output, running ``fn`` only when no attempt has recorded it.
+
+    ``lookup``: asked, instead of running ``fn`` again, when an earlier attempt began the
+    step and did not finish it; returns the output ``fn`` would have returned when the
+    outside world already did the work (e.g. a provider's answer for the step's key), or
+    None when it never saw the call.
+    """
     _check_name(name)
-    done = JobStep.objects.filter(job_id=ctx.job.pk, name=name).first()
-    if done is not None:
-        log.info("job=%s step=%s reused from attempt %s", ctx.job.pk, name, done.attempt)
+    row = JobStep.objects.filter(job_id=ctx.job.pk, name=name).first()
+    if row is not None and row.finished_at is not None:
+        log.info("job=%s step=%s reused from attempt %s", ctx.job.pk, name, row.attempt)
         ctx.stage(f"step_reused:{name}")
-        return done.output
+        return row.output
     # Past the kind's timeout no step starts (a done one above is still returned: it
     # costs nothing); then no step starts for a job this worker no longer holds.
     ctx._check_time()
     ctx.check_owner()
     started = timezone.now()
+    if row is not None and lookup is not None:
+        # Begun by an attempt that did not finish: its call may have been done.
+        ctx.stage(f"step_lookup:{name}")
+        found = lookup()
+        log.info(
+            "job=%s step=%s begun by attempt %s, not finished: lookup %s",
+            ctx.job.pk,
+            name,
+            row.attempt,
+            "found its outcome" if found is not None else "found nothing, running it",
+        )
+        if found is not None:
+            return _finish(ctx, name, _stored_form(name, found), started)
+    elif lookup is not None and _record(ctx, name, None, started, begun=True) is None:
+        _refused(ctx, name)
     ctx.stage(f"step_started:{name}")
     output = _stored_form(name, fn())
     ctx.stage(f"step_done:{name}")
+    return _finish(ctx, name, output, started)
+
+
+def _finish(ctx: JobContext, name: str, output: Any, started) -> Any:
     recorded = _record(ctx, name, output, started)
     if recorded is None:
-        log.info(
-            "job=%s step=%s refused: worker=%s no longer holds the job",
-            ctx.job.pk,
-            name,
-            ctx.worker,
-        )
-        ctx._lost(f"step {name!r} not recorded: the job is no longer held by this worker")
+        _refused(ctx, name)
     log.info("job=%s step=%s recorded attempt=%s", ctx.job.pk, name, recorded.attempt)
     return recorded.output
 
 
-def _record(ctx: JobContext, name: str, output: Any, started) -> JobStep | None:
+def _refused(ctx: JobContext, name: str) -> None:
+    log.info(
+        "job=%s step=%s refused: worker=%s no longer holds the job",
+        ctx.job.pk,
+        name,
+        ctx.worker,
+    )
+    ctx._lost(f"step {name!r} not recorded: the job is no longer held by this worker")
+
+
+def _record(
+    ctx: JobContext, name: str, output: Any, started, *, begun: bool = False
+) -> JobStep | None:
     """The fenced swap and the step's row in one transaction: the row that stands for the
-    step, or None when the fence failed (nothing written)."""
+    step, or None when the fence failed (nothing written). ``begun``: the row says only
+    that ``fn`` is about to run (no output, no ``finished_at``); a later record of the
+    same step finishes that row."""
     job = ctx.job
     # The swap mirrors itself on ctx.job; if the transaction then fails (the database went
     # away mid-insert), it is rolled back, and so is the mirror: the failure is recorded
@@ -100,16 +145,22 @@ def _record(ctx: JobContext, name: str, output: Any, started) -> JobStep | None:
             with transaction.atomic():
                 if not job_machine.heartbeat(job, ctx.worker):
                     return None
-                step, _ = JobStep.objects.get_or_create(
-                    job_id=job.pk,
-                    name=name,
-                    defaults={
-                        "output": output,
-                        "attempt": job.attempts,
-                        "worker": ctx.worker,
-                        "started_at": started,
-                    },
+                fields = {
+                    "output": output,
+                    "attempt": job.attempts,
+                    "worker": ctx.worker,
+                    "started_at": started,
+                    "finished_at": None if begun else timezone.now(),
+                }
+                step, created = JobStep.objects.get_or_create(
+                    job_id=job.pk, name=name, defaults=fields
                 )
+                if not created and step.finished_at is None and not begun:
+                    # This worker holds the job (the swap above): it finishes the row
+                    # an earlier attempt began.
+                    for field, value in fields.items():
+                        setattr(step, field, value)
+                    step.save(update_fields=list(fields))
         except BaseException:
             job.version, job.state, job.lease_expires_at = before
             raise

@@ -13,6 +13,8 @@ its ``EffectEvent`` (the event carries the version it recorded):
     pending ──claim_send──▶ sending ──▶ applied | withheld | failed | needs_review
     unknown (due) ─────────▶   │  └────▶ unknown (may have landed: retry, same key)
     sending (lease expired) ─▶ │  └────▶ pending (nothing landed: retry later)
+      (provider with lookup: asked first: found ──▶ applied, its reference, no send;
+       never seen ──▶ the send goes on; no answer ──▶ unknown, asked again later)
       (provider without keys: ──────▶ needs_review, "sender_lost": never a blind resend)
                                └───────▶ pending/unknown (no in-flight slot: deferred,
                                          no attempt spent)
@@ -250,6 +252,37 @@ def applied(effect: Effect, worker: str, ref) -> str:
     return State.APPLIED
 
 
+def found_applied(effect: Effect, worker: str, ref: str) -> str:
+    """The provider's lookup says it applied a send under the key: recorded as applied
+    with its reference, and nothing is sent (the answer to the first send was lost)."""
+    won = _move(
+        effect,
+        worker,
+        EffectEvent.Action.LOOKUP,
+        owner=worker,
+        code="found",
+        state=State.APPLIED,
+        provider_ref=str(ref)[:200],
+        applied_at=Now(),
+        lease_expires_at=None,
+        reason="",
+        last_error_class="",
+        last_error_code="",
+    )
+    if not won:
+        _event_row(effect, worker, EffectEvent.Action.LOOKUP, "lease_lost", code="found").save()
+        log_outcome(effect, "lease_lost", worker, lookup="found")
+        return "lease_lost"
+    log_outcome(effect, "applied", worker, ref=effect.provider_ref, lookup="found")
+    return State.APPLIED
+
+
+def not_found(effect: Effect, worker: str) -> None:
+    """The provider's lookup says it never saw the key: noted (no arrow); the send goes on."""
+    _event_row(effect, worker, EffectEvent.Action.LOOKUP, "not_found", code="not_found").save()
+    log_outcome(effect, "looked_up", worker, lookup="not_found")
+
+
 def withhold(effect: Effect, worker: str, reason: str) -> str:
     won = _move(
         effect,
@@ -312,13 +345,15 @@ def defer(
     hold: Hold | None = None,
     unsure: bool = False,
     answer: Classified | None = None,
+    looked_up: bool = False,
 ) -> str:
     """No in-flight slot freed in time, or a flow rule holds the provider back (``hold``:
     paused, rate, open circuit): hand the effect back, spending no attempt.
 
     ``answer``: the call reached the provider and failed while its circuit is open. It
     is recorded as the send it was, with the provider's answer, and the effect waits
-    for the circuit like one held at the gate (the outage, not the effect, failed)."""
+    for the circuit like one held at the gate (the outage, not the effect, failed);
+    ``looked_up``: that call was a lookup, recorded as one (it is no send)."""
     # A re-driven expired send may have landed: it goes back as unknown, not pending.
     state = prior if prior in (State.PENDING, State.UNKNOWN) and not unsure else State.UNKNOWN
     if hold is None:
@@ -328,7 +363,8 @@ def defer(
         delay, code = hold.delay, hold.code
     action, error_class = EffectEvent.Action.DEFER, ""
     if answer is not None:
-        action, error_class, code = EffectEvent.Action.SEND, answer.error_class, answer.code
+        action = EffectEvent.Action.LOOKUP if looked_up else EffectEvent.Action.SEND
+        error_class, code = answer.error_class, answer.code
     won = _move(
         effect,
         worker,
@@ -368,18 +404,26 @@ def circuit_expired(effect: Effect, worker: str, reason: str) -> str:
 
 
 def record_failure(
-    effect: Effect, worker: str, c: Classified, *, called: bool, prior: str, dedupes: bool
+    effect: Effect,
+    worker: str,
+    c: Classified,
+    *,
+    called: bool,
+    prior: str,
+    dedupes: bool,
+    looked_up: bool = False,
 ) -> str:
     """Write what the retry table says a failed release means (``c``: the failure,
     classified; ``called``: the call reached the provider; ``dedupes``: the provider
-    deduplicates by key)."""
+    deduplicates by key; ``looked_up``: the call was a lookup, which failed: an earlier
+    send may have landed, so the effect stays unknown, never pending)."""
     verdict = effect_outcome(
         c,
         attempts=effect.attempts,
         max_attempts=effect.max_attempts,
         called=called,
         dedupes=dedupes,
-        unsure=prior == State.UNKNOWN,
+        unsure=prior == State.UNKNOWN or looked_up,
     )
     changes = {"state": verdict.state, "reason": verdict.reason[:300], "lease_expires_at": None}
     if verdict.retry:
@@ -388,6 +432,8 @@ def record_failure(
         delay = conf.backoff(effect.attempts, retry_after=c.retry_after)
         changes["next_attempt_at"] = clock.after(delay)
     action = EffectEvent.Action.SEND if called else EffectEvent.Action.CHECK
+    if looked_up:
+        action = EffectEvent.Action.LOOKUP
     fields = {"error_class": c.error_class, "code": c.code}
     won = _move(
         effect,

@@ -6,6 +6,10 @@ external provider is called outside any transaction with the effect's
 idempotency key, inside one of its in-flight slots (``jobs.providers.bounds``);
 its outcome is recorded afterwards.
 
+An external provider may also answer *what became of a key* (``supports_lookup``,
+``lookup``): the release path asks it before sending again an effect whose outcome is
+unknown, so a send that landed without an answer is recorded, not repeated.
+
 Built in: ``inapp`` (database), ``webhook`` (the HTTP notice protocol in
 DESIGN.md, settings ``NOTICE_PROVIDER_*``) and ``email`` (Django's mail backend).
 Settings are read at call time, never at import.
@@ -19,6 +23,7 @@ from typing import TYPE_CHECKING
 # from here too, where provider authors look for them.
 from jobs.exceptions import (
     ProviderError,
+    ProviderLookupUnsupported,
     ProviderNotConfigured,
     ProviderProtocolError,
     ProviderRefusedCredentials,
@@ -33,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Provider",
     "ProviderError",
+    "ProviderLookupUnsupported",
     "ProviderNotConfigured",
     "ProviderProtocolError",
     "ProviderRefusedCredentials",
@@ -49,6 +55,8 @@ class Provider:
     transactional: bool = False
     # Whether a resend under the same key is deduplicated by the other side.
     supports_idempotency: bool = False
+    # Whether ``lookup`` can say what became of an idempotency key (see ``lookup``).
+    supports_lookup: bool = False
     # Most calls in flight at once across all workers (None: unbounded).
     max_in_flight: int | None = None
     # The effect is one in-app ``Notice`` row (``notice_for``) that the publish inserts
@@ -71,4 +79,16 @@ class Provider:
 
     def send(self, effect: Effect) -> str:
         """Deliver the effect (raise on failure); return the provider's reference."""
+        raise NotImplementedError
+
+    def lookup(self, idempotency_key: str) -> str | None:
+        """What the provider did with ``idempotency_key``: its reference when it applied
+        a send under the key, None when it never saw the key.
+
+        Asked before an effect whose outcome is unknown is sent again, so an answer lost
+        on the way back costs no second request. Raise a ``ProviderError`` when the
+        provider could not say (the effect stays unknown and is asked again later), or
+        ``ProviderLookupUnsupported`` when it has no lookup (the send goes ahead, as for a
+        provider without ``supports_lookup``). Never called unless ``supports_lookup``.
+        """
         raise NotImplementedError

@@ -10,26 +10,32 @@ Answers map to the retry classes (``jobs.retry``): 201/200 applied; 400/409/422
 validation (failed); 401/403 authorization (needs review); 429/503 and other 5xx
 temporary (``Retry-After`` honoured); a connect error is transport; a read
 timeout after the request went out is a provider timeout: the effect becomes
-``unknown`` and is retried later with the same key.
+``unknown``. Before it is sent again, ``lookup`` asks ``GET {NOTICE_PROVIDER_URL}/notices/{key}``:
+``200 {"id"}`` means the provider applied it (recorded, no second POST), ``404`` that it
+never saw the key (the send goes ahead with the same key).
 
 Settings (read at call time; ``NOTICE_PROVIDER`` is the default prefix):
 ``NOTICE_PROVIDER_URL`` (required when used), ``NOTICE_PROVIDER_TOKEN``,
 ``NOTICE_PROVIDER_CONNECT_TIMEOUT`` (s), ``NOTICE_PROVIDER_READ_TIMEOUT`` (s),
-``NOTICE_PROVIDER_MAX_IN_FLIGHT``.
+``NOTICE_PROVIDER_MAX_IN_FLIGHT``, ``NOTICE_PROVIDER_LOOKUP``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 import httpx
 from django.core.checks import Error, register
 
-from jobs import artifacts, conf
+from jobs import artifacts, conf, retry
 from jobs.providers import (
     Provider,
+    ProviderError,
+    ProviderLookupUnsupported,
     ProviderNotConfigured,
     ProviderProtocolError,
     ProviderTimeout,
@@ -38,6 +44,27 @@ from jobs.providers import (
 
 if TYPE_CHECKING:
     from jobs.models import Effect
+
+
+class _KeyOutOfRequestLog(logging.Filter):
+    """httpx logs every request's URL at INFO, and a lookup's URL ends with the
+    idempotency key, which no log line may carry: the key is masked there."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(
+            isinstance(a, httpx.URL) and LOOKUP_PATH in a.path for a in record.args
+        ):
+            record.args = tuple(
+                a.copy_with(path=a.path.split(LOOKUP_PATH)[0] + LOOKUP_PATH + "{key}")
+                if isinstance(a, httpx.URL)
+                else a
+                for a in record.args
+            )
+        return True
+
+
+LOOKUP_PATH = "/notices/"
+logging.getLogger("httpx").addFilter(_KeyOutOfRequestLog())
 
 BODY_FIELDS = ("effect_id", "recipient", "job", "revision", "report_key", "kind")
 # ``EffectSpec.data`` keys sent as they are, when present (docs/app/webhooks.md). Free
@@ -84,6 +111,11 @@ class WebhookProvider(Provider):
             return str(value).rstrip("/")
         return value
 
+    @property
+    def supports_lookup(self) -> bool:
+        """On unless ``<prefix>_LOOKUP`` is off: a receiver without the lookup endpoint."""
+        return bool(self.setting("LOOKUP"))
+
     def in_flight_limit(self) -> int | None:
         limit = self.setting("MAX_IN_FLIGHT")
         return int(limit) if limit else None
@@ -113,12 +145,13 @@ class WebhookProvider(Provider):
         # which between a rate's start and the call bunched calls at the provider.
         self._client()
 
+    def _auth(self) -> dict[str, str]:
+        token = self.setting("TOKEN")
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
     def send(self, effect: Effect) -> str:
         url = self.setting("URL") + "/notices"
-        headers = {"Idempotency-Key": effect.idempotency_key}
-        token = self.setting("TOKEN")
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+        headers = {"Idempotency-Key": effect.idempotency_key, **self._auth()}
         try:
             response = self._client().post(url, json=notice_body(effect), headers=headers)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -147,6 +180,58 @@ class WebhookProvider(Provider):
         except (ValueError, KeyError, TypeError) as exc:
             raise ProviderProtocolError("the answer carried no notice id") from exc
         return str(ref)
+
+    def lookup(self, idempotency_key: str) -> str | None:
+        """``GET {url}/notices/{key}``: the notice id when the provider applied the key,
+        None on 404 (never seen). Errors never quote the URL: it carries the key."""
+        url = self.setting("URL") + LOOKUP_PATH + quote(idempotency_key, safe="")
+        try:
+            response = self._client().get(url, headers=self._auth())
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise ProviderUnreachable(
+                f"could not connect to the {self.name!r} provider for a lookup",
+                code=type(exc).__name__.lower(),
+            ) from None
+        except httpx.HTTPError as exc:  # timeouts, a dropped answer: it could not say
+            raise ProviderTimeout(
+                f"the {self.name!r} provider did not answer a lookup",
+                code=type(exc).__name__.lower(),
+            ) from None
+        status = response.status_code
+        if status == 404:
+            return None
+        if status in (405, 501):
+            raise ProviderLookupUnsupported(
+                f"the {self.name!r} provider has no lookup (HTTP {status})", code=f"http_{status}"
+            )
+        if status != 200:
+            retry_after = retry.parse_retry_after(response.headers.get("Retry-After"))
+            c = retry.classify_status(status, retry_after)
+            raise LookupRefused(
+                f"the {self.name!r} provider answered a lookup with HTTP {status}",
+                error_class=c.error_class,
+                code=c.code,
+                retry_after=c.retry_after,
+            )
+        try:
+            answer = response.json()
+            ref, outcome = answer["id"], answer.get("outcome", "applied")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ProviderProtocolError("the lookup's answer carried no notice id") from None
+        if outcome != "applied" or not ref:
+            # Only "applied" settles an effect; the other side's word is not quoted.
+            raise ProviderProtocolError("the lookup answered an outcome other than applied")
+        return str(ref)
+
+
+class LookupRefused(ProviderError):
+    """Raised when the provider answered a lookup with an error status; the retry table
+    reads the status's class (a 503 waits, a 401 withholds), as for a send."""
+
+    def __init__(self, detail: str, *, error_class: str, code: str, retry_after: float | None):
+        super().__init__(detail, code=code)
+        self.error_class = error_class
+        self.retry_after = retry_after
 
 
 @register()

@@ -10,6 +10,9 @@ Protocol (``POST /notices``, ``Idempotency-Key``, ``Authorization: Bearer``):
 ``201 {"id"}`` a new send is applied; ``200 {"id"}`` a known key with the same
 body (same id); ``409`` a known key with another body; ``400`` no key; ``422`` a
 body that is not exactly the six reference fields; ``401`` a wrong token.
+Lookup (``GET /notices/{key}``, same token): ``200 {"id", "outcome": "applied"}`` for a
+key it applied, ``404`` for a key it never applied. Lookups are recorded apart from
+sends (path ``/notices/{key}``), so a test counts POSTs and lookups per key separately.
 
 Fault switches (``Faults``): a fraction of new sends *accepted then stalled*
 (applied, then no answer until the client hangs up or ``stall_seconds`` pass);
@@ -46,6 +49,9 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import unquote
+
+LOOKUP_PATH = "/notices/{key}"  # how lookups are filed in the record
 
 BODY_TYPES = {
     "effect_id": str,
@@ -101,6 +107,8 @@ class Faults:
     retry_after: float = 1.0
     reject: float = 0.0  # answered reject_status (a validation or auth failure on demand)
     reject_status: int = 422
+    lookup_unavailable: float = 0.0  # lookups answered 503 (the provider cannot say now)
+    no_lookup: bool = False  # lookups answered 405: a provider without the capability
     delay: float = 0.0  # latency added to every answer, in seconds
     down: list[tuple[float, float]] = field(default_factory=list)  # seconds after start
     seed: int | None = None
@@ -147,7 +155,15 @@ class Record:
         return [dict(r) for r in self._rows("SELECT * FROM events ORDER BY n")]
 
     def requests_for(self, idempotency_key: str) -> list[dict]:
+        """The sends (POSTs) under ``idempotency_key``; lookups are counted apart."""
         return [r for r in self.requests() if r["idempotency_key"] == idempotency_key]
+
+    def lookups(self) -> list[dict]:
+        """Every lookup (``GET /notices/{key}``), with its key and status."""
+        return self.requests(path=LOOKUP_PATH)
+
+    def lookups_for(self, idempotency_key: str) -> list[dict]:
+        return [r for r in self.lookups() if r["idempotency_key"] == idempotency_key]
 
     def sends_by_effect(self) -> dict[str, list[dict]]:
         out: dict[str, list[dict]] = {}
@@ -241,6 +257,16 @@ class _Writer:
                 raise
             return 201, "applied", send_id
 
+    def applied_id(self, key: str) -> str | None:
+        """The id of the send applied under ``key``, or None."""
+        with self.lock:
+            if self.closed:
+                return None
+            row = self.conn.execute(
+                "SELECT send_id FROM sends WHERE idempotency_key = ?", [key]
+            ).fetchone()
+            return row[0] if row else None
+
     def request(self, **row) -> None:
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
@@ -329,6 +355,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
     def do_GET(self):
+        if self.path.startswith("/notices/"):
+            self._lookup()
+            return
         received, read = self.received()
         status = 200 if self.path == "/health" else 404
         self.server.writer.request(
@@ -341,6 +370,38 @@ class _Handler(BaseHTTPRequestHandler):
             outcome="health" if status == 200 else "not_found",
         )
         self._answer(status, {"ok": status == 200})
+
+    def _lookup(self) -> None:
+        """``GET /notices/{key}``: what became of a key, recorded as a lookup (not a send)."""
+        received, read = self.received()
+        server = self.server
+        key = unquote(self.path[len("/notices/") :])[:200]
+        send_id, headers = "", {}
+        if server.token and self.headers.get("Authorization") != f"Bearer {server.token}":
+            status, outcome = 401, "unauthorized"
+        elif server.faults.no_lookup:
+            status, outcome = 405, "no_lookup"
+        elif server.roll("lookup_unavailable"):
+            status, outcome = 503, "lookup_unavailable"
+            headers["Retry-After"] = f"{server.faults.retry_after:g}"
+        else:
+            send_id = server.writer.applied_id(key) or ""
+            status, outcome = (200, "lookup_found") if send_id else (404, "lookup_not_found")
+        if server.faults.delay:
+            time.sleep(server.faults.delay)
+        server.writer.request(
+            method="GET",
+            path=LOOKUP_PATH,
+            received_at=received,
+            read_at=read,
+            answered_at=time.time(),
+            idempotency_key=key,
+            status=status,
+            outcome=outcome,
+            send_id=send_id,
+        )
+        payload = {"id": send_id, "outcome": "applied"} if status == 200 else {"error": outcome}
+        self._answer(status, payload, headers)
 
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)

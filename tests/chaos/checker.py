@@ -144,6 +144,12 @@ class Report:
             ("provider answers", kv(f["provider"]["answers"])),
             ("sends applied at provider", f["provider"]["sends_applied"]),
             ("resends under same key", f["provider"]["resends_same_key"]),
+            (
+                "lookups (issue 43)",
+                f"{kv(f['provider']['lookups']['answers'])}; "
+                f"{f['provider']['lookups']['keys_found_applied']} keys found applied, "
+                f"{f['provider']['lookups']['sends_after_found']} sends after one was found",
+            ),
             ("duplicate effects", f["duplicate_effects"]),
             ("lost jobs", f["lost_jobs"]),
             (
@@ -1424,6 +1430,25 @@ PROMISES = (
 )
 
 
+def lookup_figures(lookups: list[dict], sends: list[dict]) -> dict:
+    """Issue 43's figure for a fault run: the lookups' answers, and the POSTs a key got
+    after a lookup had found it applied (a lookup that found a key settles it: 0)."""
+    found_at: dict[str, float] = {}
+    for q in lookups:
+        if q["status"] == 200:
+            found_at.setdefault(q["idempotency_key"], q["answered_at"])
+    after = [
+        q
+        for q in sends
+        if q["idempotency_key"] in found_at and q["received_at"] > found_at[q["idempotency_key"]]
+    ]
+    return {
+        "answers": dict(Counter(f"{q['status']} {q['outcome']}" for q in lookups)),
+        "keys_found_applied": len(found_at),
+        "sends_after_found": len(after),
+    }
+
+
 def _figures(h: History, r: Report) -> None:
     """The run's figures, from the history and what the promises found."""
     from jobs.models import Effect
@@ -1473,6 +1498,7 @@ def _figures(h: History, r: Report) -> None:
             "resends_same_key": sum(n - 1 for n in by_key.values()),
             "max_in_flight": found.get("in_flight", 0),
             "bound": cfg.provider_in_flight,
+            "lookups": lookup_figures(h.record.lookups(), h.requests),
         },
         duplicate_effects=figures["duplicate_effects"] + len(found.get("provider_duplicates", {})),
         lost_jobs=lost,

@@ -15,6 +15,11 @@ frozen whole is a paused host (a VM pause, a stop-the-world stall).
 
 Counts come from outside the workers' memory: the handler appends a line per fn run to a
 file, the provider keeps its own record, the database has the rows.
+
+Run twice (issue 43): with step 2's ``lookup`` the reclaiming worker finds the step begun,
+asks the provider ``GET /notices/{key}``, records the id it gets and sends nothing: one
+POST for the key, the lookup counted apart; without it, it sends again (two POSTs, the
+second a replay). The second run prints both side by side.
 """
 
 from __future__ import annotations
@@ -54,8 +59,12 @@ def _log(proc) -> str:
     return proc.log_path.read_text(errors="replace")
 
 
+SIDE_BY_SIDE: dict[str, dict] = {}  # lookup available or not -> what the provider saw
+
+
+@pytest.mark.parametrize("lookup", [True, False], ids=["with_lookup", "without_lookup"])
 def test_steps__a_worker_frozen_inside_step_2_after_its_call_cannot_record_or_publish(
-    procs, provider, django_user_model, tmp_path
+    procs, provider, django_user_model, tmp_path, lookup
 ):
     user = django_user_model.objects.create_user(username="e2e-steps")
     runs_file, go_file = tmp_path / "runs.txt", tmp_path / "go"
@@ -71,6 +80,7 @@ def test_steps__a_worker_frozen_inside_step_2_after_its_call_cannot_record_or_pu
             "provider": provider.url,
             "runs_file": str(runs_file),
             "go_file": str(go_file),
+            "lookup": lookup,
         },
     )
     key = f"job-{job.pk}-r{job.output_revision}-step-send"
@@ -89,7 +99,9 @@ def test_steps__a_worker_frozen_inside_step_2_after_its_call_cannot_record_or_pu
     os.kill(pid, signal.SIGSTOP)  # the worker first: it must not get to its record
     os.killpg(frozen.pid, signal.SIGSTOP)  # then its cluster (the pusher: see above)
     stopped_at = time.monotonic()
-    assert not JobStep.objects.filter(job=job, name="send").exists(), "step 2 was recorded"
+    done = JobStep.objects.filter(job=job, name="send", finished_at__isnull=False)
+    assert not done.exists(), "step 2 was recorded"
+    assert JobStep.objects.filter(job=job, name="send").exists() == lookup, "begun iff lookup"
     print(f"froze {stale.worker} of {frozen.name} inside step 2, after its call")
 
     done = wait_until(
@@ -122,7 +134,10 @@ def test_steps__a_worker_frozen_inside_step_2_after_its_call_cannot_record_or_pu
     counts = {
         "render_fn_runs": sum(r.startswith("render") for r in runs),
         "send_fn_runs": sum(r.startswith("send") for r in runs),
+        "lookup_available": lookup,
         "provider_requests_for_key": len(calls),
+        "provider_lookups_for_key": len(provider.record.lookups_for(key)),
+        "lookup_fn_runs": sum(r.startswith("lookup") for r in runs),
         "provider_applied_for_key": len(applied),
         "provider_statuses": [c["status"] for c in calls],
         "job_steps": sorted(steps),
@@ -133,16 +148,29 @@ def test_steps__a_worker_frozen_inside_step_2_after_its_call_cannot_record_or_pu
         "frozen_past_q_alarm": "alarm swallowed" in runs,
     }
     print(f"DBOS_SCENARIO_COUNTS: {counts}\n{job_table()}")
+    SIDE_BY_SIDE["with_lookup" if lookup else "without_lookup"] = {
+        "provider_requests_for_key": len(calls),
+        "provider_lookups_for_key": counts["provider_lookups_for_key"],
+        "send_fn_runs": counts["send_fn_runs"],
+    }
+    print(f"DBOS_SCENARIO_SIDE_BY_SIDE: {SIDE_BY_SIDE}")
 
     assert job.state == Job.State.SUCCEEDED
     assert job.version == done.version, "the resumed worker wrote to the job"
     assert refused in _log(frozen), "the resumed worker was not refused at its step record"
     assert counts["render_fn_runs"] == 1, f"step 1's fn ran more than once: {runs}"
-    assert counts["send_fn_runs"] >= 2, runs  # the frozen worker's call and the reclaim's
+    if lookup:
+        # The reclaim found step 2 begun, asked the provider, and recorded its answer.
+        assert counts["send_fn_runs"] == 1, runs
+        assert counts["lookup_fn_runs"] >= 1 and counts["provider_lookups_for_key"] >= 1
+        assert counts["provider_statuses"] == [201], "one POST for the key: no second send"
+    else:
+        assert counts["send_fn_runs"] >= 2, runs  # the frozen worker's call and the reclaim's
+        assert counts["provider_lookups_for_key"] == 0
+        statuses = counts["provider_statuses"]
+        assert statuses[0] == 201 and set(statuses[1:]) == {200}, statuses  # then replays
     assert len(calls) == counts["send_fn_runs"], "one provider request per run of step 2's fn"
     assert len(applied) == 1, f"the provider applied the step's key {len(applied)} times"
-    statuses = counts["provider_statuses"]
-    assert statuses[0] == 201 and set(statuses[1:]) == {200}, statuses  # applied, then replays
     assert set(steps) == {"render", "send"}
     assert steps["render"].worker == stale.worker  # recorded before the freeze
     assert steps["send"].worker != stale.worker  # the frozen worker's output was refused

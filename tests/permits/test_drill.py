@@ -31,6 +31,8 @@ def assert_passed(proc: subprocess.CompletedProcess, vendor: str) -> None:
         assert step in out
     assert "render skipped (done by attempt 1)" in out  # the two-step report's second attempt
     assert "[ok] each step's fn ran once in all" in out
+    # The stalled send's re-drive asks the provider by key instead of sending again.
+    assert "looked up by key: applied, 1 POST in all" in out
     assert "provider_timeout" in out and "safe to retry" in out and "operator review" in out
     assert "[FAIL]" not in out
 

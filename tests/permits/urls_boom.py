@@ -8,3 +8,5 @@ def boom(request):
 
 
 urlpatterns = [path("boom/", boom), path("", include("permits.urls"))]
+
+handler500 = "permits.friendly.server_error_page"  # as the site's URLs

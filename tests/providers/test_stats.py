@@ -18,7 +18,11 @@ from tests.providers.conftest import notify_job
 pytestmark = pytest.mark.django_db
 
 
-def test_jobs_stats__per_provider_resends_and_duplicate_effects_apart(make_user, webhook):
+@pytest.mark.parametrize("lookup", [False, True])
+def test_jobs_stats__per_provider_resends_and_duplicate_effects_apart(
+    make_user, webhook, settings, lookup
+):
+    settings.NOTICE_PROVIDER_LOOKUP = lookup  # with it, the unknown outcome is looked up
     user = make_user()
     webhook.faults.stall = 1.0
     stalled = notify_job(user, subject=1)
@@ -28,7 +32,7 @@ def test_jobs_stats__per_provider_resends_and_duplicate_effects_apart(make_user,
     Effect.objects.filter(pk=effect.pk).update(
         next_attempt_at=timezone.now() - timedelta(seconds=1)
     )
-    assert release_effect(effect.pk) == "applied"  # the same key again
+    assert release_effect(effect.pk) == "applied"  # the same key again, or a lookup
     run_delivery(notify_job(user, subject=2, provider="inapp").pk, worker="w1")
     run_delivery(stalled.pk, worker="w2")  # a duplicate delivery of the finished job
 
@@ -39,10 +43,11 @@ def test_jobs_stats__per_provider_resends_and_duplicate_effects_apart(make_user,
     assert stats["duplicate_effects"] == 0
     webhook_row = stats["providers"]["webhook"]
     assert webhook_row["effects"] == 1 and webhook_row["by_state"] == {"applied": 1}
-    assert (webhook_row["sends"], webhook_row["resends"]) == (2, 1)
+    sends = (webhook_row["sends"], webhook_row["resends"], webhook_row["lookups"])
+    assert sends == ((1, 0, 1) if lookup else (2, 1, 0))
     assert webhook_row["duplicate_effects"] == 0
     assert stats["providers"]["inapp"]["sends"] == 1
-    assert len(webhook.record.sends()) == 1, "two sends, one effect at the provider"
+    assert len(webhook.record.sends()) == 1, "one effect at the provider"
 
     text = StringIO()
     call_command("jobs_stats", stdout=text)

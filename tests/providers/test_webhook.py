@@ -41,9 +41,12 @@ def effect_of(job) -> Effect:
     return Effect.objects.select_related("job").get(job=job)
 
 
-def test_webhook__accepted_then_timeout_is_retried_with_the_same_key_and_applied_once(
-    make_user, webhook
+def test_webhook__accepted_then_timeout_without_lookup_is_resent_with_the_same_key(
+    make_user, webhook, settings
 ):
+    """A receiver without the lookup (tests/providers/test_lookup.py: with it): the
+    unknown outcome is settled by a resend under the same key, which it replays."""
+    settings.NOTICE_PROVIDER_LOOKUP = False
     webhook.faults.stall = 1.0  # every new send is applied, then left unanswered
     user = make_user()
     job = notify_job(user)
@@ -111,11 +114,13 @@ def test_webhook__an_existing_effect_never_gets_a_new_key(make_user, webhook):
     effect.refresh_from_db()
     assert effect.idempotency_key == key and Effect.objects.filter(job=job).count() == 1
     requests = wait_for(
-        lambda: len(webhook.record.requests()) == 3 and webhook.record.requests(),
-        what="three calls in the provider's record",
+        lambda: len(webhook.record.requests()) == 2 and webhook.record.requests(),
+        what="two sends in the provider's record",
     )
     assert {r["idempotency_key"] for r in requests} == {key}
-    assert [r["status"] for r in requests] == [503, 201, 200]
+    assert [r["status"] for r in requests] == [503, 201]
+    # The re-drive of the dead sender's effect asked first, found it, and sent nothing.
+    assert [(r["idempotency_key"], r["status"]) for r in webhook.record.lookups()] == [(key, 200)]
     assert len(webhook.record.sends()) == 1
 
 

@@ -43,10 +43,10 @@ class Command(BaseCommand):
         w(f"artifacts             {states or '0'}")
         w(f"orphan artifact files {art['orphan_files']}")
         if stats["providers"]:
-            w("per provider          effects  sends  resends  duplicate effects  states")
+            w("per provider          effects  sends  resends  lookups  duplicate effects  states")
         for name, p in sorted(stats["providers"].items()):
             states = " ".join(f"{k}={v}" for k, v in sorted(p["by_state"].items()))
             w(
                 f"  {name:<20}{p['effects']:>7}{p['sends']:>7}{p['resends']:>9}"
-                f"{p['duplicate_effects']:>19}  {states}"
+                f"{p['lookups']:>9}{p['duplicate_effects']:>19}  {states}"
             )

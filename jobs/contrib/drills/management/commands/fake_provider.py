@@ -66,6 +66,15 @@ class Command(BaseCommand):
             "--reject", type=_fraction, default=0.0, help="fraction answered --reject-status"
         )
         parser.add_argument("--reject-status", type=int, default=422)
+        parser.add_argument(
+            "--lookup-unavailable",
+            type=_fraction,
+            default=0.0,
+            help="fraction of lookups (GET /notices/KEY) answered 503",
+        )
+        parser.add_argument(
+            "--no-lookup", action="store_true", help="answer lookups 405 (no such capability)"
+        )
         parser.add_argument("--delay", type=float, default=0.0, help="latency of every answer")
         parser.add_argument(
             "--down-window",
@@ -88,6 +97,8 @@ class Command(BaseCommand):
             retry_after=opts["retry_after"],
             reject=opts["reject"],
             reject_status=opts["reject_status"],
+            lookup_unavailable=opts["lookup_unavailable"],
+            no_lookup=opts["no_lookup"],
             delay=opts["delay"],
             down=opts["down_window"],
             seed=opts["seed"],
