@@ -234,11 +234,16 @@ class AsyncJobContext:
             data, content_type=content_type, extension=extension
         )
 
-    async def astep(self, name: str, fn: Callable[[], Any]) -> Any:
-        """``ctx.step(name, fn)``: ``fn`` (a function or an ``async def``) runs once per job,
-        its JSON output recorded under this worker's fence and returned to later attempts."""
+    async def astep(
+        self, name: str, fn: Callable[[], Any], *, lookup: Callable[[], Any] | None = None
+    ) -> Any:
+        """``ctx.step(name, fn, lookup=)``: ``fn`` (a function or an ``async def``) runs once
+        per job, its JSON output recorded under this worker's fence and returned to later
+        attempts; ``lookup`` as ``ctx.step``'s (a function or an ``async def``)."""
         run = async_to_sync(fn) if is_async_handler(fn) else fn
-        return await sync_to_async(self.sync.step)(name, run)
+        if lookup is not None and is_async_handler(lookup):
+            lookup = async_to_sync(lookup)
+        return await sync_to_async(self.sync.step)(name, run, lookup=lookup)
 
     async def ajoined(self) -> list:
         """``ctx.joined()``: the children of the group this job is the join of."""

@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from django.db.models import Expression, Model, QuerySet
 
-from jobs import artifacts, clock, conf, executors, failures, registry
+from jobs import artifacts, clock, conf, executors, failures, identity, registry
 from jobs.delivery import publish, steps
 from jobs.engine import groups, job_machine
 from jobs.engine.plan import Claim
@@ -189,10 +189,18 @@ class JobContext:
         self.stage("artifact_stored")
         return stored.artifact
 
-    def step(self, name: str, fn: Callable[[], object]) -> object:
+    def step(
+        self,
+        name: str,
+        fn: Callable[[], object],
+        *,
+        lookup: Callable[[], object | None] | None = None,
+    ) -> object:
         """Run ``fn`` as the durable step ``name``: once per job, its JSON output recorded
-        under this worker's fence and returned to every later attempt (jobs.delivery.steps)."""
-        return steps.run(self, name, fn)
+        under this worker's fence and returned to every later attempt (jobs.delivery.steps).
+        ``lookup``: asked first by an attempt that finds the step begun but not finished
+        (its outside call may have landed): an output found is recorded, ``fn`` not run."""
+        return steps.run(self, name, fn, lookup=lookup)
 
     def joined(self) -> list[groups.JoinedChild]:
         """The children of the group this job is the join of, in the order their parent
@@ -202,7 +210,7 @@ class JobContext:
     def step_key(self, name: str) -> str:
         """The idempotency key for an outside call made inside step ``name``: the same
         for every attempt, so a repeated call is the same request."""
-        return steps.key(self.job.pk, self.job.output_revision, name)
+        return steps.key(identity.job_key(self.job), self.job.output_revision, name)
 
 
 def _checked_progress(done: int, total: int | None, note: str) -> tuple[int, int | None, str]:

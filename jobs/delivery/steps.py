@@ -59,9 +59,11 @@ class JobContext(Protocol):
     def _lost(self, how: str) -> None: ...
 
 
-def key(job_id: int, revision: int, name: str) -> str:
-    """The step's stable identity, the same for every attempt of the job."""
-    return f"job-{job_id}-r{revision}-step-{name}"
+def key(job_key: str, revision: int, name: str) -> str:
+    """The step's stable identity, the same for every attempt of the job: ``job_key`` is
+    the job's identity for keys (``jobs.identity.job_key``: its uid, or its id for a job
+    made before uids), never an id a failover could hand out again."""
+    return f"job-{job_key}-r{revision}-step-{name}"
 
 
 def run(

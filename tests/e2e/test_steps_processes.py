@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 
+from jobs import identity
 from jobs.models import Artifact, Attempt, Effect, Job, JobStep, Notice
 from tests.e2e.processes import job_table, wait_until
 from tests.jobs.helpers import request_job
@@ -83,7 +84,7 @@ def test_steps__a_worker_frozen_inside_step_2_after_its_call_cannot_record_or_pu
             "lookup": lookup,
         },
     )
-    key = f"job-{job.pk}-r{job.output_revision}-step-send"
+    key = f"job-{identity.job_key(job)}-r{job.output_revision}-step-send"
 
     wait_until(
         procs,

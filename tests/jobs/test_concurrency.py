@@ -110,7 +110,9 @@ def test_tenant_bound__holds_under_concurrent_claimers(make_user, settings):
 
     statuses = in_threads(8, lambda i: runner.claim_for(jobs[i].pk, f"w{i}").status)
     assert statuses.count("claimed") == 2, statuses
-    assert statuses.count("deferred") == 6
+    # The rest deferred by the bound, or passed: their row was held by another claim's
+    # statement as a candidate, and a claim never waits for a row (rows before scopes).
+    assert set(statuses) - {"claimed"} <= {"deferred", "passed"}, statuses
     assert Job.objects.filter(rules.to_q(rules.LIVE_RUNNING), tenant_key="busy-office").count() == 2
     assert Job.objects.filter(tenant_key="busy-office", attempts=0).count() == 6
     assert runner.claim_for(other.pk, "w-other").status == "claimed", "bounds are per tenant"

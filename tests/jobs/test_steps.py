@@ -14,6 +14,7 @@ from collections import Counter
 import pytest
 
 import jobs
+from jobs import identity
 from jobs.delivery.runner import claim_for, run_delivery
 from jobs.delivery.steps import OUTPUT_MAX_BYTES
 from jobs.models import Artifact, Attempt, Effect, Job, JobStep
@@ -98,7 +99,7 @@ def test_step__a_retry_reuses_the_done_step_and_runs_only_the_rest(make_user):
     assert steps["render"].output == {"pages": 3, "attempt": 1}
     assert (steps["render"].attempt, steps["render"].worker) == (1, "w-1")
     assert (steps["expensive"].attempt, steps["expensive"].worker) == (2, "w-2")
-    assert steps["expensive"].output == {"key": f"job-{job.pk}-r1-step-expensive"}
+    assert steps["expensive"].output == {"key": f"job-{identity.job_key(job)}-r1-step-expensive"}
     assert Artifact.objects.filter(job=job).count() == 1
     assert Effect.objects.filter(job=job).count() == 1
 
@@ -114,7 +115,7 @@ def test_step__the_job_page_lists_each_step_with_its_attempt(make_user, admin_cl
     rows = page.split("Steps (each done once")[1]
     assert rows.index("render") < rows.index("expensive")
     assert "w-1" in rows and "w-2" in rows
-    assert f"job-{job.pk}-r1-step-expensive" not in page  # outputs stay off the page
+    assert f"job-{identity.job_key(job)}-r1-step-expensive" not in page  # outputs stay off the page
 
 
 def test_step__a_stale_worker_cannot_record_its_step_or_publish(make_user, settings):
@@ -214,7 +215,7 @@ def test_step__fn_may_run_again_when_the_attempt_dies_before_the_record(make_use
     assert RUNS["crash", "expensive"] == 2, "the fn ran again: its first output was never recorded"
     steps = {s.name: s for s in JobStep.objects.filter(job=job)}
     assert (steps["expensive"].attempt, steps["expensive"].worker) == (2, "w-2")
-    assert steps["expensive"].output == {"key": f"job-{job.pk}-r1-step-expensive"}
+    assert steps["expensive"].output == {"key": f"job-{identity.job_key(job)}-r1-step-expensive"}
     assert Artifact.objects.filter(job=job).count() == 1
     assert Effect.objects.filter(job=job).count() == 1
 

@@ -13,6 +13,7 @@ from collections import Counter
 import httpx
 import pytest
 
+from jobs import identity
 from jobs.delivery import steps
 from jobs.delivery.runner import run_delivery
 from jobs.models import Attempt, Job, JobStep
@@ -102,12 +103,16 @@ def _first_attempt_dies(job: Job, stage_name: str) -> None:
     expire_lease(Job.objects.get(pk=job.pk))
 
 
+def _step_key(job: Job) -> str:
+    return f"job-{identity.job_key(job)}-r1-step-send"
+
+
 def _posts(provider, job: Job) -> list[int]:
-    return [r["status"] for r in provider.record.requests_for(f"job-{job.pk}-r1-step-send")]
+    return [r["status"] for r in provider.record.requests_for(_step_key(job))]
 
 
 def _lookups(provider, job: Job) -> list[int]:
-    return [r["status"] for r in provider.record.lookups_for(f"job-{job.pk}-r1-step-send")]
+    return [r["status"] for r in provider.record.lookups_for(_step_key(job))]
 
 
 @pytest.mark.parametrize("lookup", [True, False])
