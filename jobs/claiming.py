@@ -138,6 +138,7 @@ class Claimer:
         # brokers); they take turns with its jobs.
         self.releases = rules.DEFAULT_QUEUE in self.queues
         self._effect_turn = False
+        self._sends_found = True  # the last look for a due send found one
 
     def look_now(self) -> None:
         self._own_verdict_at = 0.0
@@ -146,21 +147,27 @@ class Claimer:
         """The next claim for ``owner``: a job's (``jobs.engine.plan.Claim``, won) or an
         effect's lease (``Leased``), or None when nothing is due that this cluster may
         start now."""
-        pgclaim = claims()
         if self.releases:
             # Busy, jobs and sends take turns; woken from idle (an enqueue's NOTIFY), the
             # job is looked for first: a statement fewer before it starts.
             self._effect_turn = busy and not self._effect_turn
             if self._effect_turn:
-                leased = pgclaim.claim_effect(owner)
+                leased = self._send(owner, busy=busy)
                 if leased is not None:
-                    return Leased(*leased)
+                    return leased
         claim = self._next_job(owner, busy=busy)
         if claim is None and self.releases and not self._effect_turn:
-            leased = pgclaim.claim_effect(owner, look_first=not busy)
-            if leased is not None:
-                return Leased(*leased)
+            return self._send(owner, busy=busy)
         return claim
+
+    def _send(self, owner: str, *, busy: bool) -> Leased | None:
+        """The ledger's next due send, leased to ``owner``. Idle, or while the last look
+        found none, the effect claim looks first outside a transaction (one statement
+        when none is due, four otherwise); while sends are found, it goes straight in."""
+        look_first = not busy or not self._sends_found
+        leased = claims().claim_effect(owner, look_first=look_first)
+        self._sends_found = leased is not None
+        return None if leased is None else Leased(*leased)
 
     def _next_job(self, owner: str, *, busy: bool):
         pgclaim = claims()

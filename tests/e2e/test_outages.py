@@ -215,6 +215,51 @@ def test_outage__database_restart_mid_run_settles_by_itself(procs, proxy, django
 
 
 @pytest.mark.drill
+def test_outage__every_app_connection_terminated_twice__no_django_q_process_dies(
+    procs, django_user_model
+):
+    """An administrator ends every backend of the site's database mid-run, twice
+    (``pg_terminate_backend``: the pusher's claim connection, its LISTEN connection, the
+    workers', the monitor's, the supervisor's, the dispatcher's). On the jobs table as the
+    queue: every job still succeeds exactly once, and no django-q2 process dies of it
+    (the same cluster, the same processes, nothing reincarnated)."""
+    user = django_user_model.objects.create_user(username="e2e-terminate")
+    jobs = _request(user, 10, **WORK)
+    worker = procs.start("jobs_worker", "jobs_worker")
+    dispatcher = procs.start("jobs_dispatcher", "jobs_dispatcher", "--interval", "0.5")
+    wait_until(
+        procs,
+        "two jobs to succeed before the first termination",
+        lambda: _states(jobs)[State.SUCCEEDED] >= 2,
+        timeout=60,
+    )
+    cluster = _cluster_of(worker, procs)
+    django_q_processes = set(group_members(cluster))
+    ended = []
+    for _ in range(2):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            ended.append(sum(1 for (done,) in cursor.fetchall() if done))
+        _hold(procs, 2)
+    terminated_at = time.monotonic()
+    settled = _settle(procs, jobs, terminated_at)
+    print(
+        f"TERMINATED: {ended} backends ended in two rounds; every job succeeded "
+        f"{settled:.1f} s after the second"
+    )
+    assert all(n >= 3 for n in ended), ended  # the cluster's and the dispatcher's at least
+    _assert_each_once(jobs)
+    procs.check_alive()
+    assert _cluster_of(worker, procs) == cluster
+    assert set(group_members(cluster)) == django_q_processes
+    assert not _lines(worker, r"reincarnated"), _lines(worker, r"reincarnated")
+    assert dispatcher.alive()
+
+
+@pytest.mark.drill
 def test_outage__database_down_at_start_up_then_everything_settles(procs, proxy, django_user_model):
     """Started while the database refuses connections (20 s), both wait; then all settles.
 
