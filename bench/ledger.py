@@ -57,6 +57,8 @@ JOB_COLUMNS = [
     "updated_at",
     "started_at",
     "finished_at",
+    "uid",
+    "keys_from_id",
 ]
 EFFECT_COLUMNS = [
     "id",
@@ -108,6 +110,14 @@ def _ts_epoch(epoch: float) -> str:
 class _JobRef(NamedTuple):
     pk: int
     output_revision: int
+    # History rows stand for jobs made before migration 0024: keys derive from the id.
+    keys_from_id: bool = True
+    uid: str = ""
+
+
+def _uid(i: int) -> str:
+    """A unique uid per history row (its id in the last 48 bits: fast to write)."""
+    return f"00000000-0000-0000-0000-{i:012x}"
 
 
 class _Shape:
@@ -163,6 +173,7 @@ def _history_job_line(i: int, shape: _Shape) -> str:
     return (
         f"{i}\tdemo.summary\tt{i % TENANTS}\tbench.item\t{i}\t1\t{{}}\tsucceeded\t3\t1\t5\t"
         f"\\N\t{created}\t{owner}\t\\N\t\t\t\t{created}\t{created}\t{created}\t{finished}"
+        f"\t{_uid(i)}\tt"
     )
 
 
@@ -237,6 +248,8 @@ def _job_line(i: int, shape: _Shape) -> str:
             created,
             started,
             finished,
+            _uid(i),
+            "t",
         ]
     )
 

@@ -295,7 +295,10 @@ class Claiming:
         jobs_left, plain_left = True, True
         while len(tasks) < idle and (jobs_left or plain_left):
             self._turn += 1
-            order = ("job", "plain") if self._turn % 2 else ("plain", "job")
+            # Contested slots alternate; a cluster woken from idle looks for a job first
+            # (an enqueue's NOTIFY: one statement fewer before the job starts).
+            first_job = self._turn % 2 or not self._busy
+            order = ("job", "plain") if first_job else ("plain", "job")
             got = None
             for source in order:
                 if source == "job" and jobs_left:
