@@ -419,8 +419,9 @@ class Supervisor:
         ping that notices an outage while it lasts (its idle time starts again when the
         database is back). A busy cluster costs no statement here. A look that finds
         nothing waiting comes back after ``quiet_every``; a stall is declared only when
-        two looks ``check_every`` apart both find work waiting, so a cluster catching up
-        after an outage this process did not see is not restarted for it.
+        two looks at least ``grace`` apart both find work waiting and no progress was
+        made in between, so a cluster catching up after an outage this process did not
+        see (its claims failed while no look was made) is not restarted for it.
         """
         next_check, seen_waiting = 0.0, False
         while not self.stopping():
@@ -441,8 +442,15 @@ class Supervisor:
                     ):
                         return "stalled", f"made no progress for {idle:.0f} s while {waiting}"
                     seen_waiting = bool(waiting)
-                    busy = waiting or self.outage.down
-                    every = self.options.check_every if busy else self.options.quiet_every
+                    if waiting:
+                        # Seen once: looked at again only after ``grace`` more seconds, by
+                        # when a healthy cluster is at work again (one catching up after
+                        # an outage no look met: its claims failed meanwhile).
+                        every = max(self.options.check_every, self.options.grace)
+                    elif self.outage.down:
+                        every = self.options.check_every
+                    else:
+                        every = self.options.quiet_every
                     next_check = now + every
             time.sleep(0.1)
         return None
