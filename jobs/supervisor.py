@@ -37,6 +37,7 @@ from jobs.outages import (
     close_connections,
     describe,
     pause,
+    ping_database,
     wait_for_database,
     within,
 )
@@ -263,9 +264,11 @@ class Options:
     max_backoff: float = 5.0  # longest wait between database tries / restarts
     grace: float = 5.0  # a message untaken this long is waiting
     check_every: float = 2.0  # how often the database (the queue, once idle) is looked at
-    # How often an idle cluster's queue is looked at while nothing waits for it (the look
-    # is its only statement then): at most this long is added to seeing a wedge.
-    quiet_every: float = 15.0
+    # A cluster that made no progress this long is looked at this often (a ping, or the
+    # stall's look once idle for ``stall_seconds``): one statement; with the ping's own
+    # deadline, a database that stopped answering is in the log within seconds. A cluster
+    # at work proves the database is there: no look at all.
+    ping_every: float = 5.0
     quick_exit: float = 10.0  # a child that ran less than this backs off further
     # Until its first delivery a cluster may still be booting (django imports, N worker
     # processes forked): on a loaded host that can take longer than ``stall_seconds``,
@@ -400,6 +403,15 @@ class Supervisor:
             extra={"child_pid": self.child.pid},
         )
 
+    def _quiet_seconds(self) -> float:
+        """How long since the cluster last showed it reached the database (a delivery began
+        or ended), its start, or the database's return: no boot grace (a ping is cheap)."""
+        try:
+            touched = self.progress.stat().st_mtime
+        except OSError:
+            touched = 0.0
+        return time.time() - max(touched, self.started_at, self.resumed_at)
+
     def _idle_seconds(self) -> float:
         """How long the cluster has made no progress (no delivery began or ended)."""
         try:
@@ -414,15 +426,16 @@ class Supervisor:
     def _watch(self) -> tuple[str, str] | None:
         """Wait until the child exits or stalls ((kind, why)) or a signal came (None).
 
-        Only a cluster that made no progress for ``stall_seconds`` (or whose last look
-        met an outage) is looked at: the look asks whether work waits for it, and is the
-        ping that notices an outage while it lasts (its idle time starts again when the
-        database is back). A busy cluster costs no statement here. A look that finds
-        nothing waiting comes back after ``quiet_every``; a stall is declared only when
-        two looks at least ``grace`` apart both find work waiting and no progress was
-        made in between, so a cluster catching up after an outage this process did not
-        see (its claims failed while no look was made) is not restarted for it.
+        A cluster at work costs no statement here: its deliveries prove the database is
+        there. One that made no progress for ``ping_every`` seconds is looked at every
+        ``ping_every`` (an outage, every ``check_every``): a ping, which notices an
+        outage while it lasts (the cluster's idle time starts again when the database is
+        back), or, once idle for ``stall_seconds``, the look that asks whether work waits
+        for it. A stall is declared only when two looks at least ``grace`` apart both
+        find work waiting and no progress was made in between, so a cluster catching up
+        after an outage no look met (its claims failed meanwhile) is not restarted.
         """
+        options = self.options
         next_check, seen_waiting = 0.0, False
         while not self.stopping():
             code = self.child.poll()
@@ -431,41 +444,43 @@ class Supervisor:
             now = time.monotonic()
             if now >= next_check:
                 idle = self._idle_seconds()
-                if idle < self.options.stall_seconds and not self.outage.down:
-                    next_check, seen_waiting = now + self.options.check_every, False
+                stalled = idle >= options.stall_seconds
+                quiet = self._quiet_seconds() >= min(options.ping_every, options.stall_seconds)
+                if not self.outage.down and not quiet and not stalled:
+                    next_check, seen_waiting = now + options.check_every, False
+                    time.sleep(0.1)
+                    continue
+                waiting = self._look(stalled=stalled)
+                if waiting and seen_waiting and self._idle_seconds() >= options.stall_seconds:
+                    return "stalled", f"made no progress for {idle:.0f} s while {waiting}"
+                seen_waiting = bool(waiting)
+                if waiting:
+                    # Seen once: looked at again after ``grace``, by when a healthy cluster
+                    # catching up after an outage is at work again.
+                    every = max(options.check_every, options.grace)
+                elif self.outage.down:
+                    every = options.check_every
                 else:
-                    waiting = self._look()
-                    if (
-                        waiting
-                        and seen_waiting
-                        and self._idle_seconds() >= self.options.stall_seconds
-                    ):
-                        return "stalled", f"made no progress for {idle:.0f} s while {waiting}"
-                    seen_waiting = bool(waiting)
-                    if waiting:
-                        # Seen once: looked at again only after ``grace`` more seconds, by
-                        # when a healthy cluster is at work again (one catching up after
-                        # an outage no look met: its claims failed meanwhile).
-                        every = max(self.options.check_every, self.options.grace)
-                    elif self.outage.down:
-                        every = self.options.check_every
-                    else:
-                        every = self.options.quiet_every
-                    next_check = now + every
+                    every = options.ping_every
+                next_check = now + every
             time.sleep(0.1)
         return None
 
-    def _look(self) -> str:
-        """Ask whether work waits for the cluster (``messages_waiting``); note outages."""
+    def _look(self, *, stalled: bool) -> str:
+        """Ping the database, or (``stalled``) ask whether work waits; note outages."""
         try:
-            waiting = within(
-                self.options.ping_timeout,
-                lambda: messages_waiting(
-                    stall=self.options.stall_seconds,
-                    grace=self.options.grace,
-                    keys=self._keys(),
-                ),
-            )
+            if stalled:
+                waiting = within(
+                    self.options.ping_timeout,
+                    lambda: messages_waiting(
+                        stall=self.options.stall_seconds,
+                        grace=self.options.grace,
+                        keys=self._keys(),
+                    ),
+                )
+            else:
+                ping_database(self.options.ping_timeout)
+                waiting = ""
         except DATABASE_ERRORS as exc:
             self.outage.failed(exc)
             return ""

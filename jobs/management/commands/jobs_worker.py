@@ -105,9 +105,11 @@ class Command(BaseCommand):
             )
         if stop_timeout < 0 or max_backoff <= 0 or ping_timeout <= 0:
             raise CommandError("--stop-timeout must be >= 0, --max-backoff and --ping-timeout > 0")
-        # At most 2.5 s between looks: with the ping's own deadline, a database that
-        # stopped answering is in the log within seconds (a ping costs one SELECT 1).
+        # At most 2.5 s between looks during an outage, at most 5 s while the cluster is
+        # idle: with the ping's own deadline, a database that stopped answering is in the
+        # log within seconds (a ping costs one SELECT 1; a cluster at work, none).
         check_every = min(2.5, max(0.5, stall / 4))
+        ping_every = min(5.0, max(check_every, stall / 2))
         if retry > stall:  # a message a stalled cluster holds is seen for retry - stall
             check_every = max(0.25, min(check_every, (retry - stall) / 2))
         options_ = Options(
@@ -115,6 +117,7 @@ class Command(BaseCommand):
             stop_timeout=stop_timeout,
             max_backoff=max_backoff,
             check_every=check_every,
+            ping_every=ping_every,
             ping_timeout=ping_timeout,
             queues=tuple(queues) if queues != ["default"] else (),
         )
