@@ -606,7 +606,8 @@ def test_claims__rows_before_scopes__a_named_claim_and_a_next_claim_never_deadlo
         with connections["default"].cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                " AND classid = %s",
+                " AND classid = %s AND database = (SELECT oid FROM pg_database"
+                " WHERE datname = current_database())",
                 [rules.TENANT_LOCK_CLASS],
             )
             return cursor.fetchone()[0]
@@ -697,7 +698,11 @@ def test_pause__a_claim_waiting_for_the_rules_row__is_passed_over_then_holds_its
     deadline = time.monotonic() + 30
     while True:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            # This database's sessions only (other tests run beside this one in CI).
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                " WHERE NOT l.granted AND a.datname = current_database()"
+            )
             if cursor.fetchone()[0]:
                 break
         assert time.monotonic() < deadline, "the claim never waited for the rule's row"
