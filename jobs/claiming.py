@@ -242,7 +242,7 @@ class Claiming:
             if idle:  # a full cluster found nothing because it looked for nothing
                 # Busy with claimed work (jobs, sends), not with a plain message (the
                 # dispatcher's minute): only that makes a look for expired leases due.
-                self._busy = any(payload_ack == 0 for payload_ack, _ in tasks)
+                self._busy = any(ack == 0 for ack, _ in tasks)
             if tasks:
                 return tasks
             self._wait_for_work()

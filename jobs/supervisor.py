@@ -403,21 +403,21 @@ class Supervisor:
             extra={"child_pid": self.child.pid},
         )
 
+    def _touched(self) -> float:
+        """When a delivery of the cluster last began or ended (the progress file's mtime)."""
+        try:
+            return self.progress.stat().st_mtime
+        except OSError:
+            return 0.0
+
     def _quiet_seconds(self) -> float:
         """How long since the cluster last showed it reached the database (a delivery began
         or ended), its start, or the database's return: no boot grace (a ping is cheap)."""
-        try:
-            touched = self.progress.stat().st_mtime
-        except OSError:
-            touched = 0.0
-        return time.time() - max(touched, self.started_at, self.resumed_at)
+        return time.time() - max(self._touched(), self.started_at, self.resumed_at)
 
     def _idle_seconds(self) -> float:
         """How long the cluster has made no progress (no delivery began or ended)."""
-        try:
-            touched = self.progress.stat().st_mtime
-        except OSError:
-            touched = 0.0
+        touched = self._touched()
         since = max(touched, self.started_at, self.resumed_at)
         if touched < self.started_at:  # no delivery since it started: it may be booting
             since = max(since, self.started_at + self.options.boot_grace)

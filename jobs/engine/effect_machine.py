@@ -229,38 +229,27 @@ def log_outcome(effect: Effect, outcome: str, worker: str, **extra) -> None:
 
 
 def applied(effect: Effect, worker: str, ref) -> str:
-    won = _move(
-        effect,
-        worker,
-        EffectEvent.Action.SEND,
-        owner=worker,
-        state=State.APPLIED,
-        provider_ref=str(ref)[:200],
-        applied_at=Now(),
-        lease_expires_at=None,
-        reason="",
-        last_error_class="",
-        last_error_code="",
-    )
-    if not won:
-        # Another sender took over after our lease ran out; the provider
-        # deduplicates by key, and the ledger keeps the first outcome.
-        _event_row(effect, worker, EffectEvent.Action.SEND, "lease_lost", note=f"ref {ref}").save()
-        log_outcome(effect, "lease_lost", worker)
-        return "lease_lost"
-    log_outcome(effect, "applied", worker, ref=effect.provider_ref)
-    return State.APPLIED
+    """sending → applied: the provider answered the send with its reference."""
+    return _applied(effect, worker, ref, found=False)
 
 
 def found_applied(effect: Effect, worker: str, ref: str) -> str:
     """The provider's lookup says it applied a send under the key: recorded as applied
     with its reference, and nothing is sent (the answer to the first send was lost)."""
+    return _applied(effect, worker, ref, found=True)
+
+
+def _applied(effect: Effect, worker: str, ref, *, found: bool) -> str:
+    """The one arrow to applied, from a send's answer or a lookup's ``found``: the
+    reference recorded, the lease and the last error cleared."""
+    action = EffectEvent.Action.LOOKUP if found else EffectEvent.Action.SEND
+    code = "found" if found else ""
     won = _move(
         effect,
         worker,
-        EffectEvent.Action.LOOKUP,
+        action,
         owner=worker,
-        code="found",
+        code=code,
         state=State.APPLIED,
         provider_ref=str(ref)[:200],
         applied_at=Now(),
@@ -269,11 +258,15 @@ def found_applied(effect: Effect, worker: str, ref: str) -> str:
         last_error_class="",
         last_error_code="",
     )
+    lookup = {"lookup": "found"} if found else {}
     if not won:
-        _event_row(effect, worker, EffectEvent.Action.LOOKUP, "lease_lost", code="found").save()
-        log_outcome(effect, "lease_lost", worker, lookup="found")
+        # Another sender took over after our lease ran out; the provider
+        # deduplicates by key, and the ledger keeps the first outcome.
+        note = "" if found else f"ref {ref}"
+        _event_row(effect, worker, action, "lease_lost", code=code, note=note).save()
+        log_outcome(effect, "lease_lost", worker, **lookup)
         return "lease_lost"
-    log_outcome(effect, "applied", worker, ref=effect.provider_ref, lookup="found")
+    log_outcome(effect, "applied", worker, ref=effect.provider_ref, **lookup)
     return State.APPLIED
 
 

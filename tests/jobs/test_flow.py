@@ -579,6 +579,30 @@ def test_verdict__a_deferral_never_lands_on_a_job_another_claim_started(make_use
     assert not Attempt.objects.filter(job=job, outcome=Attempt.Outcome.DEFERRED).exists()
 
 
+def _in_thread(got: dict, name: str, call) -> threading.Thread:
+    """``call`` started on a thread with its own connection; its result, or the error it
+    raised (the test's assertion shows it), lands in ``got[name]``."""
+
+    def run():
+        try:
+            got[name] = call()
+        except Exception as exc:
+            got[name] = exc
+        finally:
+            connections["default"].close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def _claim_next_waiting(queue: str, worker: str):
+    """The next-job claim inside a transaction of the caller's: it waits for locks as long
+    as the server lets it (no 2 s cap), so a circle would show as a deadlock."""
+    with transaction.atomic():
+        return pgclaim.claim_next(queue, worker, lease=60, bound=5)
+
+
 @pytest.mark.postgres
 def test_claims__rows_before_scopes__a_named_claim_and_a_next_claim_never_deadlock(make_user):
     """The engine's claim of a named job (message brokers) and the next-job claim
@@ -593,14 +617,6 @@ def test_claims__rows_before_scopes__a_named_claim_and_a_next_claim_never_deadlo
     user = make_user()
     named = new_job(user, subject="old", tenant="acme")  # the statement's longest waiting
     got: dict[str, object] = {}
-
-    def run(name, call):
-        try:
-            got[name] = call()
-        except Exception as exc:  # the assertion below shows it
-            got[name] = exc
-        finally:
-            connections["default"].close()
 
     def waiting_for_tenant_lock() -> int:
         with connections["default"].cursor() as cursor:
@@ -620,25 +636,18 @@ def test_claims__rows_before_scopes__a_named_claim_and_a_next_claim_never_deadlo
 
     threads = []
     with advisory_lock_held(rules.TENANT_LOCK_CLASS, "acme"):
-        claim_named = threading.Thread(
-            target=run,
-            args=("named", lambda: named_claim.claim(named.pk, "w-named", lease=60, bound=5)),
+        threads.append(
+            _in_thread(
+                got, "named", lambda: named_claim.claim(named.pk, "w-named", lease=60, bound=5)
+            )
         )
-        claim_named.start()
-        threads.append(claim_named)
         until(1)
         # Asked for now, more urgent: the statement's pick; the named job is its other
         # candidate (longest waiting), locked by it too.
         urgent = new_job(user, subject="urgent", tenant="acme", kind="test.short")
         Job.objects.filter(pk=urgent.pk).update(priority=5)
 
-        def next_claim():
-            with transaction.atomic():  # the caller's lock timeout: the server's (none)
-                return pgclaim.claim_next(named.queue, "w-next", lease=60, bound=5)
-
-        statement = threading.Thread(target=run, args=("next", next_claim))
-        statement.start()
-        threads.append(statement)
+        threads.append(_in_thread(got, "next", lambda: _claim_next_waiting(named.queue, "w-next")))
         until(2)
     for t in threads:
         t.join(60)
@@ -676,25 +685,9 @@ def test_pause__a_claim_waiting_for_the_rules_row__is_passed_over_then_holds_its
     monkeypatch.setattr(held, "hold", paused_hold)
     got: dict[str, object] = {}
 
-    def run(name, call):
-        try:
-            got[name] = call()
-        except Exception as exc:  # the assertion below shows it
-            got[name] = exc
-        finally:
-            connections["default"].close()
-
-    def next_claim():
-        with transaction.atomic():  # the caller's lock timeout: the server's (none)
-            return pgclaim.claim_next(job.queue, "w1", lease=60, bound=5)
-
-    pause = threading.Thread(
-        target=run, args=("pause", lambda: flow.pause("kind:test.steps", actor="op"))
-    )
-    pause.start()
+    pause = _in_thread(got, "pause", lambda: flow.pause("kind:test.steps", actor="op"))
     assert rule_locked.wait(30)
-    claim = threading.Thread(target=run, args=("claim", next_claim))
-    claim.start()
+    claim = _in_thread(got, "claim", lambda: _claim_next_waiting(job.queue, "w1"))
     deadline = time.monotonic() + 30
     while True:
         with connection.cursor() as cursor:
