@@ -18,9 +18,9 @@ Sections, all sequential (the machine has 2 cores):
    own ``JOBS_HOST_NAME`` and ``TMPDIR``): throughput, CPU and commits per job;
 9. s3: the artifact store's cost per artifact on moto's S3 server (loopback HTTP)
    against the filesystem store (``bench.hosts``);
-10. broker: django-q2's ORM broker against ``jobs.broker.PostgresBroker`` (LISTEN/
-    NOTIFY): idle single jobs, a burst of 83, a quiet cluster's transactions/s
-    (``bench.broker``);
+10. broker: the engine's jobs on the jobs table against the same work as plain tasks on
+    django-q2's ORM broker and on ``jobs.broker.PostgresBroker`` (LISTEN/NOTIFY): idle
+    singles, a burst of 83, a quiet cluster's transactions/s (``bench.broker``);
 11. scheduling: the claim's throughput with priorities and two queues in use against
     without, per executor, in process (``bench.scheduling``).
 

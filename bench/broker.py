@@ -1,15 +1,16 @@
-"""The two brokers side by side: django-q2's ORM broker (polls every ``poll``) and
-``jobs.broker.PostgresBroker`` (woken by NOTIFY, SKIP LOCKED takes).
+"""The jobs table against plain django-q2 tasks on django-q2's own brokers.
 
-For each broker one cluster (the production ``Q_CLUSTER``, only ``broker_class``
-differs) serves: idle single jobs (``demo.summary``, enqueued at random points of
-the poll cycle), a burst of 83 in-app jobs in one transaction (enqueue commit →
-``succeeded``, p50/p95/p99), then a quiet window in which the cluster has nothing
-to do: its transactions per second, counted at the server (``pg_stat_database``
-of the bench database, read from the maintenance database so the reading adds
-nothing). The benchmark's schedule table is empty (``infra.reset_run_tables``):
-the quiet figure is the cluster alone, without the site's once-a-minute
-dispatcher schedule.
+Three clusters (the production ``Q_CLUSTER``, only ``broker_class`` differs): the jobs
+table (``jobs.claiming.ClaimingBroker``) runs the engine's minimal kind
+(``demo.summary``); django-q2's ORM broker (polls every ``poll``) and
+``jobs.broker.PostgresBroker`` (woken by NOTIFY) run the same work as plain tasks
+(``bench.plain.plain_minimal``: no engine), since no engine job has a message any more.
+Each serves idle singles (enqueued at random points of the poll cycle; enqueue commit →
+``succeeded``, or → the plain task's notice row), a burst of 83 in one transaction, 83
+bare no-ops (the floor under any burst), then a quiet window: its transactions per
+second, counted at the server (``pg_stat_database`` of the bench database, read from
+the maintenance database so the reading adds nothing). The benchmark's schedule table
+is empty (``infra.reset_run_tables``): the quiet figure is the cluster alone.
 
 Each cluster chooses its broker by ``Q_BROKER`` (``permits.settings``), and this
 process enqueues through the same broker (django-q2's ``Conf.BROKER_CLASS``,
@@ -34,9 +35,9 @@ from jobs.testing import scratchdb
 
 ORM, PG, JOBS = "orm", "postgres", "jobs"
 LABELS = {
-    ORM: "ORM broker (poll)",
-    PG: "PostgreSQL broker (LISTEN/NOTIFY)",
-    JOBS: "jobs table (claim, LISTEN/NOTIFY)",
+    ORM: "plain tasks, ORM broker (poll)",
+    PG: "plain tasks, PostgreSQL broker (NOTIFY)",
+    JOBS: "engine jobs, jobs table (claim, NOTIFY)",
 }
 BROKER_CLASSES = {ORM: None, PG: "jobs.broker.PostgresBroker", JOBS: "jobs.claiming.ClaimingBroker"}
 
@@ -129,8 +130,8 @@ def _noop_burst_ms(c: infra.Cluster) -> float:
     return (time.monotonic() - at) * 1000
 
 
-def _plain_burst_ms(user_id: int, c: infra.Cluster) -> list[float]:
-    """83 ``bench.plain.plain_minimal`` tasks (the minimal kind's work, no engine) in one
+def _plain_burst_ms(user_id: int, c: infra.Cluster, n: int = BURST) -> list[float]:
+    """``n`` ``bench.plain.plain_minimal`` tasks (the minimal kind's work, no engine) in one
     transaction; per task, ms from its commit until its notice row was written (the
     worker's clock, this host's)."""
     from django_q.tasks import async_task
@@ -140,11 +141,11 @@ def _plain_burst_ms(user_id: int, c: infra.Cluster) -> list[float]:
     first = (PlainNotice.objects.order_by("-pk").values_list("pk", flat=True).first() or 0) + 1
     tag = f"burst{time.monotonic_ns()}"
     with transaction.atomic():
-        for i in range(BURST):
+        for i in range(n):
             async_task("bench.plain.plain_minimal", user_id, tag, i)
     at = timezone.now()
     written = PlainNotice.objects.filter(pk__gte=first)
-    _wait("the plain burst", lambda: written.count() >= BURST, c)
+    _wait("the plain tasks", lambda: written.count() >= n, c)
     return [_ms(created, at) for created in written.values_list("created_at", flat=True)]
 
 
@@ -156,40 +157,44 @@ def run_one(
     idle = Series(f"{LABELS[broker]}: idle single job, enqueue → succeeded")
     burst = Series(f"{LABELS[broker]}: in-app burst of {BURST}, enqueue → succeeded")
     out = BrokerRun(broker, idle, burst)
+    engine = broker == JOBS  # the other brokers carry plain tasks only
     with _enqueue_through(broker), infra.cluster(workers, f"broker-{broker}", **_env(broker)) as c:
-        ids, _ = _enqueue(workers * 2, user_id, "warm")
-        _wait("warm-up jobs", lambda: _succeeded(ids), c)
+        if engine:
+            ids, _ = _enqueue(workers * 2, user_id, "warm")
+            _wait("warm-up jobs", lambda: _succeeded(ids), c)
+        else:
+            _plain_burst_ms(user_id, c, n=workers * 2)
         time.sleep(1.0)  # the listener is up and has heard its probe
         rng = random.Random(29)
         for k in range(singles):
             time.sleep(0.25 + rng.random() * 0.5)  # anywhere in the poll cycle
-            [pk], at = _enqueue(1, user_id, f"single{k}")
-            _wait("a single job", lambda pk=pk: _succeeded([pk]), c)
-            idle.values_ms.append(_ms(Job.objects.get(pk=pk).finished_at, at))
-        progress(f"broker {broker}: idle single job p50 {idle.p(50):.0f} ms")
+            if engine:
+                [pk], at = _enqueue(1, user_id, f"single{k}")
+                _wait("a single job", lambda pk=pk: _succeeded([pk]), c)
+                idle.values_ms.append(_ms(Job.objects.get(pk=pk).finished_at, at))
+            else:
+                idle.values_ms += _plain_burst_ms(user_id, c, n=1)
+        progress(f"broker {broker}: idle single p50 {idle.p(50):.0f} ms")
 
         time.sleep(0.5)
-        ids, at = _enqueue(BURST, user_id, "burst")
-        _wait(
-            "the burst",
-            lambda: Notice.objects.filter(effect__job_id__in=ids).count() == BURST,
-            c,
-        )
-        finished = dict(Job.objects.filter(pk__in=ids).values_list("pk", "finished_at"))
-        burst.values_ms += [_ms(finished[pk], at) for pk in ids]
+        if engine:
+            ids, at = _enqueue(BURST, user_id, "burst")
+            _wait(
+                "the burst",
+                lambda: Notice.objects.filter(effect__job_id__in=ids).count() == BURST,
+                c,
+            )
+            finished = dict(Job.objects.filter(pk__in=ids).values_list("pk", "finished_at"))
+            burst.values_ms += [_ms(finished[pk], at) for pk in ids]
+        else:
+            burst.values_ms += _plain_burst_ms(user_id, c)
+            out.plain_burst_ms = list(burst.values_ms)
         progress(f"broker {broker}: burst of {BURST} p99 {burst.p(99):.0f} ms")
 
         # The floor under any burst on this cluster: 83 bare no-ops, the queue emptied.
         time.sleep(0.5)
         out.noop_burst_ms = _noop_burst_ms(c)
         progress(f"broker {broker}: {BURST} bare no-ops drained in {out.noop_burst_ms:.0f} ms")
-        if broker == ORM:
-            time.sleep(0.5)
-            out.plain_burst_ms = _plain_burst_ms(user_id, c)
-            progress(
-                f"broker {broker}: burst of {BURST} plain tasks (same work) p99 "
-                f"{pct(out.plain_burst_ms, 99):.0f} ms"
-            )
 
         if quiet > 0:
             connection.close()  # this process stays out of the count
@@ -234,7 +239,11 @@ def report_lines(res: dict, poll: float) -> tuple[list[str], list[str]]:
     if not res:
         return [], []
     nan = float("nan")
-    lines = ["", "brokers (ms, enqueue commit → the worker's succeeded; quiet: transactions/s)"]
+    lines = [
+        "",
+        "brokers (ms, enqueue commit → the job's succeeded or the plain task's notice; quiet: "
+        "transactions/s)",
+    ]
 
     def trio(v):
         return "/".join(f"{pct(v, p):.0f}" for p in (50, 95, 99)) if v else "n/a"
@@ -250,13 +259,6 @@ def report_lines(res: dict, poll: float) -> tuple[list[str], list[str]]:
             f"  {LABELS[b]:36} {BURST} bare no-ops drained in {r.get('noop_burst_ms', nan):.0f} ms "
             "(the floor under any burst on this cluster)"
         )
-        plain = r.get("plain_burst_ms") or []
-        if plain:
-            lines.append(
-                f"  {LABELS[b]:36} {'plain tasks':14} p50 {pct(plain, 50):6.0f}  p95 "
-                f"{pct(plain, 95):6.0f}  p99 {pct(plain, 99):6.0f}  (n={len(plain)}; the "
-                "minimal kind's work without the engine, a burst of 83)"
-            )
         lines.append(
             f"  {LABELS[b]:36} quiet cluster  {r['quiet_xacts_s']:.2f} transactions/s at the "
             f"server over {r['quiet_window_s']:.0f} s" + "".join(f"; {n}" for n in r["notes"])

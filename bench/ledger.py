@@ -22,7 +22,6 @@ from typing import NamedTuple
 
 from django.core.management import call_command
 from django.db import connections, transaction
-from django.db.models import F, Q
 from django.utils import timezone
 
 from bench import infra
@@ -47,7 +46,6 @@ JOB_COLUMNS = [
     "attempts",
     "max_attempts",
     "next_attempt_at",
-    "enqueued_for",
     "lease_owner",
     "lease_expires_at",
     "last_error_class",
@@ -74,7 +72,6 @@ EFFECT_COLUMNS = [
     "attempts",
     "max_attempts",
     "next_attempt_at",
-    "enqueued_for",
     "lease_owner",
     "lease_expires_at",
     "provider_ref",
@@ -133,7 +130,7 @@ class _Shape:
         ids = rng.sample(range(1, SIZES[0] + 1), 400)
         plan = [
             ("queued", 120),  # enqueued, waiting for a worker
-            ("queued_due", 10),  # due, message not sent yet (the dispatcher's work)
+            ("queued_due", 10),  # due, not claimed yet
             ("running", 40),
             ("running_expired", 5),
             ("retry_wait", 40),
@@ -172,7 +169,7 @@ def _history_job_line(i: int, shape: _Shape) -> str:
     owner = f"bench-host:{1000 + i % 7}:cafe{i % 97:04d}"
     return (
         f"{i}\tdemo.summary\tt{i % TENANTS}\tbench.item\t{i}\t1\t{{}}\tsucceeded\t3\t1\t5\t"
-        f"\\N\t{created}\t{owner}\t\\N\t\t\t\t{created}\t{created}\t{created}\t{finished}"
+        f"\\N\t{owner}\t\\N\t\t\t\t{created}\t{created}\t{created}\t{finished}"
         f"\t{_uid(i)}\tt"
     )
 
@@ -186,7 +183,7 @@ def _history_effect_line(i: int, shape: _Shape) -> str:
     key = idempotency_key(effect_id)
     return (
         f"{i}\t{effect_id}\t{i}\tcompletion-notice\tinapp\t{recipient}\t{key}\t{{}}\tapplied\t"
-        f"2\t1\t8\t\\N\t\\N\t\t\\N\tnotice:{i}\t\t\t\t{created}\t{created}\t{applied}"
+        f"2\t1\t8\t\\N\t\t\\N\tnotice:{i}\t\t\t\t{created}\t{created}\t{applied}"
     )
 
 
@@ -198,27 +195,24 @@ def _job_line(i: int, shape: _Shape) -> str:
     created = _ts_epoch(epoch)
     state = shape.jobs.get(i, "succeeded")
     owner = f"bench-host:{1000 + i % 7}:cafe{i % 97:04d}"
-    nxt = enq = lease = started = finished = N
+    nxt = lease = started = finished = N
     attempts, version, err = 1, 3, ("", "")
     if state == "succeeded":
-        enq = started = created
+        started = created
         finished = _ts_epoch(epoch + 2)
         owner_col = owner
     elif state in ("queued", "queued_due"):
         attempts, version, owner_col = 0, 0, ""
         due = now - timedelta(seconds=5)
         nxt = _ts(due)
-        enq = _ts(due) if state == "queued" else N
     elif state in ("running", "running_expired"):
         owner_col, started = owner, _ts(now - timedelta(seconds=10))
         expires = now + timedelta(seconds=600) if state == "running" else now - timedelta(seconds=5)
         lease = _ts(expires)
-        enq = _ts(expires) if state == "running_expired" else _ts(now - timedelta(seconds=10))
     elif state in ("retry_wait", "retry_due"):
         owner_col, err = owner, ("temporary", "http_503")
         due = now + timedelta(seconds=600) if state == "retry_wait" else now - timedelta(seconds=1)
         nxt = _ts(due)
-        enq = _ts(due) if state == "retry_wait" else N
     else:  # failed, dead
         owner_col, err = owner, ("validation", "rejected")
         finished = _ts_epoch(epoch + 2)
@@ -238,7 +232,6 @@ def _job_line(i: int, shape: _Shape) -> str:
             str(attempts),
             "5",
             nxt,
-            enq,
             owner_col,
             lease,
             err[0],
@@ -263,7 +256,7 @@ def _effect_line(i: int, shape: _Shape) -> str:
     state = shape.effects.get(i, "applied")
     # effect_identity reads only pk and output_revision: no model instance per row.
     effect_id = effect_identity(_JobRef(i, 1), "completion-notice", str(1 + i % 40))
-    nxt = enq = lease = applied = N
+    nxt = lease = applied = N
     owner, ref, reason, attempts = "", "", "", 1
     if state == "applied":
         ref, applied = f"notice:{i}", _ts_epoch(epoch + 0.1)
@@ -293,7 +286,6 @@ def _effect_line(i: int, shape: _Shape) -> str:
             str(attempts),
             "8",
             nxt,
-            enq,
             owner,
             lease,
             ref,
@@ -413,15 +405,11 @@ def lookups(size: int) -> list[Lookup]:
             .exclude(pk=job_id(rng))
         )
 
-    def not_enqueued(field):
-        return Q(enqueued_for__isnull=True) | ~Q(enqueued_for=F(field))
-
     def due_jobs(rng, now):
-        # jobs.dispatch.dispatch_once: due jobs without a message for this due time.
+        # the claim's look for due jobs (jobs.claiming), by the rule alone.
         return (
             Job.objects.using(ALIAS)
             .filter(rules.to_q(rules.JOB_DUE))
-            .filter(not_enqueued("next_attempt_at"))
             .order_by("next_attempt_at")
             .values_list("pk", "next_attempt_at", "state")[:500]
         )
@@ -430,7 +418,6 @@ def lookups(size: int) -> list[Lookup]:
         return (
             Job.objects.using(ALIAS)
             .filter(rules.to_q(rules.JOB_LEASE_EXPIRED))
-            .filter(not_enqueued("lease_expires_at"))
             .order_by("lease_expires_at")
             .values_list("pk", "lease_expires_at", "state")[:500]
         )
@@ -449,13 +436,12 @@ def lookups(size: int) -> list[Lookup]:
         )
 
     def due_effects(rng, now):
-        # jobs.dispatch.dispatch_once: pending/unknown effects due, without a message.
+        # the effect claim's look: pending/unknown effects due.
         return (
             Effect.objects.using(ALIAS)
             .filter(
                 state__in=[Effect.State.PENDING, Effect.State.UNKNOWN], next_attempt_at__lte=now
             )
-            .filter(not_enqueued("next_attempt_at"))
             .order_by("next_attempt_at")
             .values_list("pk", "next_attempt_at", "state")[:500]
         )
@@ -464,7 +450,6 @@ def lookups(size: int) -> list[Lookup]:
         return (
             Effect.objects.using(ALIAS)
             .filter(state=Effect.State.SENDING, lease_expires_at__lte=now)
-            .filter(not_enqueued("lease_expires_at"))
             .order_by("lease_expires_at")
             .values_list("pk", "lease_expires_at", "state")[:500]
         )

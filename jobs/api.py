@@ -26,11 +26,11 @@ from django.db import IntegrityError, models, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from jobs import bulk, conf, failures, registry
+from jobs import conf, failures, registry
 from jobs.engine import job_machine
 from jobs.exceptions import JobError, PayloadInvalid
 from jobs.models import Artifact, Effect, Job
-from jobs.queue import enqueue_job
+from jobs.queue import enqueue_jobs
 
 if TYPE_CHECKING:
     from jobs.asyncctx import AsyncJobContext
@@ -184,16 +184,14 @@ def _obtain(
                 "priority": priority,
                 "queue": queue,
                 "next_attempt_at": Now() if run_after is None else run_after,
-                "enqueued_for": Now() if run_after is None else None,
                 "created_at": now,
                 "updated_at": now,
             },
         )
-        if created and run_after is None:
-            enqueue_job(job)
-            job.refresh_from_db(fields=["next_attempt_at", "enqueued_for"])
-        elif created and bulk.enqueue_job_when_due(job):
-            job.enqueued_for = job.next_attempt_at  # what the statement wrote
+        if created:
+            enqueue_jobs([job], due_now=run_after is None)
+            if run_after is None:
+                job.refresh_from_db(fields=["next_attempt_at"])  # Now() as the server wrote it
     if not created and job.params != stored:
         raise _conflict(job, stored)
     return job, created
@@ -498,8 +496,8 @@ def _obtain_batch(batch: list[_Asked]) -> list[JobHandle]:
         raise JobError("request_many: the batch kept meeting concurrent requests; ask again")
     if created:
         pairs = list(zip(created, missing, strict=True))
-        bulk.enqueue_jobs([job for job, asked in pairs if asked.run_after is None])
-        bulk.enqueue_jobs_when_due([job for job, asked in pairs if asked.run_after is not None])
+        enqueue_jobs([job for job, asked in pairs if asked.run_after is None])
+        enqueue_jobs([job for job, asked in pairs if asked.run_after is not None], due_now=False)
         fresh = Job.objects.in_bulk([job.pk for job in created])  # Now() as the server wrote it
         existing.update({_identity(job): job for job in fresh.values()})
     new = {job.pk for job in created}
@@ -533,7 +531,6 @@ def _new_row(asked: _Asked) -> Job:
         subject_id=subject_id,
         output_revision=revision,
         next_attempt_at=Now() if asked.run_after is None else asked.run_after,
-        enqueued_for=Now() if asked.run_after is None else None,
         created_at=now,
         updated_at=now,
         **asked.fields,

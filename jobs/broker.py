@@ -29,9 +29,11 @@ are the ORM broker's, so the two can share a queue during a rolling deploy:
 
 - ``delayed(seconds)`` gives a broker whose messages no pusher takes before their due
   time (``lock`` = now + seconds): ``async_task(..., broker=get_broker().delayed(s))``;
-  pushers wake at that time as for a redelivery. The engine writes a retry's and a
-  ``run_after``'s message with its lock at the job's due time the same way, in the
-  transaction that makes the job wait (``jobs.bulk.enqueue_job_when_due``).
+  pushers wake at that time as for a redelivery.
+
+The engine's jobs and effects have no message here: the claiming broker built on this
+one (``jobs.claiming.ClaimingBroker``) claims them from their rows and takes plain
+django-q2 messages (``async_task`` of other functions) with this class's statements.
 
 On SQLite this broker refuses to start: the ORM broker stays there.
 """
@@ -255,20 +257,6 @@ class PostgresBroker(Broker):
 
     def fail(self, task_id: int) -> None:
         self.delete(task_id)
-
-    # --- a worker's follow-on (jobs.tasks) --------------------------------------------
-
-    def take_after(self, done: int | None, key: str | None) -> tuple[int, str, str] | None:
-        """Acknowledge ``done`` (its outcome is committed) and take the next due message of
-        list ``key`` (None: ``done``'s own list), oldest first, locked until now +
-        ``retry``: its id, payload and list, or None when none is due."""
-        params = {"ack": done, "key": key, "retry": float(Conf.RETRY)}
-        row = self._execute(FOLLOW, params, fetch="one")
-        return None if row is None else (row[0], row[1], row[2])
-
-    def hand_back(self, task_id: int) -> None:
-        """Make a taken message due again at once: a pusher takes it as if never taken."""
-        self._execute(f"UPDATE {TABLE} SET lock = now() WHERE id = %s", [task_id])
 
     # --- dequeue --------------------------------------------------------------------
 

@@ -152,7 +152,7 @@ def _send_budgets() -> dict[str, float]:
 
 @register()
 def check_inline_release(app_configs=None, **kwargs):
-    """Each external send runs in its own task (``jobs.tasks.release_effect``): one send
+    """Each external send runs in its own task (``jobs.tasks.release_claimed``): one send
     must end before django-q2 stops that task."""
     timeout = conf.q_cluster().get("timeout")
     if timeout is None:
@@ -162,8 +162,8 @@ def check_inline_release(app_configs=None, **kwargs):
         return [
             Warning(
                 f"one {provider} send ({budget:g}) is not below Q_CLUSTER['timeout'] ({timeout})",
-                hint="django-q2 may stop the release task mid-send; the dispatcher re-drives "
-                "the effect after its sending lease, but the notice is late.",
+                hint="django-q2 may stop the release task mid-send; the effect is claimed "
+                "again when its sending lease runs out, but the notice is late.",
                 id="jobs.W013",
             )
         ]
@@ -388,7 +388,7 @@ def check_broker_pooler(app_configs=None, databases=None, **kwargs):
     works. Silent with the ORM broker or with ``broker_listen`` off.
     """
     cluster = conf.q_cluster()
-    if cluster.get("broker_class") not in (queue.POSTGRES_BROKER, queue.CLAIMING_BROKER):
+    if cluster.get("broker_class") != queue.CLAIMING_BROKER:
         return []
     if not cluster.get("broker_listen", True):
         return []

@@ -59,9 +59,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "JOBS_FOLLOW_ON_SECONDS",
         1.0,
-        "On the PostgreSQL broker, how long a worker that finished a delivery keeps taking "
-        "the next due message of the same queue itself, without a round through django-q2's "
-        "pusher and monitor (docs/broker.md); 0 turns it off. Cut so that the longest kind "
+        "How long a worker that finished a job keeps claiming its queues' next due work "
+        "itself, without a round through django-q2's pusher, task queue and monitor "
+        "(docs/broker.md); 0 turns it off. Cut so that the longest kind "
         "timeout plus JOBS_TIMEOUT_GRACE_SECONDS still ends before Q_CLUSTER['timeout'].",
         zero_turns_off=True,
     ),
@@ -74,12 +74,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("JOBS_BACKOFF_FLOOR_SECONDS", 1.0, "Smallest retry delay (never an instant retry)."),
     Setting("JOBS_BACKOFF_BASE_SECONDS", 2.0, "Retry n waits floor + up to base * 2^(n-1)."),
     Setting("JOBS_BACKOFF_CAP_SECONDS", 300.0, "Largest retry delay."),
-    Setting(
-        "JOBS_REDRIVE_AFTER_SECONDS",
-        None,
-        "A still-due job whose message is older than this gets another one "
-        "(None: twice Q_CLUSTER['retry']).",
-    ),
     Setting(
         "JOBS_ARTIFACT_STORAGE",
         "artifacts",
@@ -359,10 +353,3 @@ def orphan_grace_seconds() -> float:
 def restore_stale_seconds() -> float:
     """How old an unfinished restore request is before another may be queued."""
     return max(float(get("JOBS_RESTORE_STALE_SECONDS")), float(q_cluster().get("retry", 60)))
-
-
-def redrive_after_seconds() -> float:
-    configured = get("JOBS_REDRIVE_AFTER_SECONDS")
-    if configured is not None:
-        return float(configured)
-    return 2 * float(q_cluster().get("retry", 60))

@@ -64,9 +64,6 @@ class Job(models.Model):
     attempts = models.PositiveIntegerField(default=0, help_text="claims so far, crashes included")
     max_attempts = models.PositiveIntegerField(default=5)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
-    # The due instant (next_attempt_at or lease expiry) the dispatcher last enqueued
-    # a message for: one message per due time, never a flood.
-    enqueued_for = models.DateTimeField(null=True, blank=True)
     lease_owner = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     last_error_class = models.CharField(max_length=32, blank=True, default="")
@@ -398,7 +395,6 @@ class Effect(models.Model):
     attempts = models.PositiveIntegerField(default=0, help_text="sends claimed so far")
     max_attempts = models.PositiveIntegerField(default=8, help_text="the send budget")
     next_attempt_at = models.DateTimeField(null=True, blank=True)
-    enqueued_for = models.DateTimeField(null=True, blank=True)
     lease_owner = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     provider_ref = models.CharField(max_length=200, blank=True, default="")

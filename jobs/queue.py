@@ -1,10 +1,16 @@
-"""Queue messages for jobs, effects and artifact restores: ids only, nothing private in the queue.
+"""Waking the clusters for jobs and effects, and queue messages for artifact restores.
 
-Call these inside the transaction that makes the row due: with django-q2's ORM
-broker on the same database, the row and its message commit together or not at all.
+The jobs table is the queue (``jobs.claiming``): a job's row is its queue entry and an
+effect's ledger row its release's. Enqueueing a job or an effect sends no message: a
+``NOTIFY`` of the queue's channel, sent when the caller's transaction commits (never if
+it rolls back), wakes the idle clusters serving it, which claim it from the row. Under
+django-q2's ``sync`` (every task run in the caller's process) the job is delivered at
+once instead. Restores stay plain django-q2 tasks (ids only, nothing private).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from django.apps import apps
 from django.core.checks import Error
@@ -15,9 +21,12 @@ from django_q.tasks import async_task
 from jobs import clock, conf, rules
 from jobs.models import Artifact, Effect, Job
 
+RUN_JOB = "jobs.tasks.run_job"
+RELEASE_EFFECT = "jobs.tasks.release_effect"
+
 
 def list_key(queue: str) -> str | None:
-    """The django-q2 list (broker key) a job queue's messages go to: ``default`` keeps the
+    """The django-q2 list (broker key) a job queue's cluster serves: ``default`` keeps the
     cluster's own (None: django-q2's ``Conf.CLUSTER_NAME``), any other queue its own,
     ``<Q_CLUSTER name>.<queue>``. ``manage.py jobs_worker --queue`` serves these keys."""
     from django_q.conf import Conf
@@ -28,42 +37,43 @@ def list_key(queue: str) -> str | None:
 
 
 def serving_keys(queues: list[str]) -> list[str]:
-    """The broker keys a worker started for ``queues`` takes messages from."""
+    """The broker keys a worker started for ``queues`` serves."""
     from django_q.conf import Conf
 
     return list(dict.fromkeys(list_key(q) or Conf.CLUSTER_NAME for q in queues))
 
 
+def _sync() -> bool:
+    from django_q.conf import Conf
+
+    return bool(Conf.SYNC)
+
+
 def enqueue_job(job: Job) -> None:
-    """Put one message for ``job`` on its queue's list (it wakes that queue's workers).
-
-    On the claiming broker (``jobs.claiming``) the job's row is its queue entry: only the
-    NOTIFY that wakes the queue's idle clusters is sent, in the caller's transaction."""
-    if claims_jobs():
-        notify_queues([job.queue])
-        return
-    key = list_key(job.queue)
-    route = {} if key is None else {"cluster": key}
-    async_task("jobs.tasks.run_job", job.pk, task_name=f"job-{job.pk}", **route)
+    """Make ``job``'s queue look at it: call in the transaction that made it due (or due
+    later: an idle cluster learns the nearer due time)."""
+    enqueue_jobs([job])
 
 
-def on_postgres_broker() -> bool:
-    """Whether the messages go through ``jobs.broker.PostgresBroker`` or the claiming broker
-    built on it (not ``sync``, which runs a message at once)."""
-    from django_q.conf import Conf
+def enqueue_jobs(jobs: Iterable[Job], *, due_now: bool = True) -> int:
+    """Wake the clusters serving ``jobs``' queues, once per queue; returns how many jobs.
 
-    return Conf.BROKER_CLASS in (POSTGRES_BROKER, CLAIMING_BROKER) and not Conf.SYNC
+    ``due_now`` False: the jobs wait (``run_after``, a retry's backoff); an idle cluster
+    wakes to learn the nearest due time. Under ``sync`` a job due now is run at once
+    (``jobs.tasks.run_job``) and a waiting one is left to a cluster."""
+    jobs = list(jobs)
+    if not jobs:
+        return 0
+    if _sync():
+        if due_now:
+            for job in jobs:
+                async_task(RUN_JOB, job.pk, task_name=f"job-{job.pk}")
+        return len(jobs)
+    notify_queues({job.queue for job in jobs})
+    return len(jobs)
 
 
-def claims_jobs() -> bool:
-    """Whether the clusters claim jobs from the jobs table (``jobs.claiming``): a job then
-    has no message; its row's due time is when a cluster takes it."""
-    from django_q.conf import Conf
-
-    return Conf.BROKER_CLASS in CLAIMING_BROKERS and not Conf.SYNC
-
-
-def notify_queues(queues) -> None:
+def notify_queues(queues: Iterable[str]) -> None:
     """Wake the idle clusters serving ``queues`` (a NOTIFY per queue's channel, sent when the
     caller's transaction commits, never if it rolls back)."""
     from django_q.conf import Conf
@@ -79,20 +89,13 @@ def notify_queues(queues) -> None:
             cursor.execute("SELECT pg_notify(%s, '')", [channel])
 
 
-def wakes_at_due_time() -> bool:
-    """Whether a message can be sent now for work due later: the PostgreSQL broker takes a
-    message only once the server's clock passed its due time (django-q2's ORM broker
-    compares with the worker's clock)."""
-    return on_postgres_broker()
-
-
 def enqueue_effect(effect: Effect) -> None:
-    """Put one message for sending ``effect`` on the queue (on the claiming broker the
-    effect's row is its queue entry: only the default queue's clusters are woken)."""
-    if claims_jobs():
-        notify_queues([rules.DEFAULT_QUEUE])
+    """Make the default queue's clusters look at ``effect``'s release (its ledger row is
+    the queue entry); under ``sync`` it is released at once."""
+    if _sync():
+        async_task(RELEASE_EFFECT, effect.pk, task_name=f"effect-{effect.pk}")
         return
-    async_task("jobs.tasks.release_effect", effect.pk, task_name=f"effect-{effect.pk}")
+    notify_queues([rules.DEFAULT_QUEUE])
 
 
 def enqueue_restore(artifact: Artifact) -> bool:
@@ -138,43 +141,50 @@ def check_django_q(app_configs=None, **kwargs):
     return []
 
 
-POSTGRES_BROKER = "jobs.broker.PostgresBroker"
 CLAIMING_BROKER = "jobs.claiming.ClaimingBroker"
 ORM_CLAIMING_BROKER = "jobs.claiming_orm.OrmClaimingBroker"
 CLAIMING_BROKERS = (CLAIMING_BROKER, ORM_CLAIMING_BROKER)
 
 
-def check_broker(app_configs=None, **kwargs):
-    """The queue's table on the jobs' database: the job row and its message commit together.
+def _broker_hint(vendor: str) -> str:
+    fits = CLAIMING_BROKER if vendor == "postgresql" else ORM_CLAIMING_BROKER
+    return (
+        f"Set Q_CLUSTER['broker_class'] = {fits!r}, or build Q_CLUSTER with "
+        "jobs.q_cluster(DATABASES) in settings (docs/app/quickstart.md)."
+    )
 
-    Two brokers keep that promise: django-q2's ORM broker and ``jobs.broker.PostgresBroker``
-    (the same table, woken by NOTIFY; PostgreSQL only). Any other keeps its messages
-    elsewhere, where a message can be lost between the job's commit and the enqueue.
+
+def check_broker(app_configs=None, **kwargs):
+    """django-q2's broker is the app's claiming broker on the jobs' database.
+
+    The jobs table is the queue: a job has no message, so a cluster on any other broker
+    (django-q2's ORM broker, ``jobs.broker.PostgresBroker``, Redis...) would never take
+    one. ``Q_CLUSTER['orm']`` names the database it claims from.
     """
     cluster = conf.q_cluster()
     if not cluster:
         return []  # jobs.E001 names the missing Q_CLUSTER
+    if cluster.get("sync"):
+        return []  # every task runs in the caller's process: no cluster claims anything
     alias = cluster.get("orm")
     broker_class = cluster.get("broker_class") or ""
     jobs_db = router.db_for_write(apps.get_model("jobs", "Job"))
-    if broker_class and broker_class not in (POSTGRES_BROKER, *CLAIMING_BROKERS):
+    vendor = connections[alias if alias in connections else jobs_db].vendor
+    if broker_class not in CLAIMING_BROKERS:
+        what = repr(broker_class) if broker_class else "unset (django-q2's ORM broker)"
         return [
             Error(
-                f"Q_CLUSTER['broker_class'] is {broker_class!r}: jobs need their queue "
-                "messages in the jobs' database",
-                hint=f"Leave broker_class unset (django-q2's ORM broker), or set it to "
-                f"{ORM_CLAIMING_BROKER!r} (the jobs table is the queue, any database) or on "
-                f"PostgreSQL to {CLAIMING_BROKER!r}. Another broker could lose a message "
-                "between the job's commit and the enqueue.",
+                f"Q_CLUSTER['broker_class'] is {what}: no cluster on it claims the jobs",
+                hint=_broker_hint(vendor)
+                + " The jobs table is the queue; a job has no message for another broker.",
                 id="jobs.E021",
             )
         ]
     if not alias:
         return [
             Error(
-                "Q_CLUSTER['orm'] must name a database: the queue's table lives there",
-                hint=f"Q_CLUSTER['orm'] = {jobs_db!r}. Both brokers the jobs run on (the ORM "
-                f"broker and {POSTGRES_BROKER}) keep their messages in that database.",
+                "Q_CLUSTER['orm'] must name a database: the jobs are claimed there",
+                hint=f"Q_CLUSTER['orm'] = {jobs_db!r}.",
                 id="jobs.E021",
             )
         ]
@@ -182,18 +192,17 @@ def check_broker(app_configs=None, **kwargs):
         return [
             Error(
                 f"Q_CLUSTER['orm'] is {alias!r} but jobs are written to {jobs_db!r}",
-                hint="The message must commit in the same transaction as the job row.",
+                hint="The cluster claims jobs from the database they are written to.",
                 id="jobs.E022",
             )
         ]
-    vendor = connections[alias].vendor
-    if broker_class in (POSTGRES_BROKER, CLAIMING_BROKER) and vendor != "postgresql":
+    if broker_class == CLAIMING_BROKER and vendor != "postgresql":
         return [
             Error(
                 f"Q_CLUSTER['broker_class'] is {broker_class!r} but the database "
                 f"{alias!r} is {vendor}",
-                hint="The PostgreSQL brokers need LISTEN/NOTIFY and SKIP LOCKED: on this "
-                f"database use {ORM_CLAIMING_BROKER!r} (or django-q2's ORM broker).",
+                hint="The PostgreSQL claiming broker needs LISTEN/NOTIFY and SKIP LOCKED: "
+                f"on this database use {ORM_CLAIMING_BROKER!r}.",
                 id="jobs.E023",
             )
         ]

@@ -266,11 +266,6 @@ def flow_ruled_q():
 
 # --- the claim's order (docs/app/scheduling.md) ------------------------------------------
 
-# A better job takes a named job's delivery only when it is at least this much more urgent
-# (in priority levels): jobs of one priority asked for close together keep their own.
-SWAP_MARGIN = 1.0
-
-
 def aging_seconds() -> float:
     """Seconds of waiting that raise a job's effective priority by one level."""
     from jobs import conf

@@ -24,7 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import TypeVar
 
@@ -180,40 +180,13 @@ def serve_queues(queues: list[str]) -> None:
 
 
 def messages_waiting(*, stall: float, grace: float, keys: list[str] | None = None) -> str:
-    """Why queue messages are waiting for a cluster now, or "" when none is.
-
-    Two signs: a message nobody took for ``grace`` seconds (a healthy cluster
-    polls every ``Q_CLUSTER['poll']``), or a job's message taken more than
-    ``stall`` seconds ago that no worker began (no attempt of its job since): a
-    cluster holds it without running it, the wedge. A message whose delivery began
-    and died (a killed worker) is not a sign: django-q2 hands it out again after
-    ``Q_CLUSTER['retry']``. Only the ORM broker is looked at; ``keys``: the lists the
-    cluster serves (default its own).
-    """
-    from django.utils import timezone
-    from django_q.conf import Conf
-    from django_q.models import OrmQ
-
-    from jobs.queue import claims_jobs
-
-    if claims_jobs():
-        return _jobs_waiting(grace=grace, keys=keys)
-    if not Conf.ORM:
-        return ""
-    retry_seconds = float(Conf.RETRY or 0)
-    queue = OrmQ.objects.using(Conf.ORM).filter(key__in=keys or [Conf.CLUSTER_NAME])
-    now = timezone.now()
-    untaken = queue.filter(lock__lte=now - timedelta(seconds=grace)).count()
-    if untaken:
-        return f"{untaken} message(s) untaken for over {grace:g} s"
-    if retry_seconds <= stall:
-        return ""
-    # django-q2 locks a taken message until taken + retry.
-    held = queue.filter(lock__gt=now, lock__lte=now + timedelta(seconds=retry_seconds - stall))
-    stuck = sum(1 for message in held[:50] if _never_began(message, retry_seconds))
-    if stuck:
-        return f"{stuck} job message(s) taken over {stall:g} s ago and never begun"
-    return ""
+    """Why work is waiting for a cluster now, or "" when none is: a job of the served
+    queues (``keys``, default the cluster's own) due for over ``grace`` seconds that no
+    claim took or held back (a claim that holds a job back gives it a due time ahead). A
+    healthy idle cluster claims a job the moment its NOTIFY arrives, and at the latest at
+    its next heartbeat. ``stall`` is the caller's: a wedge is this sign seen twice, with
+    no progress in between."""
+    return _jobs_waiting(grace=grace, keys=keys)
 
 
 def _jobs_waiting(*, grace: float, keys: list[str] | None) -> str:
@@ -238,23 +211,6 @@ def _jobs_waiting(*, grace: float, keys: list[str] | None) -> str:
     if untaken:
         return f"{untaken} job(s) due for over {grace:g} s and not claimed"
     return ""
-
-
-def _never_began(message, retry_seconds: float) -> bool:
-    """Whether ``message`` delivers a job that no worker began since it was taken."""
-    from jobs.models import Attempt
-
-    try:
-        task = message.task  # the signed payload, decoded
-    except Exception:  # signed with another SECRET_KEY, say: not a sign of anything
-        return False
-    if task.get("func") != "jobs.tasks.run_job" or len(task.get("args") or ()) != 1:
-        return False  # only job deliveries leave a trace (an attempt row) to compare with
-    due = (task.get("kwargs") or {}).get("due")
-    if due and message.lock == datetime.fromisoformat(due):
-        return False  # sent ahead for its due time (jobs.bulk.enqueue_job_when_due): untaken
-    taken = message.lock - timedelta(seconds=retry_seconds + 2)  # 2 s: clocks of hosts
-    return not Attempt.objects.filter(job_id=task["args"][0], started_at__gte=taken).exists()
 
 
 @dataclass

@@ -429,25 +429,30 @@ Q_CLUSTER = {
     "ack_failures": False,  # a task that raised is redelivered after `retry`
     "label": "Task queue",
 }
-# The task queue's broker (docs/broker.md). Q_BROKER=jobs (the default): the jobs table is
-# the queue; on PostgreSQL an enqueue NOTIFYs in the job's transaction and an idle pusher
-# waits on LISTEN, on SQLite the pusher claims through the ORM and polls every `poll`.
-# Q_BROKER=postgres (PostgreSQL) and Q_BROKER=orm keep a message per job (django-q2's
-# table, SKIP LOCKED and NOTIFY on PostgreSQL, django-q2's own ORM broker elsewhere).
+# The task queue's broker (docs/broker.md): the jobs table is the queue. On PostgreSQL an
+# enqueue NOTIFYs in the job's transaction and an idle pusher waits on LISTEN; on SQLite
+# the pusher claims through the ORM and polls every `poll`. Q_BROKER=postgres and
+# Q_BROKER=orm start a cluster of plain django-q2 tasks only, on django-q2's message
+# table (the PostgreSQL broker, or django-q2's own ORM broker): no engine job is claimed
+# there. The benchmarks compare plain tasks on them with the engine's jobs.
 _on_postgres = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
 Q_BROKER = os.environ.get("Q_BROKER", "jobs")
-_BROKERS = {"jobs": "jobs.claiming.ClaimingBroker", "postgres": "jobs.broker.PostgresBroker"}
-if not _on_postgres:
-    _BROKERS["jobs"] = "jobs.claiming_orm.OrmClaimingBroker"
 if Q_BROKER not in ("jobs", "postgres", "orm"):
     raise SettingError(f"Q_BROKER must be 'jobs', 'postgres' or 'orm', got {Q_BROKER!r}")
-if Q_BROKER in _BROKERS:
-    if Q_BROKER == "postgres" and not _on_postgres:
-        raise SettingError(
-            f"Q_BROKER={Q_BROKER} needs a PostgreSQL database (DATABASE_URL); "
-            "on SQLite leave it unset, or set Q_BROKER=orm or Q_BROKER=jobs"
-        )
-    Q_CLUSTER["broker_class"] = _BROKERS[Q_BROKER]
+if Q_BROKER == "postgres" and not _on_postgres:
+    raise SettingError(
+        f"Q_BROKER={Q_BROKER} needs a PostgreSQL database (DATABASE_URL); "
+        "on SQLite leave it unset, or set Q_BROKER=orm or Q_BROKER=jobs"
+    )
+Q_CLUSTER["broker_class"] = {
+    "jobs": "jobs.claiming.ClaimingBroker"
+    if _on_postgres
+    else "jobs.claiming_orm.OrmClaimingBroker",
+    "postgres": "jobs.broker.PostgresBroker",
+    "orm": None,
+}[Q_BROKER]
+# A plain-task cluster claims no job: the check that says so (jobs.E021) is meant.
+SILENCED_SYSTEM_CHECKS = [] if Q_BROKER == "jobs" else ["jobs.E021"]
 
 LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO")
 LOG_FORMAT = os.environ.get("LOG_FORMAT", "plain")

@@ -27,7 +27,7 @@ from jobs import conf, executors, registry
 from jobs.delivery import policy
 from jobs.engine import effect_machine, groups, job_machine
 from jobs.engine.plan import Plan, Result, Status
-from jobs.models import Artifact, Attempt, Effect, Job
+from jobs.models import Artifact, Attempt, Effect, Job, JobStep
 from jobs.registry import EffectSpec
 from jobs.retry import ErrorClass, classify
 
@@ -46,11 +46,20 @@ def build(
     output: registry.Output,
     *,
     refused: Mapping[str, str] | None = None,
+    progress: tuple[int, int | None, str] | None = None,
+    steps: tuple[JobStep, ...] = (),
 ) -> Plan:
     """The plan of one publish. ``refused``: recipients the release rule refused at
-    an earlier try (withheld now, with the rule's reason)."""
+    an earlier try (withheld now, with the rule's reason); ``progress``: the handler's
+    progress not yet written (``ctx.progress`` keeps a second's calls), written with it;
+    ``steps``: the durable steps this attempt finished and has not recorded yet."""
     rows = prepare(job, output.effects, refused=refused or {})
     changes = job_machine.publish_changes()
+    if progress is not None:
+        done, total, note = progress
+        changes.update(
+            progress_done=done, progress_total=total, progress_note=note, progress_at=Now()
+        )
     if output.has_result:
         changes["result"] = output.result
     follow_ups, groups_ = groups.rows_for(job, output)
@@ -93,6 +102,7 @@ def build(
         enqueues=tuple(enqueues),
         follow_ups=tuple(follow_ups),
         groups=tuple((group, tuple(children)) for group, children in groups_),
+        steps=steps,
     )
 
 
@@ -133,7 +143,6 @@ def prepare(job: Job, specs: list[EffectSpec], *, refused: Mapping[str, str]) ->
             data=spec.data,
             max_attempts=budget,
             next_attempt_at=Now(),
-            enqueued_for=Now(),
             created_at=now,
             updated_at=now,
         )
@@ -160,12 +169,12 @@ def _decide_in_publish(effect: Effect, now, check=None) -> None:
         effect.last_error_class, effect.last_error_code = c.error_class, c.code
         return
     if reason:
-        effect.next_attempt_at = effect.enqueued_for = None  # final: nothing is due
+        effect.next_attempt_at = None  # final: nothing is due
         effect.state = State.WITHHELD
         effect.reason = reason[:300]
         effect.last_error_class = ErrorClass.AUTHORIZATION
         effect.last_error_code = "recipient_not_authorized"
     else:
-        effect.next_attempt_at = effect.enqueued_for = None
+        effect.next_attempt_at = None
         effect.state = State.APPLIED
         effect.applied_at = now

@@ -24,7 +24,7 @@ from jobs.delivery import publish, steps
 from jobs.engine import groups, job_machine
 from jobs.engine.plan import Claim
 from jobs.exceptions import JobCancelled, JobError, JobTimeout, LeaseLost
-from jobs.models import Artifact, Attempt, Job
+from jobs.models import Artifact, Attempt, Job, JobStep
 from jobs.retry import classify, job_outcome
 
 log = logging.getLogger("jobs.runner")
@@ -57,7 +57,12 @@ class JobContext:
         self._stopped = False  # the worker's hard stop fired (``_time_limit``)
         self._shielded = 0  # inside the engine's own write: a hard stop waits for its end
         self._progress: tuple[int, int | None, str] | None = None  # not yet written
-        self._progress_written_at = -math.inf
+        # The claim is the job's first word on its progress: a handler's first second of
+        # progress is kept and written by a later call, or with the publish.
+        self._progress_written_at = time.monotonic()
+        self._steps: dict[str, JobStep] | None = None  # read at the first step
+        self._pending_steps: dict[str, JobStep] = {}  # recorded by the next fenced write
+        self._pending_since = 0.0  # monotonic: the first pending step's start
 
     @property
     def params(self) -> dict:
@@ -142,7 +147,7 @@ class JobContext:
         if time.monotonic() - self._lease_extended_at < conf.lease_seconds() / 3:
             return
         with self._shield():
-            won = job_machine.heartbeat(self.job, self.worker)
+            won = steps.record_pending(self, lambda: job_machine.heartbeat(self.job, self.worker))
         if not won:
             self._lost("was reclaimed before the heartbeat")
         self._lease_extended_at = time.monotonic()
@@ -167,8 +172,12 @@ class JobContext:
         if self._progress is None:
             return
         done, total, note = self._progress
+
+        def write() -> bool:
+            return job_machine.progress(self.job, self.worker, done=done, total=total, note=note)
+
         with self._shield():
-            won = job_machine.progress(self.job, self.worker, done=done, total=total, note=note)
+            won = steps.record_pending(self, write)
         if not won:
             self._lost("was reclaimed before its progress was written")
         self._progress = None
@@ -301,7 +310,6 @@ def run_claim(claim: Claim, worker: str, *, on_stage: StageHook | None = None) -
         kind = registry.get_kind(job.kind)
         with _time_limit(ctx, kind.timeout):
             produced = kind.handler(ctx)
-        ctx._write_progress()  # the last call of the handler's final second
         output = registry.validate_output(produced)
         ctx.stage("before_publish")
         # A lease more than a third spent is extended before the fenced publish (the
@@ -429,7 +437,14 @@ def _publish(ctx: JobContext, output: registry.Output) -> list | None:
     refused: dict[str, str] = {}
     while True:
         plan = publish.build(
-            ctx.job, ctx.worker, ctx.attempt, ctx.artifact, output, refused=refused
+            ctx.job,
+            ctx.worker,
+            ctx.attempt,
+            ctx.artifact,
+            output,
+            refused=refused,
+            progress=ctx._progress,  # the handler's last second of progress rides on it
+            steps=tuple(ctx._pending_steps.values()),  # and the steps not yet recorded
         )
         result = publish.carry_out(plan)
         if result.status == publish.Status.WON:
@@ -486,6 +501,8 @@ def _handle_failure(ctx: JobContext, exc: BaseException) -> DeliveryResult:
                 detail=c.detail,
                 **error.job_fields(),
             )
+        if won:
+            steps.write(steps.take_pending(ctx))  # a retry finds the steps this attempt did
         if not won and job_machine.stop_cancelled(job.pk, worker):
             outcome = Outcome.CANCELLED  # the failure came after a cancel was asked for
         elif not won:

@@ -1,17 +1,22 @@
 """Durable steps: ``ctx.step(name, fn)`` runs ``fn`` once per job, across attempts.
 
-The first attempt that completes a step records its output (small JSON) in the same
-transaction as a fenced write of the job (the heartbeat's compare-and-swap: this worker's
-name, the version it read, a live lease). A later attempt finds the row and returns the
-output without calling ``fn``. A worker that lost the job (its lease expired and another
-took it, or a cancel was asked for) cannot record: its swap fails, nothing is written, and
-the delivery ends as a lost lease, like a late publish. So at most one output per step,
-and only from a worker that held the job when it wrote.
+The first attempt that completes a step records its output (small JSON) with the next
+fenced write of the job this attempt makes (a compare-and-swap on this worker's name, the
+version it read and a live lease): its progress or heartbeat, another step's record, the
+failure's arrow that schedules the retry, or the publish, in that write's transaction. A
+later attempt finds the row and returns the output without calling ``fn``. A worker that
+lost the job (its lease expired and another took it, or a cancel was asked for) cannot
+record: its swap fails, nothing is written, and the delivery ends as a lost lease, like a
+late publish. So at most one output per step, and only from a worker that held the job
+when it wrote. Riding on the next write, three steps of a fast job cost no commit of
+their own (each used to cost one); steps done over ``RIDE_SECONDS`` ago are recorded at
+the end of the next step, by a write of their own, so a crash redoes at most about a
+second of step work besides the step it stopped in.
 
 What is not promised: ``fn`` itself may run more than once when an attempt dies between
-its end and the record (a crash, a stop, a lost lease). A step that calls the outside
+its end and that write (a crash, a stop, a lost lease). A step that calls the outside
 world passes ``ctx.step_key(name)`` as the call's idempotency key, so a repeat is the same
-request to a provider that honours keys (docs/app/steps.md).
+request to a provider that honours keys (docs/app/steps.md), or gives a ``lookup``.
 
 A step given a ``lookup`` does better: it is recorded as *begun* (a row without
 ``finished_at``, under the same fence) before ``fn`` runs, and an attempt that finds it
@@ -33,12 +38,16 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobs.engine import job_machine
+from jobs.engine.publishing import write_steps as write
 from jobs.exceptions import PayloadInvalid
 from jobs.models import Job, JobStep
 
 log = logging.getLogger("jobs.runner")
 
 NAME_MAX = 64
+# The longest step work (from the first unrecorded step's start) that waits for another
+# fenced write before it is recorded by one of its own.
+RIDE_SECONDS = 1.0
 # Step outputs live in the job's database rows: small references, not documents. Bytes
 # belong in the artifact (``ctx.store_artifact``).
 OUTPUT_MAX_BYTES = 64 * 1024
@@ -51,6 +60,9 @@ class JobContext(Protocol):
     job: Job
     worker: str
     _lease_extended_at: float
+    _steps: dict[str, JobStep] | None  # the job's recorded steps, read once an attempt
+    _pending_steps: dict[str, JobStep]  # done by this attempt, riding on the next write
+    _pending_since: float  # monotonic: when the first of them started
 
     def stage(self, name: str) -> None: ...
     def check_owner(self) -> None: ...
@@ -81,7 +93,10 @@ def run(
     None when it never saw the call.
     """
     _check_name(name)
-    row = JobStep.objects.filter(job_id=ctx.job.pk, name=name).first()
+    pending = ctx._pending_steps.get(name)
+    if pending is not None:
+        return pending.output  # this attempt ran it: its record rides on the next write
+    row = _recorded(ctx).get(name)
     if row is not None and row.finished_at is not None:
         log.info("job=%s step=%s reused from attempt %s", ctx.job.pk, name, row.attempt)
         ctx.stage(f"step_reused:{name}")
@@ -107,9 +122,68 @@ def run(
     elif lookup is not None and _record(ctx, name, None, started, begun=True) is None:
         _refused(ctx, name)
     ctx.stage(f"step_started:{name}")
+    began = time.monotonic()
     output = _stored_form(name, fn())
     ctx.stage(f"step_done:{name}")
-    return _finish(ctx, name, output, started)
+    if lookup is not None or row is not None:
+        # A row of its own (begun by an earlier attempt's lookup step) is finished now.
+        return _finish(ctx, name, output, started)
+    ctx._pending_steps[name] = JobStep(
+        job_id=ctx.job.pk,
+        name=name,
+        output=output,
+        attempt=ctx.job.attempts,
+        worker=ctx.worker,
+        started_at=started,
+        finished_at=timezone.now(),
+    )
+    if len(ctx._pending_steps) == 1:
+        ctx._pending_since = began
+    if time.monotonic() - ctx._pending_since >= RIDE_SECONDS:
+        # Long enough to be worth a commit of its own: recorded now, fenced.
+        with ctx._shield():
+            won = record_pending(ctx, lambda: job_machine.heartbeat(ctx.job, ctx.worker))
+        if not won:
+            _refused(ctx, name)
+        ctx._lease_extended_at = time.monotonic()
+    return output
+
+
+def _recorded(ctx: JobContext) -> dict[str, JobStep]:
+    """The job's recorded steps, read at the attempt's first step: while this worker holds
+    the job no other can record one (the fence), so the read stays true."""
+    if ctx._steps is None:
+        ctx._steps = {s.name: s for s in JobStep.objects.filter(job_id=ctx.job.pk)}
+    return ctx._steps
+
+
+def take_pending(ctx: JobContext) -> tuple[JobStep, ...]:
+    """The steps this attempt finished and has not recorded yet, handed to the write that
+    records them (it must be fenced, and record them in its transaction)."""
+    pending = tuple(ctx._pending_steps.values())
+    ctx._pending_steps.clear()
+    return pending
+
+
+def record_pending(ctx: JobContext, fenced_write: Callable[[], bool]) -> bool:
+    """Run ``fenced_write`` (a compare-and-swap of this worker's job) and, if it won, record
+    the pending steps in its transaction; False when it lost (nothing written)."""
+    if not ctx._pending_steps:
+        return fenced_write()
+    pending = take_pending(ctx)
+    job = ctx.job
+    before = (job.version, job.state, job.lease_expires_at)  # the swap mirrors itself
+    try:
+        with transaction.atomic():
+            if not fenced_write():
+                return False
+            write(pending)
+    except BaseException:
+        # Rolled back: the job's row keeps its version, and the steps wait for a write.
+        job.version, job.state, job.lease_expires_at = before
+        ctx._pending_steps.update({row.name: row for row in pending})
+        raise
+    return True
 
 
 def _finish(ctx: JobContext, name: str, output: Any, started) -> Any:
@@ -147,6 +221,7 @@ def _record(
             with transaction.atomic():
                 if not job_machine.heartbeat(job, ctx.worker):
                     return None
+                write(take_pending(ctx))  # what this attempt finished before rides along
                 fields = {
                     "output": output,
                     "attempt": job.attempts,
@@ -167,6 +242,8 @@ def _record(
             job.version, job.state, job.lease_expires_at = before
             raise
     ctx._lease_extended_at = time.monotonic()
+    if ctx._steps is not None:
+        ctx._steps[name] = step
     return step
 
 

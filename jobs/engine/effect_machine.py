@@ -101,7 +101,7 @@ def apply_failed(effect: Effect, worker: str, exc: BaseException) -> EffectEvent
     c = classify(exc)
     effect.state, effect.applied_at, effect.version = State.PENDING, None, 1
     effect.last_error_class, effect.last_error_code = c.error_class, c.code
-    effect.next_attempt_at = effect.enqueued_for = Now()
+    effect.next_attempt_at = Now()
     log_outcome(effect, "apply_failed", worker, error_class=c.error_class, code=c.code)
     return _event_row(
         effect, worker, EffectEvent.Action.SEND, error_class=c.error_class, code=c.code
@@ -131,7 +131,7 @@ def apply_in_publish(effects: list[Effect], worker: str) -> list[EffectEvent]:
         Effect.objects.bulk_update(refs, ["provider_ref"])
     if failed:
         fields = ["state", "applied_at", "version", "last_error_class", "last_error_code"]
-        Effect.objects.bulk_update(failed, [*fields, "next_attempt_at", "enqueued_for"])
+        Effect.objects.bulk_update(failed, [*fields, "next_attempt_at"])
     return events
 
 
@@ -378,10 +378,9 @@ def defer(
 
 
 def _wake_when_due() -> None:
-    """On the claiming broker an effect's due time is its queue entry: idle clusters are
-    woken to learn the new one (the message brokers' dispatcher re-drives it instead)."""
-    if queue.claims_jobs():
-        queue.notify_queues([rules.DEFAULT_QUEUE])
+    """An effect's due time is its queue entry: idle clusters are woken to learn the new
+    one when this commits."""
+    queue.notify_queues([rules.DEFAULT_QUEUE])
 
 
 def circuit_expired(effect: Effect, worker: str, reason: str) -> str:
@@ -473,7 +472,6 @@ def _resend(effect: Effect, operator: str, action: str, from_state: str, note: s
         state=State.PENDING,
         reason="",
         next_attempt_at=Now(),
-        enqueued_for=Now(),
         lease_expires_at=None,
         max_attempts=effect.attempts + conf.effect_max_attempts(),
     )

@@ -94,7 +94,6 @@ def _child_row(parent: Job, spec: FollowUp, name: str) -> Job:
         queue=spec.queue or kind.queue,
         parent=parent,
         next_attempt_at=Now(),
-        enqueued_for=Now(),
         created_at=now,
         updated_at=now,
     )
@@ -169,7 +168,7 @@ def _request_join(group: JobGroup) -> Job:
         "updated_at": now,
     }
     if rule == Rule.RUN:
-        fields.update(next_attempt_at=Now(), enqueued_for=Now())
+        fields.update(next_attempt_at=Now())
     else:
         detail = _not_succeeded_detail(group)
         fields.update(

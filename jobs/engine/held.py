@@ -9,8 +9,6 @@ claim's partial indexes (migration 0022), so no claim reads a paused backlog.
 
 from __future__ import annotations
 
-from django.db.models.functions import Coalesce, Now
-
 from jobs import queue, rules
 from jobs.models import Job
 
@@ -43,10 +41,6 @@ def release(scope: str) -> int:
     times were kept), and wake the clusters serving them when this commits. A job another
     paused scope also covers is held again by its next claim. Returns how many."""
     rows = Job.objects.filter(held_by=scope[:200])
-    if not queue.claims_jobs():
-        # A message broker: the dispatcher sends a message for each job due now (a job
-        # held before it was ever deferred has no due time of its own).
-        return rows.update(held_by="", next_attempt_at=Coalesce("next_attempt_at", Now()))
     queues = sorted(set(rows.values_list("queue", flat=True)))
     released = rows.update(held_by="")
     if released:

@@ -25,7 +25,7 @@ from django.db import connection, transaction
 from django.db.models import F, QuerySet
 from django.db.models.functions import Coalesce, Now
 
-from jobs import bulk, clock, conf, registry, rules
+from jobs import clock, conf, queue, registry, rules
 from jobs.engine import groups
 from jobs.engine.cas import compare_and_swap, mirror
 from jobs.engine.plan import Hold
@@ -105,9 +105,9 @@ def defer(job: Job, worker: str, *, now, hold: Hold, reclaiming: bool) -> bool:
     (``held_by``), its due time kept: it waits out of the claim's way until the scope is
     resumed (``jobs.flow.release``), then takes its place in the queue again."""
     if hold.reason == "paused":
-        changes = {"held_by": hold.scope[:200], "enqueued_for": None}
+        changes = {"held_by": hold.scope[:200]}
     else:
-        changes = {"next_attempt_at": now + timedelta(seconds=hold.delay), "enqueued_for": None}
+        changes = {"next_attempt_at": now + timedelta(seconds=hold.delay)}
     if reclaiming:
         changes.update(state=State.RETRY_WAIT, lease_expires_at=None)
     # Only a job still waiting (or, reclaimed, still running on a lease that ran out) is
@@ -254,9 +254,8 @@ def schedule_retry(
             delay=f"{delay:.2f}",
             outage=outage,
         )
-        # Its message now, taken when it is due (the PostgreSQL broker), not by the
-        # dispatcher's next sweep after that; it commits with this arrow.
-        bulk.enqueue_job_when_due(job)
+        # Idle clusters learn the new due time when this arrow commits.
+        queue.enqueue_jobs([job], due_now=False)
     return won
 
 
@@ -264,8 +263,6 @@ def wake_outage_waiters(code: str, worker: str) -> int:
     """retry_wait → due now for the jobs backing off from an outage with ``code`` (a
     dependency that is back, because a job that met it just succeeded); their budgets and
     outage starts are kept. Wakes the clusters serving them when this commits."""
-    from jobs import queue
-
     waiting = Job.objects.filter(
         state=State.RETRY_WAIT,
         outage_since__isnull=False,
@@ -276,8 +273,7 @@ def wake_outage_waiters(code: str, worker: str) -> int:
     woken = waiting.update(next_attempt_at=Now(), updated_at=Now())
     if woken:
         log.info("outage over code=%s woken=%s by worker=%s", code, woken, worker)
-        if queue.claims_jobs():
-            queue.notify_queues(queues)
+        queue.notify_queues(queues)
     return woken
 
 
@@ -430,7 +426,6 @@ def requeue(job: Job, *, actor: str = "operator", note: str = "") -> bool:
         state=State.QUEUED,
         max_attempts=job.attempts + budget,
         next_attempt_at=Now(),
-        enqueued_for=None,
         finished_at=None,
         lease_expires_at=None,
     )
@@ -468,7 +463,7 @@ def retry_now(job: Job, *, actor: str = "operator", note: str = "") -> bool:
     """Operator: make a waiting job due at once."""
     if job.state not in rules.OPERATOR_SOURCES["retry_now"]:
         return False
-    return _operator(job, "retry_now", actor, note, next_attempt_at=Now(), enqueued_for=None)
+    return _operator(job, "retry_now", actor, note, next_attempt_at=Now())
 
 
 def finish_attempt(attempt: Attempt, outcome: str, **fields) -> None:

@@ -8,7 +8,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, JobGroup, Notice
+from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, JobGroup, JobStep, Notice
 
 
 @dataclass
@@ -59,11 +59,11 @@ class Plan:
     # Follow-up work (``jobs.engine.groups``): unsaved jobs, and groups with their children.
     follow_ups: tuple[Job, ...] = ()
     groups: tuple[tuple[JobGroup, tuple[Job, ...]], ...] = ()
+    # Durable steps this attempt finished and has not recorded: they commit with it.
+    steps: tuple[JobStep, ...] = ()
 
     def statement_refusal(self) -> str:
         """Why the one-statement executor cannot take this plan ("" if it can)."""
-        if self.enqueues:
-            return "effects that need a queue message"
         if self.applies:
             return "a transactional provider's own apply"
         if self.follow_ups or self.groups:

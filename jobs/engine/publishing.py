@@ -15,7 +15,7 @@ from django.contrib.auth import get_user_model
 from jobs import clock, queue, rules
 from jobs.engine import effect_machine, groups, job_machine
 from jobs.engine.plan import Plan, Result, Status
-from jobs.models import Attempt, Effect, EffectEvent, Notice
+from jobs.models import Attempt, Effect, EffectEvent, JobStep, Notice
 
 State = Effect.State
 # The executor a result names: this publish is the ORM executor's.
@@ -43,6 +43,14 @@ def refused_accounts(accounts: tuple[str, ...]) -> dict[str, str]:
     return refused
 
 
+def write_steps(rows) -> None:
+    """Insert durable steps' finished rows; call inside the transaction of a fenced write
+    that won (``jobs.delivery.steps``: a step with a row of its own is never among them,
+    so a conflict can only be a row that already stands for the step)."""
+    if rows:
+        JobStep.objects.bulk_create(list(rows), ignore_conflicts=True)
+
+
 def publish(plan: Plan) -> Result:
     """Carry out ``plan`` in one worker transaction (its lock timeout bounds every wait)."""
     job, worker = plan.job, plan.worker
@@ -53,17 +61,21 @@ def publish(plan: Plan) -> Result:
         if not job_machine.publish(job, worker, margin=plan.margin, changes=dict(plan.changes)):
             return Result(Status.LOST, EXECUTOR)
         groups.write(plan.follow_ups, plan.groups)
+        write_steps(plan.steps)
         job_machine.finish_attempt(plan.attempt, Attempt.Outcome.SUCCEEDED)
         if plan.artifact is not None:
             plan.artifact.save(force_insert=True)
         failed_applies = _insert_effects(plan)
-        # External sends leave this task: each gets its own message, committed with
-        # the publish, so a slow provider never holds the job's delivery open.
+        # External sends leave this task: the ledger rows are their queue entries, and
+        # the clusters are woken when this commits, so a slow provider never holds the
+        # job's delivery open.
         for effect in plan.effects:
             if effect.effect_id in plan.enqueues:
                 queue.enqueue_effect(effect)
-        for effect in failed_applies:
-            queue.enqueue_effect(effect)
+                break
+        else:
+            if failed_applies:
+                queue.enqueue_effect(failed_applies[0])
     effect_machine.log_born(plan.effects, worker)
     return Result(Status.WON, EXECUTOR, effects=list(plan.effects))
 

@@ -1,7 +1,7 @@
 """The ORM executor: the whole contract in Django's ORM (SQLite, psycopg2, any database).
 
 Every arrow here is the engine's own, spoken in the ORM: the claim of a named job
-(``jobs.engine.named_claim``: it chooses, then ``jobs.engine.verdict`` decides and
+(``jobs.engine.named_claim``: exactly that job; ``jobs.engine.verdict`` decides and
 records what the delivery was), the owner fence (``job_machine``) and the publish of a
 frozen ``Plan`` in one worker transaction (``jobs.engine.publishing``). The
 PostgreSQL executor gives way to the same engine code for the refusals it documents;

@@ -30,7 +30,7 @@ def claim_next(queue: str, worker: str, *, lease: float, bound: int) -> Claim | 
         return None  # a read first: an idle cluster's look takes no write lock
     passed: set[int] = set()
     with clock.worker_transaction():
-        for _ in range(named_claim.SWAP_RACES + 1):
+        for _ in range(named_claim.PASS_RACES + 1):
             found = [c.pk for c in named_claim._candidates(queue, exclude=passed)]
             if not found:
                 return Claim("passed") if passed else None

@@ -4,9 +4,8 @@
 jobs table is the queue, there is no message naming a job. One statement picks the
 queue's next job (its two candidates, the best by priority and the longest waiting,
 each ``FOR UPDATE SKIP LOCKED``: the row is locked before any admission, and a
-concurrent claim on another host passes over it), admits it and starts it, as the
-named claim's statement does (``jobs.executors.postgres``), under the same rules
-rendered from ``jobs.rules``.
+concurrent claim on another host passes over it), admits it and starts it, under the
+rules rendered from ``jobs.rules``.
 
 The admission's verdict on the job it picked (``jobs_flow_verdict_v1``) is decided
 once, in the statement: a job held back is deferred as the verdict says (scope,
@@ -82,30 +81,6 @@ def _next_statement() -> str:
     return _statement(
         _candidates("%s") + ", picked AS MATERIALIZED (SELECT id, tenant_key FROM best)"
     )
-
-
-@functools.cache
-def _named_statement() -> str:
-    """The named job, unless its queue has a due job at least ``rules.SWAP_MARGIN`` levels
-    more urgent by effective priority, or it is not claimable and its queue has a due job
-    (``named_claim.choose``, docs/app/scheduling.md); none when it needs its own verdict
-    (an expired lease, a spent budget: ``rules.OWN_VERDICT``)."""
-    job_t = _q(Job._meta.db_table)
-    claimable = rules.literal_sql(rules.CLAIMABLE, Job, quote=_q, now="t.now")
-    own = rules.literal_sql(rules.OWN_VERDICT, Job, quote=_q, now="t.now")
-    recheck = rules.literal_sql(rules.CLAIMABLE, Job, alias="j", quote=_q, now="t.now")
-    return _statement(f"""named AS MATERIALIZED (
-            SELECT id, queue, {claimable} AS ok, {own} AS own,
-                {rules.effective_priority_sql(now="t.now")} AS eff
-            FROM {job_t}, t WHERE id = %s
-        ), {_candidates("(SELECT queue FROM named)")}, picked AS MATERIALIZED (
-            SELECT j.id, j.tenant_key FROM {job_t} j, t WHERE j.id = (
-                SELECT CASE WHEN n.own THEN NULL
-                    WHEN n.ok AND (b.id IS NULL OR b.eff < n.eff + %s::float8) THEN n.id
-                    ELSE b.id END
-                FROM named n LEFT JOIN best b ON true
-            ) AND {recheck} FOR UPDATE OF j SKIP LOCKED
-        )""")
 
 
 def next_statement(queue: str, worker: str, *, lease: float, bound: int) -> tuple[str, list]:
@@ -185,18 +160,6 @@ def claim_next(queue: str, worker: str, *, lease: float, bound: int) -> Claim | 
     """Claim ``queue``'s next due job for ``worker``: the claim, a verdict on the job it
     picked and could not start (deferred, ...), or None when the queue has no due job."""
     return _claim(*next_statement(queue, worker, lease=lease, bound=bound), worker)
-
-
-def claim_named(job_id: int, worker: str, *, lease: float, bound: int) -> Claim | None:
-    """Claim the job a message names (or its queue's more urgent one: ``_named_statement``)
-    in one statement: the claim or the verdict on it, as ``claim_next``; None when nothing
-    was plainly claimable (the job running, finished, not due, held, missing, needing its
-    own verdict, or under another claim's row lock, and no better job due), which the
-    engine's claim of a named job then decides (``jobs.engine.named_claim``)."""
-    aging = rules.aging_seconds()
-    params = [*_head(), aging, _int8(job_id), aging, aging, rules.SWAP_MARGIN]
-    params += start_params(worker, lease=lease, bound=bound)
-    return _claim(_named_statement(), params, worker)
 
 
 def _claim(sql: str, params: list, worker: str) -> Claim | None:

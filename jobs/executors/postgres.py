@@ -6,7 +6,7 @@ it is also one transaction and one commit. Every condition of the ORM's
 compare-and-swap is kept (version, owner, a live lease by the server's clock); a
 statement that matches no row changes nothing. The next-job claim, where the jobs
 table is the queue, is one statement too (``jobs.executors.pgclaim``, which uses this
-module's cursor and row reading); the claim of a job a message names is the engine's
+module's cursor and row reading); the claim of one named job is the engine's
 (``jobs.engine.named_claim``), whose admission is the same function
 (``jobs_flow_verdict_v1``, migration 0021).
 
@@ -52,7 +52,7 @@ from jobs.engine.plan import Claim, Plan, Result, Status
 from jobs.engine.refusals import refusal
 from jobs.executors import pgclaim
 from jobs.executors.pgsql import NOW, _compact, _cursor, _int8, _json, _q
-from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, Notice
+from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, JobStep, Notice
 
 log = logging.getLogger("jobs.executors")
 
@@ -81,15 +81,9 @@ def read_claim(job_id: int, attempt_id: int) -> Attempt | None:
 
 
 def claim(job_id: int, worker: str, *, lease: float, bound: int) -> Claim:
-    """The claim of a job a message names (django-q2's message brokers): one statement
-    when the job is plainly claimable (``pgclaim.claim_named``: claimed, or deferred by
-    the admission's verdict, decided once), else the engine's claim of a named job, which
-    records what the delivery was. (Where the jobs table is the queue no message names a
-    job: ``pgclaim.claim_next``.)"""
-    got = pgclaim.claim_named(job_id, worker, lease=lease, bound=bound)
-    if got is None or got.status == "passed":
-        return named_claim.claim(job_id, worker, lease=lease, bound=bound)
-    return got
+    """The claim of one named job (``jobs.engine.named_claim``: exactly that job, or why
+    not), the same on every database; a cluster's dequeue is ``pgclaim.claim_next``."""
+    return named_claim.claim(job_id, worker, lease=lease, bound=bound)
 
 
 @functools.cache
@@ -121,7 +115,13 @@ def held_while(job: Job, worker: str) -> RawSQL:
     return RawSQL(f"EXISTS ({sql})", params, output_field=models.BooleanField())
 
 
-_SKIP = {Artifact: "job_id", Effect: "job_id", Notice: "effect_id", EffectEvent: "effect_id"}
+_SKIP = {
+    Artifact: "job_id",
+    Effect: "job_id",
+    Notice: "effect_id",
+    EffectEvent: "effect_id",
+    JobStep: "job_id",
+}
 
 
 @functools.cache
@@ -172,6 +172,8 @@ def _rows_json(model: type[models.Model], objs: list, keys: list | None = None) 
             value = getattr(obj, attname)
             if value is None or type(value) is native or is_json:
                 pass  # as it is (a JSON column's value is its JSON)
+            elif model is Effect and attname == "next_attempt_at" and isinstance(value, Now):
+                value = None  # due now: the statement writes its own clock (``due_now``)
             elif isinstance(value, models.Expression | Now):
                 raise TypeError(f"{model.__name__}.{f.name}: expressions are not written here")
             elif isinstance(value, datetime):
@@ -199,6 +201,7 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> tuple[str, tupl
     # Rows of a table's own shape are read by its row type (jsonb_populate_recordset):
     # no column list, which keeps the text under psycopg's 4 KiB parse cache.
     artifact_t, effect_t = _q(Artifact._meta.db_table), _q(Effect._meta.db_table)
+    step_t = _q(JobStep._meta.db_table)
     user = get_user_model()
     pk = user._meta.pk
     admits = rules.to_sql(rules.account_admits(user), user, alias="u", quote=_q)
@@ -214,10 +217,11 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> tuple[str, tupl
         return ", ".join(_q(f.column) for f in _fields(model))
 
     ref = f"'{rules.NOTICE_REF_PREFIX}' || n.id"
-    effect_picks = ", ".join(
-        f"COALESCE({ref}, v.provider_ref)" if f.column == "provider_ref" else f"v.{_q(f.column)}"
-        for f in _fields(Effect)
-    )
+    # A pending effect is due now by the server's clock (its row's ``Now()``, which JSON
+    # cannot carry: written as null, the statement's clock is put in).
+    due_now = f"CASE WHEN v.state = 'pending' THEN COALESCE(v.next_attempt_at, {NOW}) END"
+    picks = {"provider_ref": f"COALESCE({ref}, v.provider_ref)", "next_attempt_at": due_now}
+    effect_picks = ", ".join(picks.get(f.column, f"v.{_q(f.column)}") for f in _fields(Effect))
     text = _compact(f"""
         WITH refused AS (
             SELECT r.id, CASE WHEN u.{_q(pk.column)} IS NULL THEN 'missing' ELSE 'refused' END
@@ -262,13 +266,30 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> tuple[str, tupl
             FROM jsonb_to_recordset(%s::jsonb) AS v({_record_type(EffectEvent, key=True)})
             JOIN effect e ON e.effect_id = v._key
             RETURNING id
+        ), step AS (
+            INSERT INTO {step_t} (job_id, {names(JobStep)})
+            SELECT job.id, {cols(JobStep)}
+            FROM job, jsonb_populate_recordset(NULL::{step_t}, %s::jsonb) AS v
+            ON CONFLICT DO NOTHING
         )
         SELECT (SELECT count(*) FROM job), (SELECT json_object_agg(id, why) FROM refused),
                (SELECT id FROM artifact),
                (SELECT json_object_agg(effect_id, id) FROM effect),
-               (SELECT json_object_agg(_key, id) FROM notice_row)
+               (SELECT json_object_agg(_key, id) FROM notice_row),
+               (SELECT pg_notify(%s, '') FROM job WHERE %s)
     """)
     return text, (admits, fence)
+
+
+@functools.cache
+def _release_channel() -> str:
+    """The channel of the default queue's clusters, which send the effects."""
+    from django_q.conf import Conf
+
+    from jobs.broker import channel_for
+    from jobs.queue import list_key
+
+    return channel_for(list_key(rules.DEFAULT_QUEUE) or Conf.CLUSTER_NAME)
 
 
 def publish(plan: Plan) -> Result:
@@ -320,9 +341,12 @@ def _publish_in_one(plan: Plan) -> Result:
     params.append(_keyed_json(Notice, plan.notices))
     params.append(_rows_json(Effect, list(plan.effects)))
     params.append(_keyed_json(EffectEvent, plan.events))
+    params.append(_rows_json(JobStep, list(plan.steps)))
+    # Effects left to a sender: the default queue's clusters are woken when this commits.
+    params += [_release_channel(), bool(plan.enqueues)]
     with _cursor() as cursor:
         cursor.execute(statement, params)
-        won, refused, artifact_id, effect_ids, notice_ids = cursor.fetchone()
+        won, refused, artifact_id, effect_ids, notice_ids, _woken = cursor.fetchone()
     if not won:
         if refused:
             why = {"missing": rules.ACCOUNT_MISSING, "refused": rules.ACCOUNT_REFUSED}

@@ -120,7 +120,6 @@ class EffectAdmin(LastErrorColumn, EngineAdmin):
                     "max_attempts",
                     "lease_owner",
                     "lease_expires_at",
-                    "enqueued_for",
                 ),
             },
         ),

@@ -302,7 +302,6 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
                     "max_attempts",
                     "lease_owner",
                     "lease_expires_at",
-                    "enqueued_for",
                     "last_error_class",
                     "last_error_code",
                     "last_error_detail",

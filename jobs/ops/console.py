@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from datetime import datetime, timedelta
 
-from django.db.models import Count, Exists, Max, OuterRef, Q
+from django.db.models import Count, Max, Q
 from django.db.models.functions import Now, TruncMinute
 from django.utils import timezone
 
@@ -71,36 +71,17 @@ def counts(model, states: list[str]) -> list[tuple[str, int]]:
 
 
 def queue_depth() -> tuple[int, int, int]:
-    """Messages in django-q2's queue table: all, taken by a cluster (locked), and sent
-    ahead for a job's due time (locked until then: their lock is a waiting job's
-    ``next_attempt_at`` to the microsecond, which a take's lock, taken + retry, is not)."""
+    """The queue's depth where the jobs table is the queue (``jobs.claiming``): waiting and
+    running jobs with django-q2's plain messages; running jobs (taken by a cluster) with the
+    taken (locked) messages; waiting jobs not yet due."""
     from django_q.models import OrmQ
 
-    from jobs import queue
-
-    if queue.claims_jobs():
-        return _table_queue_depth(OrmQ)
-    ahead = Exists(Job.objects.filter(rules.to_q(rules.WAITING), next_attempt_at=OuterRef("lock")))
-    figures = OrmQ.objects.annotate(ahead=ahead).aggregate(
-        total=Count("id"),
-        taken=Count("id", filter=Q(lock__gt=Now(), ahead=False)),
-        later=Count("id", filter=Q(lock__gt=Now(), ahead=True)),
-    )
-    return figures["total"], figures["taken"], figures["later"]
-
-
-def _table_queue_depth(messages) -> tuple[int, int, int]:
-    """The same three figures where the jobs table is the queue (``jobs.claiming``): waiting
-    and running jobs with the plain messages; running jobs (taken by a cluster) with the
-    locked messages; waiting jobs not yet due."""
     jobs = Job.objects.filter(rules.to_q(rules.WAITING) | Q(state=Job.State.RUNNING)).aggregate(
         total=Count("id"),
         taken=Count("id", filter=Q(state=Job.State.RUNNING)),
         later=Count("id", filter=rules.to_q(rules.WAITING) & Q(next_attempt_at__gt=Now())),
     )
-    plain = messages.objects.aggregate(
-        total=Count("id"), taken=Count("id", filter=Q(lock__gt=Now()))
-    )
+    plain = OrmQ.objects.aggregate(total=Count("id"), taken=Count("id", filter=Q(lock__gt=Now())))
     return (
         jobs["total"] + plain["total"],
         jobs["taken"] + plain["taken"],

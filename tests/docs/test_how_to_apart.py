@@ -39,5 +39,5 @@ def test_how_it_works__holds_them_and_is_linked():
     internals = _toctree("How it works (the internals)")
     assert internals[0] == "app/how-it-works"
     text = (DOCS / "app" / "how-it-works.md").read_text()
-    assert "SWAP_MARGIN" in text and "advisory lock" in text
+    assert "SKIP LOCKED" in text and "advisory lock" in text
     assert "how-it-works.md#which-job-a-claim-takes" in (DOCS / "app" / "scheduling.md").read_text()

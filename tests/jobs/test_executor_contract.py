@@ -167,9 +167,9 @@ def test_publish__both_executors_write_the_same_rows(scenario, monkeypatch):
         snapshots[forced], used_by[forced] = snapshot(job), used
     assert snapshots["postgres"] == snapshots["orm"]
     assert used_by["orm"][-1] == "orm:won"
-    if mail:  # a queue message is not something the statement writes
-        assert used_by["postgres"] == ["orm:won"]
-    elif deactivate_last:  # refused in the statement, then built again and published there
+    # An effect left to a sender (the mail one) goes in the statement too: its wake-up is
+    # the statement's NOTIFY, not a queue message.
+    if deactivate_last:  # refused in the statement, then built again and published there
         assert used_by["postgres"] == ["postgres:accounts_refused", "postgres:won"]
         assert used_by["orm"] == ["orm:accounts_refused", "orm:won"]
     else:
@@ -303,43 +303,48 @@ CLAIM_SCENARIOS = {
         4,
         ["duplicate", "duplicate", "buried", "claimed"],
     ),
-    # The claim's order (docs/app/scheduling.md). "~x": the delivery named one job and
-    # claimed (or deferred) job x of its queue instead.
-    "priority: a higher job takes a named low job's delivery, equals keep their own": (
-        [],
-        [("a", "", ""), ("b", "", ""), ("c", "", "prio:10")],
-        4,
-        ["claimed~c", "claimed", "claimed~a"],
-    ),
-    "aging: a low job that waited 13 levels outranks a fresh high one, 10.5 does not": (
-        [],
-        [("b", "", "prio:10"), ("a", "", "aged:10.5"), ("c", "", "aged:13")],
-        4,
-        ["claimed~c", "claimed", "claimed~b"],
-    ),
-    "queues: a delivery takes only a job of the named job's queue": (
-        [],
-        [("a", "", "prio:-5"), ("b", "", "queue:reports"), ("c", "", "queue:reports,prio:50")],
-        4,
-        ["claimed", "claimed~c", "claimed~b"],
-    ),
     "own verdict: an expired lease and a spent budget keep their delivery": (
         [],
         [("a", "", "expired"), ("b", "", "spent"), ("c", "", "prio:10")],
         4,
         ["claimed", "buried", "claimed"],
     ),
-    "the chosen job held by its tenant's rule: deferred, the named one claimed next": (
-        [("tenant:t1", {"concurrency": 1})],
-        [("a", "t1", "running"), ("b", "t2", ""), ("c", "t1", "prio:10")],
-        4,
-        ["deferred:flow_concurrency@tenant:t1~c", "claimed", "duplicate"],
-    ),
     "queue concurrency: queue:default at 1": (
         [("queue:default", {"concurrency": 1})],
         [("a", "", ""), ("b", "", ""), ("c", "", "queue:reports")],
         4,
         ["claimed", "deferred:flow_concurrency@queue:default", "claimed"],
+    ),
+}
+
+
+# The next-job claim (a cluster's dequeue, ``pgclaim.claim_next`` / ``ormclaim.claim_next``):
+# each line claims the next job of the queue of the job at its place; "~x": job x was
+# taken (docs/app/scheduling.md: effective priority, then due time); "none": nothing due.
+NEXT_CLAIM_SCENARIOS = {
+    "priority: the higher job first, equals in due order": (
+        [],
+        [("a", "", ""), ("b", "", ""), ("c", "", "prio:10")],
+        4,
+        ["claimed~c", "claimed~a", "claimed~b"],
+    ),
+    "aging: a low job that waited 13 levels outranks a fresh high one, 10.5 too": (
+        [],
+        [("b", "", "prio:10"), ("a", "", "aged:10.5"), ("c", "", "aged:13")],
+        4,
+        ["claimed~c", "claimed~a", "claimed~b"],
+    ),
+    "queues: a claim takes only a job of its queue": (
+        [],
+        [("a", "", "prio:-5"), ("b", "", "queue:reports"), ("c", "", "queue:reports,prio:50")],
+        4,
+        ["claimed~a", "claimed~c", "claimed~b"],
+    ),
+    "the best job held by its tenant's rule: deferred, the next claim takes another": (
+        [("tenant:t1", {"concurrency": 1})],
+        [("a", "t1", "running"), ("b", "t2", ""), ("c", "t1", "prio:10")],
+        4,
+        ["deferred:flow_concurrency@tenant:t1~c", "claimed~b", "none"],
     ),
 }
 
@@ -388,10 +393,12 @@ def _prepare(setup: str, job: Job) -> None:
         Job.objects.filter(pk=job.pk).update(next_attempt_at=Now() + timedelta(seconds=FAR))
 
 
-def _run_claims(name: str, executor: str, settings, caplog) -> dict:
-    """Set the scenario up afresh, claim every job once in order through ``executor``,
-    and return every row it left, by meaning."""
-    rules_spec, jobs_spec, bound, _ = CLAIM_SCENARIOS[name]
+def _run_claims(name: str, executor: str, settings, caplog, *, next_claim: bool = False) -> dict:
+    """Set the scenario up afresh, claim every job once in order through ``executor`` (by
+    name, or ``next_claim``: its queue's next job), and return every row it left, by
+    meaning."""
+    scenarios = NEXT_CLAIM_SCENARIOS if next_claim else CLAIM_SCENARIOS
+    rules_spec, jobs_spec, bound, _ = scenarios[name]
     Job.objects.filter(kind=CLAIM_KIND).delete()
     FlowRule.objects.all().delete()
     for scope, options in rules_spec:
@@ -408,21 +415,32 @@ def _run_claims(name: str, executor: str, settings, caplog) -> dict:
         _prepare(setup, job)
         created.append(job)
     chosen = executors.by_name(executor)
+    if next_claim:
+        from jobs.executors import ormclaim, pgclaim
+
+        claims = pgclaim if executor == "postgres" else ormclaim
     outcomes, taken = [], []
     for job in created:
         before = dict(FlowRule.objects.values_list("scope", "next_free_at"))
         caplog.clear()
         with caplog.at_level("INFO", logger="jobs.transitions"):
-            got = chosen.claim(job.pk, f"w-{executor}", lease=30.0, bound=bound)
+            if next_claim:
+                queue = Job.objects.get(pk=job.pk).queue
+                got = claims.claim_next(queue, f"w-{executor}", lease=30.0, bound=bound)
+            else:
+                got = chosen.claim(job.pk, f"w-{executor}", lease=30.0, bound=bound)
         after = dict(FlowRule.objects.values_list("scope", "next_free_at"))
         taken.append(sorted(s for s in after if after[s] != before.get(s)))
+        if got is None:
+            outcomes.append("none")
+            continue
         outcome = got.status
         if got.status == "deferred":
             # The scope that held it, as the engine's log line names it for operators.
             (line,) = [r.getMessage() for r in caplog.records if "arrow=defer" in r.getMessage()]
             scope = line.split("scope=", 1)[1].split()[0]
             outcome = f"deferred:{got.attempt.error_code}@{scope}"
-        if got.job is not None and got.job.pk != job.pk:
+        if got.job is not None and (next_claim or got.job.pk != job.pk):
             outcome += f"~{got.job.subject_id}"
         outcomes.append(outcome)
     jobs = [
@@ -441,6 +459,17 @@ def test_claim__both_executors_write_the_same_rows(name, settings, caplog):
     expected = CLAIM_SCENARIOS[name][3]
     on_postgres = _run_claims(name, "postgres", settings, caplog)
     on_orm = _run_claims(name, "orm", settings, caplog)
+    assert on_postgres["outcomes"] == expected, on_postgres
+    assert on_orm == on_postgres
+
+
+@pytest.mark.parametrize("name", list(NEXT_CLAIM_SCENARIOS))
+def test_next_claim__both_executors_take_the_same_jobs_in_the_same_order(name, settings, caplog):
+    """The one queue's dequeue on both executors: the same jobs, the same verdicts, every
+    row the same (the named claim never swaps: it takes exactly its job)."""
+    expected = NEXT_CLAIM_SCENARIOS[name][3]
+    on_postgres = _run_claims(name, "postgres", settings, caplog, next_claim=True)
+    on_orm = _run_claims(name, "orm", settings, caplog, next_claim=True)
     assert on_postgres["outcomes"] == expected, on_postgres
     assert on_orm == on_postgres
 

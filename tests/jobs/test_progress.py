@@ -1,6 +1,7 @@
 """``ctx.progress``: stored on the job, fenced by owner like a heartbeat, at most one write a
-second (the last call of a second is written by the next call or when the handler
-returns), read back by ``handle.progress``; a long or multi-line note is refused."""
+second counted from the claim (the last call of a second is written by the next call
+after it, or with the publish), read back by ``handle.progress``; a long or multi-line
+note is refused."""
 
 from __future__ import annotations
 
@@ -85,13 +86,9 @@ def test_progress__at_most_a_write_a_second_the_last_call_written_at_the_end(fak
     handle = jobs.request(KIND, ("test", 1), params=job.params)
     assert handle.progress is None
     assert run_delivery(job.pk, worker="w1").outcome == Attempt.Outcome.SUCCEEDED
-    # Writes at 0 s, 1 s and 2 s; step 11 (2.2 s) was kept and written as the handler returned.
-    assert [(done, note) for done, note, _ in fake_clock] == [
-        (0, "step 0"),
-        (5, "step 5"),
-        (10, "step 10"),
-        (11, "step 11"),
-    ]
+    # The claim at 0 s counts as the first word: writes at 1 s and 2 s; step 11 (2.2 s) was
+    # kept and written with the publish (its job update, not a progress write of its own).
+    assert [(done, note) for done, note, _ in fake_clock] == [(5, "step 5"), (10, "step 10")]
     progress = handle.progress
     assert (progress.done, progress.total, progress.note) == (11, 100, "step 11")
     assert progress.fraction == pytest.approx(0.11)
@@ -102,7 +99,7 @@ def test_progress__at_most_a_write_a_second_the_last_call_written_at_the_end(fak
 @pytest.mark.django_db(transaction=True)
 def test_progress__a_stale_workers_progress_is_refused(fake_clock):
     """Another worker reclaimed the job: this one's next write fails its fence."""
-    job = _job(2, [[0, 1, "one"], [0.5, 0, "@reclaim"], [1.5, 2, "two"]])
+    job = _job(2, [[1.0, 1, "one"], [1.5, 0, "@reclaim"], [2.5, 2, "two"]])
     result = run_delivery(job.pk, worker="w1")
     assert result.outcome == Attempt.Outcome.LEASE_LOST
     assert SEEN["raised"] == "LeaseLost"
@@ -113,7 +110,7 @@ def test_progress__a_stale_workers_progress_is_refused(fake_clock):
 
 @pytest.mark.django_db(transaction=True)
 def test_progress__after_a_cancel_the_handler_stops(fake_clock):
-    job = _job(3, [[0, 1, "one"], [0.1, 0, "@cancel"], [1.5, 2, "two"]])
+    job = _job(3, [[1.0, 1, "one"], [1.1, 0, "@cancel"], [2.5, 2, "two"]])
     assert run_delivery(job.pk, worker="w1").outcome == Attempt.Outcome.CANCELLED
     assert SEEN["raised"] == "JobCancelled"
     job.refresh_from_db()
@@ -122,7 +119,7 @@ def test_progress__after_a_cancel_the_handler_stops(fake_clock):
 
 @pytest.mark.django_db(transaction=True)
 def test_progress__past_the_kinds_timeout_raises_the_timeout(fake_clock):
-    job = _job(4, [[0, 1, "one"], [6, 2, "two"]], kind=TIMED)
+    job = _job(4, [[1.0, 1, "one"], [6, 2, "two"]], kind=TIMED)
     assert run_delivery(job.pk, worker="w1").outcome == Attempt.Outcome.RETRY
     assert SEEN["raised"] == "JobTimeout"
     job.refresh_from_db()

@@ -15,6 +15,7 @@ import pytest
 
 import jobs
 from jobs import identity
+from jobs.delivery import steps as steps_module
 from jobs.delivery.runner import claim_for, run_delivery
 from jobs.delivery.steps import OUTPUT_MAX_BYTES
 from jobs.models import Artifact, Attempt, Effect, Job, JobStep
@@ -118,9 +119,11 @@ def test_step__the_job_page_lists_each_step_with_its_attempt(make_user, admin_cl
     assert f"job-{identity.job_key(job)}-r1-step-expensive" not in page  # outputs stay off the page
 
 
-def test_step__a_stale_worker_cannot_record_its_step_or_publish(make_user, settings):
+def test_step__a_stale_worker_cannot_record_its_step_or_publish(make_user, settings, monkeypatch):
     """Worker A pauses inside step 2 after its outside call; its lease runs out; B claims,
-    reuses step 1, runs step 2 and publishes; then A goes on: refused, nothing written."""
+    reuses step 1, runs step 2 and publishes; then A goes on: refused, nothing written.
+    (Each step is recorded at its end here, as a step of a second's work is.)"""
+    monkeypatch.setattr(steps_module, "RIDE_SECONDS", 0.0)
     settings.JOBS_LEASE_SECONDS = 30
     user = make_user()
     job = _job(user, "stale")
@@ -148,9 +151,10 @@ def test_step__a_stale_worker_cannot_record_its_step_or_publish(make_user, setti
     assert Effect.objects.filter(job=job).count() == 1
 
 
-def test_step__a_stale_workers_output_is_refused_while_the_new_owner_works(make_user):
+def test_step__a_stale_workers_output_is_refused_while_the_new_owner_works(make_user, monkeypatch):
     """B has claimed and not reached the step yet when A, whose lease ran out, finishes
     the step's fn: A's output is not recorded (the fence, not the unique row, refuses it)."""
+    monkeypatch.setattr(steps_module, "RIDE_SECONDS", 0.0)  # step 1 recorded at its end
     user = make_user()
     job = _job(user, "fence")
     seen = {}
@@ -177,7 +181,8 @@ def test_step__a_cancel_during_a_step_records_nothing_and_ends_cancelled(make_us
     assert result.outcome == Attempt.Outcome.CANCELLED
     job.refresh_from_db()
     assert job.state == Job.State.CANCELLED
-    assert list(JobStep.objects.filter(job=job).values_list("name", flat=True)) == ["render"]
+    # "render" was waiting for the next fenced write, which never came: nothing recorded.
+    assert not JobStep.objects.filter(job=job).exists()
     assert not Artifact.objects.filter(job=job).exists()
     assert not Effect.objects.filter(job=job).exists()
 
@@ -197,10 +202,40 @@ def test_step__an_output_that_cannot_be_stored_fails_once_naming_the_step(bad):
 
 def test_step__fn_may_run_again_when_the_attempt_dies_before_the_record(make_user):
     """The uncooperative case: the worker dies (a signal, SIGKILL) after step 2's fn
-    returned and before its record. Nothing was recorded, so the next attempt runs the fn
-    again, with the same step key: "fn may run more than once; the record is once"."""
+    returned and before its record. Both quick steps were waiting for the next fenced
+    write (``steps.RIDE_SECONDS``), so the next attempt runs both fns again, with the same
+    step keys: "fn may run more than once; the record is once"."""
     user = make_user()
     job = _job(user, "crash")
+
+    def die_after_fn(stage, ctx):
+        if stage == "step_done:expensive" and ctx.job.attempts == 1:
+            raise Crash(stage)
+
+    with pytest.raises(Crash):
+        run_delivery(job.pk, worker="w-1", on_stage=die_after_fn)
+    assert not JobStep.objects.filter(job=job).exists()
+    expire_lease(Job.objects.get(pk=job.pk))
+    assert run_delivery(job.pk, worker="w-2").outcome == Attempt.Outcome.SUCCEEDED
+    assert RUNS["crash", "render"] == 2
+    assert RUNS["crash", "expensive"] == 2, "the fn ran again: its first output was never recorded"
+    assert sorted(JobStep.objects.filter(job=job).values_list("name", flat=True)) == [
+        "expensive",
+        "render",
+    ]
+
+
+def test_step__work_over_a_second_is_recorded_at_the_step_and_survives_a_crash(
+    make_user, monkeypatch
+):
+    """A step whose work (since the first unrecorded step began) reached ``RIDE_SECONDS``
+    is recorded at its end by a fenced write of its own: a crash in the next step redoes
+    only that step (the ride is made 0 s here, as if render had taken a second)."""
+    from jobs.delivery import steps
+
+    monkeypatch.setattr(steps, "RIDE_SECONDS", 0.0)
+    user = make_user()
+    job = _job(user, "slow_crash")
 
     def die_after_fn(stage, ctx):
         if stage == "step_done:expensive" and ctx.job.attempts == 1:
@@ -211,13 +246,7 @@ def test_step__fn_may_run_again_when_the_attempt_dies_before_the_record(make_use
     assert list(JobStep.objects.filter(job=job).values_list("name", flat=True)) == ["render"]
     expire_lease(Job.objects.get(pk=job.pk))
     assert run_delivery(job.pk, worker="w-2").outcome == Attempt.Outcome.SUCCEEDED
-    assert RUNS["crash", "render"] == 1
-    assert RUNS["crash", "expensive"] == 2, "the fn ran again: its first output was never recorded"
-    steps = {s.name: s for s in JobStep.objects.filter(job=job)}
-    assert (steps["expensive"].attempt, steps["expensive"].worker) == (2, "w-2")
-    assert steps["expensive"].output == {"key": f"job-{identity.job_key(job)}-r1-step-expensive"}
-    assert Artifact.objects.filter(job=job).count() == 1
-    assert Effect.objects.filter(job=job).count() == 1
+    assert (RUNS["slow_crash", "render"], RUNS["slow_crash", "expensive"]) == (1, 2)
 
 
 def test_step__no_step_starts_past_the_kinds_timeout(make_user):
@@ -262,26 +291,33 @@ def test_step__the_first_attempt_gets_the_value_a_later_attempt_reads_back():
 def test_step__a_database_error_in_the_record_is_a_retry_not_a_lost_lease(make_user, monkeypatch):
     """The record's transaction fails after its swap (the database went away mid-insert):
     both are rolled back, the attempt is recorded as a temporary failure against the
-    version the row still has, and the retry reuses step 1 and runs step 2 again."""
+    version the row still has, and step 2's output, kept, is recorded by the retry's own
+    fenced arrow: the retry reuses both steps."""
     from django.db import OperationalError
 
+    from jobs.delivery import steps
+
+    monkeypatch.setattr(steps, "RIDE_SECONDS", 0.0)  # each step recorded at its end
     user = make_user()
     job = _job(user, "db_error")
-    real = JobStep.objects.get_or_create
+    real = steps.write
     failures = ["expensive"]
 
-    def flaky(**kwargs):
-        if kwargs["name"] in failures:
-            failures.remove(kwargs["name"])
+    def flaky(rows):
+        if any(row.name in failures for row in rows):
+            failures.clear()
             raise OperationalError("server closed the connection unexpectedly")
-        return real(**kwargs)
+        return real(rows)
 
-    monkeypatch.setattr(JobStep.objects, "get_or_create", flaky)
+    monkeypatch.setattr(steps, "write", flaky)
     first = run_delivery(job.pk, worker="w-1")
     assert first.outcome == Attempt.Outcome.RETRY, first.outcome
     job.refresh_from_db()
     assert job.state == Job.State.RETRY_WAIT and job.last_error_class == "temporary"
-    assert list(JobStep.objects.filter(job=job).values_list("name", flat=True)) == ["render"]
+    assert sorted(JobStep.objects.filter(job=job).values_list("name", flat=True)) == [
+        "expensive",
+        "render",
+    ]
     make_due(job)
     assert run_delivery(job.pk, worker="w-2").outcome == Attempt.Outcome.SUCCEEDED
-    assert (RUNS["db_error", "render"], RUNS["db_error", "expensive"]) == (1, 2)
+    assert (RUNS["db_error", "render"], RUNS["db_error", "expensive"]) == (1, 1)

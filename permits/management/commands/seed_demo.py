@@ -119,7 +119,6 @@ class Command(BaseCommand):
                 "output_revision": DEMO_REVISION,
                 "tenant_key": permit.tenant.key,
                 "next_attempt_at": EPOCH,
-                "enqueued_for": EPOCH,
                 "created_at": EPOCH,
             },
         )
