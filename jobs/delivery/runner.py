@@ -52,6 +52,7 @@ class JobContext:
         self._on_stage = on_stage
         self._lease_extended_at = time.monotonic()  # the claim just set a full lease
         self._owner_checked = False
+        self._owner_seen_at = time.monotonic()  # the claim (its adoption read) saw it held
         self.timeout: float | None = None  # the kind's, once the handler runs
         self._deadline = math.inf  # monotonic: past it, the next check raises JobTimeout
         self._stopped = False  # the worker's hard stop fired (``_time_limit``)
@@ -85,6 +86,7 @@ class JobContext:
         if not owner:
             self._lost("is no longer held by this worker")
         self._owner_checked = True
+        self._owner_seen_at = time.monotonic()
 
     def read(self, queryset: QuerySet[M]) -> list[M]:
         """Read ``queryset``'s rows only while this worker still holds the job: the owner
@@ -98,6 +100,7 @@ class JobContext:
         rows = list(queryset.filter(self._held()))
         if rows:
             self._owner_checked = True
+            self._owner_seen_at = time.monotonic()
         else:
             self.check_owner()
         return rows

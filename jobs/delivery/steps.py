@@ -63,6 +63,7 @@ class JobContext(Protocol):
     _steps: dict[str, JobStep] | None  # the job's recorded steps, read once an attempt
     _pending_steps: dict[str, JobStep]  # done by this attempt, riding on the next write
     _pending_since: float  # monotonic: when the first of them started
+    _owner_seen_at: float  # monotonic: the last read or write that found the job held
 
     def stage(self, name: str) -> None: ...
     def check_owner(self) -> None: ...
@@ -102,9 +103,12 @@ def run(
         ctx.stage(f"step_reused:{name}")
         return row.output
     # Past the kind's timeout no step starts (a done one above is still returned: it
-    # costs nothing); then no step starts for a job this worker no longer holds.
+    # costs nothing); then no step starts for a job this worker was not seen to hold in
+    # the last RIDE_SECONDS (a fenced read, a check, a fenced write, the claim): a stale
+    # worker's quick step inside that second cannot be recorded anyway (the fence).
     ctx._check_time()
-    ctx.check_owner()
+    if time.monotonic() - max(ctx._owner_seen_at, ctx._lease_extended_at) >= RIDE_SECONDS:
+        ctx.check_owner()
     started = timezone.now()
     if row is not None and lookup is not None:
         # Begun by an attempt that did not finish: its call may have been done.
@@ -152,6 +156,8 @@ def run(
 def _recorded(ctx: JobContext) -> dict[str, JobStep]:
     """The job's recorded steps, read at the attempt's first step: while this worker holds
     the job no other can record one (the fence), so the read stays true."""
+    if ctx._steps is None and ctx.job.attempts == 1 and getattr(ctx, "attempt", None):
+        ctx._steps = {}  # the job's first claim: no attempt before it could record one
     if ctx._steps is None:
         ctx._steps = {s.name: s for s in JobStep.objects.filter(job_id=ctx.job.pk)}
     return ctx._steps
