@@ -190,6 +190,26 @@ def _keyed_json(model: type[models.Model], pairs) -> str:
     return _rows_json(model, [row for _, row in pairs], keys=[key for key, _ in pairs])
 
 
+def _cols(model: type[models.Model], prefix: str = "v.") -> str:
+    """A model's written columns as ``prefix``-ed references, in ``_fields`` order."""
+    return ", ".join(prefix + _q(f.column) for f in _fields(model))
+
+
+def _names(model: type[models.Model]) -> str:
+    """A model's written columns, in ``_fields`` order."""
+    return ", ".join(_q(f.column) for f in _fields(model))
+
+
+def _steps_insert() -> str:
+    """The publish's insert of the durable steps that rode on it (``jobs.delivery.steps``)."""
+    step_t = _q(JobStep._meta.db_table)
+    return (
+        f"INSERT INTO {step_t} (job_id, {_names(JobStep)}) SELECT job.id, {_cols(JobStep)} "
+        f"FROM job, jsonb_populate_recordset(NULL::{step_t}, %s::jsonb) AS v "
+        "ON CONFLICT DO NOTHING"
+    )
+
+
 @functools.cache
 def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> tuple[str, tuple]:
     """The publish, one text for every job (so the server plans it once per connection).
@@ -201,7 +221,6 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> tuple[str, tupl
     # Rows of a table's own shape are read by its row type (jsonb_populate_recordset):
     # no column list, which keeps the text under psycopg's 4 KiB parse cache.
     artifact_t, effect_t = _q(Artifact._meta.db_table), _q(Effect._meta.db_table)
-    step_t = _q(JobStep._meta.db_table)
     user = get_user_model()
     pk = user._meta.pk
     admits = rules.to_sql(rules.account_admits(user), user, alias="u", quote=_q)
@@ -209,13 +228,6 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> tuple[str, tupl
     sets = ["version = version + 1", f"updated_at = {NOW}"]
     for name, clock in changes:
         sets.append(f"{_q(Job._meta.get_field(name).column)} = {NOW if clock else '%s'}")
-
-    def cols(model, prefix="v."):
-        return ", ".join(prefix + _q(f.column) for f in _fields(model))
-
-    def names(model):
-        return ", ".join(_q(f.column) for f in _fields(model))
-
     ref = f"'{rules.NOTICE_REF_PREFIX}' || n.id"
     # A pending effect is due now by the server's clock (its row's ``Now()``, which JSON
     # cannot carry: written as null, the statement's clock is put in).
@@ -242,36 +254,31 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> tuple[str, tupl
             WHERE id = %s AND EXISTS (SELECT 1 FROM job)
             RETURNING id
         ), artifact AS (
-            INSERT INTO {artifact_t} (job_id, {names(Artifact)})
-            SELECT job.id, {cols(Artifact)}
+            INSERT INTO {artifact_t} (job_id, {_names(Artifact)})
+            SELECT job.id, {_cols(Artifact)}
             FROM job, jsonb_populate_recordset(NULL::{artifact_t}, %s::jsonb) AS v
             RETURNING id
         ), notice_row AS MATERIALIZED (
             SELECT v.*, nextval(pg_get_serial_sequence('{Notice._meta.db_table}', 'id')) AS id
             FROM job, jsonb_to_recordset(%s::jsonb) AS v({_record_type(Notice, key=True)})
         ), effect AS (
-            INSERT INTO {effect_t} (job_id, {names(Effect)})
+            INSERT INTO {effect_t} (job_id, {_names(Effect)})
             SELECT job.id, {effect_picks}
             FROM job, jsonb_populate_recordset(NULL::{effect_t}, %s::jsonb) AS v
             LEFT JOIN notice_row n ON n._key = v.effect_id
             RETURNING id, effect_id
         ), notice AS (
-            INSERT INTO {_q(Notice._meta.db_table)} (id, effect_id, {names(Notice)})
-            SELECT n.id, e.id, {cols(Notice, "n.")}
+            INSERT INTO {_q(Notice._meta.db_table)} (id, effect_id, {_names(Notice)})
+            SELECT n.id, e.id, {_cols(Notice, "n.")}
             FROM notice_row n JOIN effect e ON e.effect_id = n._key
             RETURNING effect_id, id
         ), event AS (
-            INSERT INTO {_q(EffectEvent._meta.db_table)} (effect_id, {names(EffectEvent)})
-            SELECT e.id, {cols(EffectEvent)}
+            INSERT INTO {_q(EffectEvent._meta.db_table)} (effect_id, {_names(EffectEvent)})
+            SELECT e.id, {_cols(EffectEvent)}
             FROM jsonb_to_recordset(%s::jsonb) AS v({_record_type(EffectEvent, key=True)})
             JOIN effect e ON e.effect_id = v._key
             RETURNING id
-        ), step AS (
-            INSERT INTO {step_t} (job_id, {names(JobStep)})
-            SELECT job.id, {cols(JobStep)}
-            FROM job, jsonb_populate_recordset(NULL::{step_t}, %s::jsonb) AS v
-            ON CONFLICT DO NOTHING
-        )
+        ), step AS ({_steps_insert()})
         SELECT (SELECT count(*) FROM job), (SELECT json_object_agg(id, why) FROM refused),
                (SELECT id FROM artifact),
                (SELECT json_object_agg(effect_id, id) FROM effect),
