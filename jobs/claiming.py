@@ -213,6 +213,7 @@ class Claiming:
         self._busy = False  # the last dequeue handed out work
         self._full_since = (-1, 0.0)  # (count, monotonic) while every worker is busy
         self._quiet_wake = False  # the last wait ended by its timeout, nothing else
+        self.handed_early = False  # the last dequeue returned before filling every worker
 
     @property
     def queues(self) -> list[str]:
@@ -292,6 +293,7 @@ class Claiming:
 
     def _fill(self, idle: int) -> list[tuple[int, str]]:
         tasks: list[tuple[int, str]] = []
+        self.handed_early = False
         jobs_left, plain_left = True, True
         while len(tasks) < idle and (jobs_left or plain_left):
             self._turn += 1
@@ -311,6 +313,12 @@ class Claiming:
                     break
             if got is not None:
                 tasks.append(got)
+                if not self._busy and len(tasks) < idle:
+                    # Woken from idle: this one goes to a worker now; django-q2's pusher
+                    # calls again at once for the other idle workers (two statements
+                    # later, not before it).
+                    self.handed_early = True
+                    break
         if tasks:
             in_hand, _r, _w = _make_shared()
             with in_hand.get_lock():

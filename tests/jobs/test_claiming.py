@@ -66,8 +66,14 @@ def broker(queues: tuple[str, ...] = ("default",)) -> claiming.ClaimingBroker:
 
 
 def take(b: claiming.ClaimingBroker) -> list[dict]:
-    """One dequeue, unpacked as django-q2's pusher does."""
-    return [{**SignedPackage.loads(payload), "ack_id": ack} for ack, payload in b.dequeue() or []]
+    """What django-q2's pusher takes at one wake, unpacked as it does: a dequeue, and the
+    next ones at once while the broker handed a claim over before filling every idle
+    worker (woken from idle, the first claim goes to its worker at once)."""
+    got = []
+    while True:
+        got += [{**SignedPackage.loads(p), "ack_id": ack} for ack, p in b.dequeue() or []]
+        if not b.handed_early:
+            return got
 
 
 def run(task: dict) -> str:
