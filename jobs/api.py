@@ -26,7 +26,7 @@ from django.db import IntegrityError, models, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from jobs import bulk, conf, failures, registry
+from jobs import bulk, conf, failures, registry, telemetry
 from jobs.engine import job_machine
 from jobs.exceptions import JobError, PayloadInvalid
 from jobs.models import Artifact, Effect, Job
@@ -187,6 +187,7 @@ def _obtain(
                 "enqueued_for": Now() if run_after is None else None,
                 "created_at": now,
                 "updated_at": now,
+                "trace_context": telemetry.request_traceparent(),
             },
         )
         if created and run_after is None:
@@ -357,6 +358,7 @@ class JobHandle:
         )
 
 
+@telemetry.traced_request
 def request(
     kind: str,
     subject: models.Model | tuple[str, str | int],
