@@ -262,8 +262,19 @@ def publish(fn, args, kwargs):
         effects = fn(*args, **kwargs)
         span.set_attribute("jobs.published", effects is not None)
         if effects is not None:
-            span.set_attribute("jobs.effects", len(effects))
+            _published(span, args[0].job, effects)
         return effects
+
+
+def _published(span: trace.Span, job, effects: list) -> None:
+    """Effects applied in the publish's own transaction (in-app notices) have no release
+    span: counted here."""
+    applied = [e for e in effects if e.state == "applied"]
+    span.set_attributes(
+        {"jobs.effects": len(effects), "jobs.effects.applied_with_publish": len(applied)}
+    )
+    for effect in applied:
+        _add("effects_applied", {"provider": effect.provider, **_labels(job)})
 
 
 def step(fn, args, kwargs):

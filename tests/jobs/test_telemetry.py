@@ -188,3 +188,22 @@ def test_telemetry__hooks_resolve_once_to_a_cached_boolean(monkeypatch):
     monkeypatch.setattr(telemetry, "_active", None)
     assert [telemetry.active() for _ in range(3)] == [False] * 3
     assert calls == [1]
+
+
+@pytest.mark.urls("tests.testapp.urls")
+def test_metrics__figures_per_kind_provider_and_tenant(client, make_user):
+    user = make_user()
+    job = new_job(user, tenant="t9")
+    deliver(job.pk, worker="w1")
+    deliver(job.pk, worker="w2")  # a duplicate delivery: recorded, nothing else
+    client.force_login(make_user(is_staff=True, is_superuser=True))
+    text = client.get("/metrics").content.decode()
+    # Prometheus' text sorts the labels by name.
+    kind, tenant = 'kind="test.steps"', 'tenant="t9"'
+    assert f'jobs_kind_deliveries_total{{{kind},outcome="succeeded",{tenant}}} 1.0' in text
+    assert f"jobs_kind_duplicate_deliveries_total{{{kind},{tenant}}} 1.0" in text
+    assert f'jobs_effects_applied_total{{{kind},provider="inapp",{tenant}}} 1.0' in text
+    assert 'jobs_provider_duplicate_effects{provider="inapp"} 0.0' in text
+    assert "# TYPE jobs_stale_attempts_total counter" in text
+    assert "# TYPE jobs_releases_withheld_total counter" in text
+    assert "# TYPE jobs_effects_suppressed_total counter" in text
