@@ -10,11 +10,12 @@ Two figures, in one process each (absent runs in a child with ``opentelemetry`` 
    (in-memory exporter, ``SimpleSpanProcessor``) and counts every instrument, except
    the attempt's one UPDATE of ``Job.trace_context`` (no database here; part 2 has it).
 2. same work: real jobs (``test.steps``: claim, artifact, publish, one in-app notice)
-   on an in-memory SQLite database, ms per job and the ratio to absent.
+   on an in-memory SQLite database, artifacts on tmpfs: CPU ms per job of this
+   process, and the ratio to absent.
 
 In-process; each mode runs in ``--rounds`` children, alternating, and the medians are
-printed: the same-work figure includes the artifact's fsync, so a busy disk moves it
-far more than the hooks do (compare modes of one run).
+printed. Both figures are this process's CPU time (``process_time``), so other work on
+the machine moves them less than wall time; compare modes of one run.
 """
 
 from __future__ import annotations
@@ -35,10 +36,17 @@ def _setup() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
     os.environ.pop("DATABASE_URL", None)
     sys.path.insert(0, ROOT)
+    import tempfile
+
     import django
 
     django.setup()
+    from django.conf import settings
     from django.db import connection
+
+    # Artifacts on tmpfs where there is one: the disk's fsync would drown the figure.
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    settings.STORAGES["artifacts"]["OPTIONS"]["location"] = tempfile.mkdtemp(dir=shm)
 
     connection.creation.create_test_db(verbosity=0)
     import logging
@@ -118,16 +126,19 @@ def hooks(mode: str, n: int) -> float:
     one_job = _hook_set(telemetry)
     for _ in range(min(n, 500)):
         one_job()
-    began = time.perf_counter_ns()
-    for i in range(n):
-        one_job()
-        if mode == "on" and i % 1000 == 999:
-            exporter.clear()
-    return (time.perf_counter_ns() - began) / n
+    best = float("inf")
+    for _ in range(5):  # the best of five: the machine's other work only adds
+        began = time.process_time_ns()
+        for i in range(n):
+            one_job()
+            if mode == "on" and i % 1000 == 999:
+                exporter.clear()
+        best = min(best, (time.process_time_ns() - began) / n)
+    return best
 
 
 def same_work(mode: str, n: int) -> float:
-    """ms per real job (request, delivery, publish, in-app notice) on SQLite in memory."""
+    """CPU ms per real job (request, delivery, publish, in-app notice), SQLite in memory."""
     import jobs
     from jobs import telemetry
     from jobs.delivery.runner import run_delivery
@@ -151,10 +162,10 @@ def same_work(mode: str, n: int) -> float:
 
     for i in range(20):  # warm-up: imports, caches, statements
         run(n + i)
-    began = time.perf_counter()
+    began = time.process_time()  # this process's CPU: other processes' load stays out
     for i in range(n):
         run(i)
-    return (time.perf_counter() - began) * 1000 / n
+    return (time.process_time() - began) * 1000 / n
 
 
 def child(args) -> None:
