@@ -33,6 +33,7 @@ from django.db.models import Count, QuerySet
 
 from jobs import conf, registry, rules, services, telemetry
 from jobs.engine import effect_machine
+from jobs.exceptions import JobError
 from jobs.models import Effect, Job
 from jobs.ops import causes
 
@@ -194,7 +195,10 @@ def _job(job: Job, operator: str, note: str, dry_run: bool) -> str:
 
 
 def _effect(effect: Effect, operator: str, note: str, dry_run: bool) -> str:
-    provider = registry.get_provider(effect.provider)
+    try:
+        provider = registry.get_provider(effect.provider)
+    except JobError:  # a provider no longer registered: nobody could send it
+        return "skipped"
     if (
         effect.state == Effect.State.NEEDS_REVIEW
         and provider.supports_lookup

@@ -207,3 +207,26 @@ def test_metrics__figures_per_kind_provider_and_tenant(client, make_user):
     assert "# TYPE jobs_stale_attempts_total counter" in text
     assert "# TYPE jobs_releases_withheld_total counter" in text
     assert "# TYPE jobs_effects_suppressed_total counter" in text
+
+
+def test_telemetry__gauges_read_circuits_and_duplicate_effects_from_the_tables(otel, make_user):  # noqa: F811
+    from jobs.models import FlowRule
+
+    deliver(new_job(make_user()).pk)
+    FlowRule.objects.create(scope="provider:webhook", circuit_state="open")
+    assert telemetry.register_gauges()
+    circuit = otel.counts("jobs.provider_circuit")
+    assert circuit[(("provider", "webhook"), ("state", "open"))] == 1
+    assert circuit[(("provider", "webhook"), ("state", "closed"))] == 0
+    assert otel.counts("jobs.duplicate_effects") == {(("provider", "inapp"),): 0}
+
+
+def test_telemetry__a_redrive_is_counted(otel, make_user):  # noqa: F811
+    from jobs.ops import redrive
+    from tests.jobs.ops.test_redrive import inapp_effects, stuck
+
+    stuck(inapp_effects(make_user, 2))
+    group = redrive.Filter("effect", "test.steps", "needs_review", "transport", "inapp")
+    redrive.redrive(group, operator="op", user_id=make_user().pk)
+    counted = otel.counts("jobs.redriven")
+    assert counted == {(("outcome", "redriven"), ("target", "effect")): 2}
