@@ -1,6 +1,6 @@
 """What jobs.telemetry costs per job: OpenTelemetry absent, installed but off, and on.
 
-    .venv/bin/python -m bench.telemetry [--jobs 300] [--hooks 20000]
+    .venv/bin/python -m bench.telemetry [--block 25] [--blocks 9] [--hooks 20000]
 
 Two figures, in one process each (absent runs in a child with ``opentelemetry`` hidden):
 
@@ -9,13 +9,15 @@ Two figures, in one process each (absent runs in a child with ``opentelemetry`` 
    nothing, so the figure is the hooks' own cost; "on" records every span with the SDK
    (in-memory exporter, ``SimpleSpanProcessor``) and counts every instrument, except
    the attempt's one UPDATE of ``Job.trace_context`` (no database here; part 2 has it).
+   Absent is a child with ``opentelemetry`` hidden.
 2. same work: real jobs (``test.steps``: claim, artifact, publish, one in-app notice)
-   on an in-memory SQLite database, artifacts on tmpfs: CPU ms per job of this
-   process, and the ratio to absent.
+   on an in-memory SQLite database, artifacts on tmpfs: CPU ms per job, the three modes
+   interleaved in blocks in one process (absent emulated by putting the undecorated
+   functions back, which is what the decorators leave without the API), and the ratio
+   to absent.
 
-In-process; each mode runs in ``--rounds`` children, alternating, and the medians are
-printed. Both figures are this process's CPU time (``process_time``), so other work on
-the machine moves them less than wall time; compare modes of one run.
+Both figures are the process's CPU time (``process_time``), so other work on the machine
+moves them less than wall time; compare modes of one run.
 """
 
 from __future__ import annotations
@@ -137,35 +139,73 @@ def hooks(mode: str, n: int) -> float:
     return best
 
 
-def same_work(mode: str, n: int) -> float:
-    """CPU ms per real job (request, delivery, publish, in-app notice), SQLite in memory."""
-    import jobs
+# The engine's decorated boundaries: "unwrapped" puts the plain functions back, which is
+# what an absent API leaves (the decorators return them unchanged).
+BOUNDARIES = [
+    ("jobs.api", "request"),
+    ("jobs.delivery.runner", "run_claim"),
+    ("jobs.delivery.runner", "_publish"),
+    ("jobs.delivery.steps", "run"),
+    ("jobs.delivery.release", "release"),
+    ("jobs.delivery.release", "send_claimed"),
+    ("jobs.delivery.release", "_look_up"),
+]
+
+
+def _switch(mode: str, wrapped: dict, sdk) -> None:
+    """Put this process in ``mode``: unwrapped (as absent), off, or on (the SDK)."""
+    import importlib
+
     from jobs import telemetry
+
+    for (module, name), fn in wrapped.items():
+        plain = getattr(fn, "__wrapped__", fn) if mode == "unwrapped" else fn
+        setattr(importlib.import_module(module), name, plain)
+    if mode == "on":
+        telemetry.configure(tracer_provider=sdk)
+    else:
+        telemetry.configure()
+
+
+def same_work(n: int, rounds: int) -> dict[str, float]:
+    """CPU ms per real job (request, delivery, publish, in-app notice, SQLite in memory)
+    in each mode, interleaved in this one process: blocks of ``n`` jobs, ``rounds`` blocks
+    per mode in rotating order, the median block per mode."""
+    import importlib
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from jobs import api
     from jobs.delivery.runner import run_delivery
 
-    if mode == "on":
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    exporter = InMemorySpanExporter()
+    sdk = TracerProvider()
+    sdk.add_span_processor(SimpleSpanProcessor(exporter))
+    wrapped = {(m, f): getattr(importlib.import_module(m), f) for m, f in BOUNDARIES}
+    counter = iter(range(10**9))
 
-        exporter = InMemorySpanExporter()
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-        telemetry.configure(tracer_provider=provider)
-    elif mode == "off":
-        telemetry.configure()
-    offset = {"absent": 0, "off": 10**6, "on": 2 * 10**6}[mode]
-
-    def run(i: int) -> None:
-        handle = jobs.request("test.steps", ("auth.user", offset + i), params={"recipients": [1]})
+    def run() -> None:
+        handle = api.request("test.steps", ("auth.user", next(counter)), params={"recipients": [1]})
         assert run_delivery(handle.id, worker="bench").outcome == "succeeded"
 
-    for i in range(20):  # warm-up: imports, caches, statements
-        run(n + i)
-    began = time.process_time()  # this process's CPU: other processes' load stays out
-    for i in range(n):
-        run(i)
-    return (time.process_time() - began) * 1000 / n
+    modes = ["unwrapped", "off", "on"]
+    blocks: dict[str, list[float]] = {m: [] for m in modes}
+    for mode in modes:  # warm-up: imports, caches, statements
+        _switch(mode, wrapped, sdk)
+        for _ in range(20):
+            run()
+    for r in range(rounds):
+        for mode in modes[r % 3 :] + modes[: r % 3]:
+            _switch(mode, wrapped, sdk)
+            began = time.process_time()  # this process's CPU: other load stays out
+            for _ in range(n):
+                run()
+            blocks[mode].append((time.process_time() - began) * 1000 / n)
+            exporter.clear()
+    _switch("off", wrapped, sdk)
+    return {m: statistics.median(b) for m, b in blocks.items()}
 
 
 def child(args) -> None:
@@ -178,56 +218,59 @@ def child(args) -> None:
     from jobs import telemetry
 
     assert (args.mode != "absent") == telemetry.AVAILABLE
-    print(
-        json.dumps(
-            {
-                "mode": args.mode,
-                "hooks_ns": hooks(args.mode, args.hooks),
-                "job_ms": same_work(args.mode, args.jobs),
-            }
-        )
-    )
+    out: dict = {"mode": args.mode}
+    if args.mode == "absent":
+        out["hooks_ns"] = {"absent": hooks("absent", args.hooks)}
+    else:
+        out["hooks_ns"] = {"off": hooks("off", args.hooks)}
+        out["job_ms"] = same_work(args.block, args.blocks)  # before "on" patches otel
+        out["hooks_ns"]["on"] = hooks("on", args.hooks)
+    print(json.dumps(out))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=300)
+    parser.add_argument("--block", type=int, default=25, help="jobs per block")
+    parser.add_argument("--blocks", type=int, default=9, help="blocks per mode")
     parser.add_argument("--hooks", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=3, help="children per mode, alternating")
-    parser.add_argument("--mode", choices=["absent", "off", "on"], help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=["absent", "installed"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mode:
         return child(args)
-    runs: dict[str, list[dict]] = {"absent": [], "off": [], "on": []}
-    sizes = ["--jobs", str(args.jobs), "--hooks", str(args.hooks)]
-    for _ in range(args.rounds):  # alternating: a busy spell of the machine hits every mode
-        for mode in runs:
-            out = subprocess.run(
-                [sys.executable, "-m", "bench.telemetry", "--mode", mode, *sizes],
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    rows = [
-        {
-            "mode": mode,
-            "hooks_ns": statistics.median(r["hooks_ns"] for r in got),
-            "job_ms": statistics.median(r["job_ms"] for r in got),
-        }
-        for mode, got in runs.items()
-    ]
-    print(f"median of {args.rounds} children per mode; {args.jobs} jobs, {args.hooks} hook runs")
-    base = rows[0]
-    print(f"{'OTel':<8}{'hooks/job':>12}{'job (same work)':>18}{'ratio':>8}")
-    for r in rows:
-        ratio = r["job_ms"] / base["job_ms"]
-        print(f"{r['mode']:<8}{r['hooks_ns'] / 1000:>10.2f}us{r['job_ms']:>16.2f}ms{ratio:>8.3f}")
+    got = {}
+    for mode in ("absent", "installed"):
+        sizes = [
+            "--block",
+            str(args.block),
+            "--blocks",
+            str(args.blocks),
+            "--hooks",
+            str(args.hooks),
+        ]
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.telemetry", "--mode", mode, *sizes],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        got[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    hooks_ns = {**got["absent"]["hooks_ns"], **got["installed"]["hooks_ns"]}
+    job = got["installed"]["job_ms"]
+    print(f"hooks alone, CPU per job (best of 5 x {args.hooks}):")
+    for mode in ("absent", "off", "on"):
+        print(f"  {mode:<10}{hooks_ns[mode] / 1000:>10.2f} us")
     print(
-        f"off vs absent: hooks {rows[1]['hooks_ns'] - base['hooks_ns']:+.0f} ns/job; "
-        f"on: {rows[2]['hooks_ns'] / 1000:.1f} us/job of hooks, "
-        f"{rows[2]['job_ms'] - base['job_ms']:+.2f} ms/job same work"
+        f"same work, CPU ms per job (median of {args.blocks} blocks of {args.block}, "
+        "interleaved in one process):"
+    )
+    for mode, label in (("unwrapped", "absent"), ("off", "off"), ("on", "on")):
+        ratio = job[mode] / job["unwrapped"]
+        print(f"  {label:<10}{job[mode]:>10.2f} ms  x{ratio:.3f}")
+    print(
+        f"off vs absent: {hooks_ns['off'] - hooks_ns['absent']:+.0f} ns/job of hooks, "
+        f"same work x{job['off'] / job['unwrapped']:.3f}; on: "
+        f"{hooks_ns['on'] / 1000:.0f} us/job of hooks, {job['on'] - job['unwrapped']:+.2f} ms/job"
     )
 
 
