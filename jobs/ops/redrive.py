@@ -250,7 +250,11 @@ def _audit(result: Result, operator: str, user_id: int | None) -> int | None:
     from django.contrib.contenttypes.models import ContentType
 
     model = Job if result.filter.target == JOB else Effect
-    words = f"Redrive: {result.filter.words()}"
+    # The lists' "Recent bulk actions" show the repr: the counts first, then the group.
+    words = (
+        f"Redrive: {result.redriven} redriven, {result.found_applied} found applied, "
+        f"{result.skipped} skipped of {result.filter.words()}"
+    )
     entry = LogEntry.objects.create(
         user_id=user_id,
         content_type=ContentType.objects.get_for_model(model, for_concrete_model=False),
