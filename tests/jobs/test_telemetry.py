@@ -230,3 +230,32 @@ def test_telemetry__a_redrive_is_counted(otel, make_user):  # noqa: F811
     redrive.redrive(group, operator="op", user_id=make_user().pk)
     counted = otel.counts("jobs.redriven")
     assert counted == {(("outcome", "redriven"), ("target", "effect")): 2}
+
+
+def test_telemetry__a_release_found_by_lookup_is_a_suppressed_send(otel, webhook, make_user):  # noqa: F811
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs.tasks import release_effect
+    from tests.providers.conftest import notify_job
+
+    webhook.faults.stall = 1.0  # applied, never answered: the ledger says unknown
+    job = notify_job(make_user())
+    deliver(job.pk, worker="w1")
+    webhook.faults.stall = 0.0
+    effect = Effect.objects.get(job=job)
+    assert effect.state == Effect.State.UNKNOWN
+    Effect.objects.filter(pk=effect.pk).update(
+        next_attempt_at=timezone.now() - timedelta(seconds=1)
+    )
+
+    assert release_effect(effect.pk) == Effect.State.APPLIED
+    release = otel.spans("jobs.release")[-1]
+    (lookup,) = otel.spans("jobs.lookup")
+    assert lookup.parent.span_id == release.context.span_id
+    assert lookup.attributes["jobs.lookup.found"] is True
+    assert release.attributes["jobs.outcome_class"] == "found"
+    suppressed = otel.counts("jobs.effects_suppressed")
+    labels = {"provider": "webhook", "kind": job.kind, "tenant": job.tenant_key, "by": "lookup"}
+    assert suppressed == {tuple(sorted(labels.items())): 1}
