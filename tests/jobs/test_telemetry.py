@@ -259,3 +259,12 @@ def test_telemetry__a_release_found_by_lookup_is_a_suppressed_send(otel, webhook
     suppressed = otel.counts("jobs.effects_suppressed")
     labels = {"provider": "webhook", "kind": job.kind, "tenant": job.tenant_key, "by": "lookup"}
     assert suppressed == {tuple(sorted(labels.items())): 1}
+
+
+def test_telemetry__a_duplicate_delivery_is_counted_apart(otel, make_user):  # noqa: F811
+    job = new_job(make_user(), tenant="t3")
+    deliver(job.pk, worker="w1")
+    deliver(job.pk, worker="w2")  # the job is finished: recorded, nothing else
+    labels = (("kind", "test.steps"), ("tenant", "t3"))
+    assert otel.counts("jobs.duplicate_deliveries") == {labels: 1}
+    assert len(otel.spans("jobs.attempt")) == 1, "a duplicate delivery is no attempt"
