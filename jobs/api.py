@@ -26,7 +26,7 @@ from django.db import IntegrityError, models, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from jobs import conf, failures, registry
+from jobs import conf, failures, registry, telemetry
 from jobs.engine import job_machine
 from jobs.exceptions import JobError, PayloadInvalid
 from jobs.models import Artifact, Effect, Job
@@ -186,6 +186,7 @@ def _obtain(
                 "next_attempt_at": Now() if run_after is None else run_after,
                 "created_at": now,
                 "updated_at": now,
+                "trace_context": telemetry.request_traceparent(),
             },
         )
         if created:
@@ -355,6 +356,7 @@ class JobHandle:
         )
 
 
+@telemetry.traced_request
 def request(
     kind: str,
     subject: models.Model | tuple[str, str | int],

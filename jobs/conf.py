@@ -153,6 +153,18 @@ SETTINGS: tuple[Setting, ...] = (
         "Send budget of an effect (enforced at its claim); spent: needs_review or failed.",
     ),
     Setting(
+        "JOBS_REDRIVE_MAX",
+        500,
+        "Most rows one redrive (console or manage.py jobs_redrive) takes; the rest of a "
+        "group waits for the next one (docs/operations.md, Redrive).",
+    ),
+    Setting(
+        "JOBS_TELEMETRY",
+        True,
+        "OpenTelemetry spans and instruments when opentelemetry-api is installed and a "
+        "tracer or meter provider is configured (docs/app/observability.md); False: never.",
+    ),
+    Setting(
         "JOBS_PROVIDER_SLOT_WAIT_SECONDS",
         2.0,
         "How long a sender waits for one of a provider's in-flight slots before the "

@@ -136,6 +136,8 @@ class Job(models.Model):
         help_text="how this child counted in its group ('' until it ended)",
     )
     result = models.JSONField(null=True, blank=True, help_text="small JSON; references only")
+    # W3C traceparents: the request's span and the last attempt's (jobs.telemetry).
+    trace_context = models.CharField(max_length=120, blank=True, default="", db_default="")
 
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)

@@ -150,6 +150,12 @@ OPERATOR_SOURCES: dict[str, tuple[str, ...]] = {
     "mark_sent": (E.NEEDS_REVIEW,),
     "send_again": (E.NEEDS_REVIEW,),
 }
+# Where a redrive of a group starts (jobs.ops.redrive): dead jobs (the requeue's arrow);
+# effects with a known refusal or an unknown outcome (effect_machine.redrive).
+REDRIVE_SOURCES: dict[str, tuple[str, ...]] = {
+    "job": (S.DEAD,),
+    "effect": (E.FAILED, E.NEEDS_REVIEW),
+}
 
 # The owner fence of a worker's own writes: the version it read, its name on the lease,
 # and at least ``margin`` seconds of lease left by the server's clock.

@@ -20,7 +20,7 @@ import time
 
 from django.db import transaction
 
-from jobs import conf, flow, registry, rules
+from jobs import conf, flow, registry, rules, telemetry
 from jobs.delivery import policy
 from jobs.engine import effect_machine
 from jobs.engine.plan import Hold
@@ -35,6 +35,7 @@ class _LostSend(Exception):
     """Our sending lease was taken over while the transactional apply ran."""
 
 
+@telemetry.traced_claim_send
 def release(effect: Effect, worker: str) -> str:
     """Recheck authorization and deliver one effect; returns the state it ended in.
 
@@ -49,6 +50,7 @@ def release(effect: Effect, worker: str) -> str:
     return send_claimed(effect, worker, prior)
 
 
+@telemetry.traced_release
 def send_claimed(effect: Effect, worker: str, prior: str) -> str:
     """Deliver an effect ``worker`` has leased (``claim_send``; ``prior``: its state before);
     returns the state it ended in, as ``release``."""
@@ -131,6 +133,7 @@ def send_claimed(effect: Effect, worker: str, prior: str) -> str:
     return outcome
 
 
+@telemetry.traced_lookup
 def _look_up(provider, effect: Effect, worker: str) -> str | None:
     """The provider's reference for the effect's key, or None when the send should go on:
     the provider never saw the key, or it turned out to have no lookup (today's rule)."""

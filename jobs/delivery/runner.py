@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from django.db.models import Expression, Model, QuerySet
 
-from jobs import artifacts, clock, conf, executors, failures, identity, registry
+from jobs import artifacts, clock, conf, executors, failures, identity, registry, telemetry
 from jobs.delivery import publish, steps
 from jobs.engine import groups, job_machine
 from jobs.engine.plan import Claim
@@ -71,6 +71,7 @@ class JobContext:
 
     def stage(self, name: str) -> None:
         """Mark a stage; test hooks and drills pause or fail here."""
+        telemetry.stage(name)
         if self._on_stage is not None:
             self._on_stage(name, self)
 
@@ -302,6 +303,7 @@ def run_adopted(
     return run_claim(claim, owner, on_stage=on_stage)
 
 
+@telemetry.traced_attempt
 def run_claim(claim: Claim, worker: str, *, on_stage: StageHook | None = None) -> DeliveryResult:
     """Produce and publish the job ``claim`` started for ``worker``."""
     job, attempt = claim.job, claim.attempt
@@ -428,6 +430,7 @@ def _lost(ctx: JobContext, why: str) -> DeliveryResult:
     return DeliveryResult(job.pk, Outcome.LEASE_LOST, worker)
 
 
+@telemetry.traced_publish
 def _publish(ctx: JobContext, output: registry.Output) -> list | None:
     """running → succeeded with the artifact row, the effects and the attempt's outcome.
 

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 from django.db import transaction
 from django.utils import timezone
 
+from jobs import telemetry
 from jobs.engine import job_machine
 from jobs.engine.publishing import write_steps as write
 from jobs.exceptions import PayloadInvalid
@@ -79,6 +80,7 @@ def key(job_key: str, revision: int, name: str) -> str:
     return f"job-{job_key}-r{revision}-step-{name}"
 
 
+@telemetry.traced_step
 def run(
     ctx: JobContext,
     name: str,

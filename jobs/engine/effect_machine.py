@@ -503,3 +503,33 @@ def mark_sent(effect: Effect, *, operator: str, note: str = "") -> bool:
         reason=f"marked sent by operator {operator}"[:300],
         lease_expires_at=None,
     )
+
+
+def redrive(effect: Effect, *, operator: str, note: str = "") -> bool:
+    """Operator (a redrive of a group, ``jobs.ops.redrive``): a failed or needs_review
+    effect back to pending under the same key, due through the ledger's own claim."""
+    if effect.state not in rules.REDRIVE_SOURCES["effect"]:
+        return False
+    return _resend(effect, operator, EffectEvent.Action.SEND_AGAIN, effect.state, note)
+
+
+def found_by_operator(effect: Effect, *, operator: str, ref: str, note: str = "") -> bool:
+    """Operator (a redrive): the provider's lookup says it applied the effect's key:
+    recorded as applied with its reference, and nothing is sent."""
+    if effect.state not in rules.REDRIVE_SOURCES["effect"]:
+        return False
+    return _operator_move(
+        effect,
+        operator,
+        EffectEvent.Action.LOOKUP,
+        enqueue=False,
+        code="found",
+        note=note,
+        state=State.APPLIED,
+        provider_ref=str(ref)[:200],
+        applied_at=Now(),
+        reason="",
+        lease_expires_at=None,
+        last_error_class="",
+        last_error_code="",
+    )

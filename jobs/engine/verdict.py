@@ -17,7 +17,7 @@ from datetime import timedelta
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
-from jobs import rules
+from jobs import rules, telemetry
 from jobs.engine import job_machine
 from jobs.engine.admission import admit
 from jobs.engine.plan import Claim, Hold
@@ -136,6 +136,7 @@ def _record(job: Job, worker: str, now, outcome: str, error_class="", error_code
 
 
 def _duplicate(job: Job, worker: str, now) -> Claim:
+    telemetry.duplicate_delivery(job)
     return Claim("duplicate", job, _record(job, worker, now, Outcome.DUPLICATE_DELIVERY))
 
 

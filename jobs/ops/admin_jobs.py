@@ -15,7 +15,7 @@ from django.utils.html import format_html, format_html_join
 from jobs.engine import groups
 from jobs.hooks import SUBJECTS, subject_labels
 from jobs.models import Artifact, Attempt, Effect, Job, JobEvent, JobGroup, JobStep
-from jobs.ops import causes, words
+from jobs.ops import causes, redrive_views, words
 from jobs.ops.admin_common import (
     EngineAdmin,
     LastErrorColumn,
@@ -354,7 +354,11 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
     def get_urls(self):
         """The operations console lives with the jobs list: no URL include needed for it."""
         dashboard = self.admin_site.admin_view(dashboard_view)
-        return [path("dashboard/", dashboard, name="jobs_job_dashboard"), *super().get_urls()]
+        return [
+            path("dashboard/", dashboard, name="jobs_job_dashboard"),
+            *redrive_views.urls(self.admin_site),
+            *super().get_urls(),
+        ]
 
     def has_operate_permission(self, request) -> bool:
         return request.user.has_perm("jobs.change_job")

@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from jobs import rules, stats
 from jobs.ops.flowview import scope_views
+from jobs.telemetry import figures
 
 
 class EngineCollector:
@@ -136,9 +137,69 @@ class FlowCollector:
         yield circuit
 
 
+class DetailCollector:
+    """The figures per kind, provider and tenant (``jobs.telemetry.figures``): what only
+    this engine knows, beside the totals above (docs/app/observability.md)."""
+
+    KIND = ["kind", "tenant"]
+    EFFECT = ["provider", "kind", "tenant"]
+
+    def collect(self):
+        deliveries = CounterMetricFamily(
+            "jobs_kind_deliveries",
+            "Deliveries that reached a worker, by kind, tenant and outcome",
+            labels=[*self.KIND, "outcome"],
+        )
+        duplicates = CounterMetricFamily(
+            "jobs_kind_duplicate_deliveries",
+            "Second deliveries of a claimed job (recorded, did nothing), by kind and tenant",
+            labels=self.KIND,
+        )
+        stale = CounterMetricFamily(
+            "jobs_stale_attempts",
+            "Attempts fenced out (their lease was lost: they published nothing)",
+            labels=self.KIND,
+        )
+        for (kind, tenant, outcome), n in sorted(figures.deliveries().items()):
+            deliveries.add_metric([kind, tenant, outcome], n)
+            if outcome == "duplicate_delivery":
+                duplicates.add_metric([kind, tenant], n)
+            elif outcome == "lease_lost":
+                stale.add_metric([kind, tenant], n)
+        yield from (deliveries, duplicates, stale)
+        yield self._family(
+            "jobs_effects_applied", "Effects applied at their provider", figures.effects_applied()
+        )
+        yield self._family(
+            "jobs_effects_suppressed",
+            "Effects whose send a lookup made unnecessary (the provider had applied the key)",
+            figures.effects_found_by_lookup(),
+        )
+        yield self._family(
+            "jobs_releases_withheld",
+            "Releases withheld by the authorization recheck",
+            figures.releases_withheld(),
+        )
+        by_provider = GaugeMetricFamily(
+            "jobs_provider_duplicate_effects",
+            "Effect identities recorded or applied more than once, by provider (must stay 0)",
+            labels=["provider"],
+        )
+        for provider, n in sorted(figures.duplicate_effects().items()):
+            by_provider.add_metric([provider], n)
+        yield by_provider
+
+    def _family(self, name: str, doc: str, rows: dict) -> CounterMetricFamily:
+        family = CounterMetricFamily(name, doc, labels=self.EFFECT)
+        for labels, n in sorted(rows.items()):
+            family.add_metric(list(labels), n)
+        return family
+
+
 def render() -> bytes:
     """The Prometheus text exposition of the engine's figures."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(EngineCollector())
     registry.register(FlowCollector())
+    registry.register(DetailCollector())
     return generate_latest(registry)

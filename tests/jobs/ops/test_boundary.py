@@ -23,6 +23,7 @@ ENTRY_POINTS = {
     "jobs.urls",
     "jobs.templatetags.jobs_console",
     "jobs.management.commands.jobs_limits",
+    "jobs.management.commands.jobs_redrive",
 }
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 600, 80
 
