@@ -272,6 +272,7 @@ def flow_ruled_q():
 
 # --- the claim's order (docs/app/scheduling.md) ------------------------------------------
 
+
 def aging_seconds() -> float:
     """Seconds of waiting that raise a job's effective priority by one level."""
     from jobs import conf
