@@ -87,6 +87,14 @@ SETTINGS: tuple[Setting, ...] = (
         "producer and accept only the published sha256).",
     ),
     Setting(
+        "JOBS_RETENTION_DAYS",
+        None,
+        "jobs_worker's maintenance round deletes the attempts and final effects of jobs "
+        "finished more than this many days ago, at most once an hour (None: never; "
+        "manage.py jobs_prune --older-than does it on demand; at least JOBS_PRUNE_MIN_DAYS, "
+        "check jobs.E041). Orphan files stay for jobs_prune: jobs_reconcile reads them first.",
+    ),
+    Setting(
         "JOBS_ORPHAN_GRACE_SECONDS",
         3600.0,
         "manage.py jobs_prune deletes artifact files named by no row only once they are "

@@ -1,9 +1,11 @@
-"""The maintenance round: schedule ticks and group joins an operator's edit left behind.
+"""The maintenance round: schedule ticks, group joins an operator's edit left behind, and
+retention.
 
 Due jobs, retries, expired leases and due effect releases are not its work: they are due
 times on their rows, claimed by the clusters (``jobs.claiming``) in due order. What is left
 here is what no row makes due by itself: the next tick of each periodic kind (one job per
-tick, ``jobs.schedules``) and the joins of groups whose children ended outside an arrow.
+tick, ``jobs.schedules``), the joins of groups whose children ended outside an arrow, and,
+with ``JOBS_RETENTION_DAYS`` set, the hourly prune of old history (``jobs.retention``).
 
 Run by ``manage.py jobs_worker``'s cluster (a django-q2 schedule, every minute) and,
 finer-grained, by the optional ``manage.py jobs_dispatcher``. Several may run at once:
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import logging
 
-from jobs import schedules
+from jobs import retention, schedules
 from jobs.engine import groups
 
 log = logging.getLogger("jobs.dispatch")
@@ -24,6 +26,7 @@ def dispatch_once() -> dict[str, int]:
     """Make the due ticks' jobs and the missed joins now; returns how many of each."""
     done = {"ticks": sum(handle.created for handle in schedules.fire_due())}
     done["group_ends"] = groups.sweep()
+    done["pruned"] = retention.prune_when_due()
     if any(done.values()):
         log.info("dispatch %s", " ".join(f"{k}={v}" for k, v in done.items()))
     return done

@@ -18,10 +18,13 @@ as well as the filesystem.
 
 from __future__ import annotations
 
+import math
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
+from django.core.checks import Error
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -40,6 +43,40 @@ def minimum_days() -> float:
         float(conf.get("JOBS_BACKOFF_CAP_SECONDS")),
     )
     return max(float(conf.get("JOBS_PRUNE_MIN_DAYS")), 100 * longest / 86400)
+
+
+# How often one process's maintenance round prunes (JOBS_RETENTION_DAYS): a prune that
+# finds nothing costs two index scans, and nothing gets old faster than an hour matters.
+PRUNE_EVERY_SECONDS = 3600.0
+_pruned_at = -math.inf  # monotonic: this process's last prune (the first round prunes)
+
+
+def prune_when_due() -> int:
+    """The maintenance round's retention: with ``JOBS_RETENTION_DAYS`` set, prune at most
+    once an hour in this process; returns how many rows went. Several hosts pruning at
+    once delete disjoint or no rows (each a plain DELETE of rows past the window)."""
+    global _pruned_at
+    days = conf.get("JOBS_RETENTION_DAYS")
+    if days is None or time.monotonic() - _pruned_at < PRUNE_EVERY_SECONDS:
+        return 0
+    _pruned_at = time.monotonic()
+    counts = prune(older_than_days=float(days))
+    return counts["attempts"] + counts["effects"]
+
+
+def check_retention_days(app_configs=None, **kwargs):
+    """``JOBS_RETENTION_DAYS`` is outside the redelivery safety window, or unset."""
+    days = conf.get("JOBS_RETENTION_DAYS")
+    if days is None or float(days) >= minimum_days():
+        return []
+    return [
+        Error(
+            f"JOBS_RETENTION_DAYS is {days}, inside the redelivery safety window "
+            f"({minimum_days():g} days)",
+            hint="Set it to at least that many days, or None to prune only with jobs_prune.",
+            id="jobs.E041",
+        )
+    ]
 
 
 def prune(*, older_than_days: float, dry_run: bool = False) -> dict[str, int]:
