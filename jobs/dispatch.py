@@ -21,6 +21,7 @@ from django.db import transaction
 from jobs import queue, rules, schedules
 from jobs.engine import groups
 from jobs.models import Effect, Job
+from jobs.reconcile import timeline
 from jobs.services import enqueue_effect, enqueue_job, mark_enqueued, needs_message
 
 log = logging.getLogger("jobs.dispatch")
@@ -33,6 +34,7 @@ def dispatch_once(*, limit: int = 500) -> dict[str, int]:
     sent["ticks"] = sum(handle.created for handle in schedules.fire_due())
     # Group children ended outside an arrow (an operator's edit): counted, joins requested.
     sent["group_ends"] = groups.sweep()
+    timeline.watch()  # issue 47: a promotion (new timeline) is reconciled once (jobs.reconcile)
     plans = [
         ("due_jobs", Job, rules.JOB_DUE, "next_attempt_at", enqueue_job),
         ("expired_leases", Job, rules.JOB_LEASE_EXPIRED, "lease_expires_at", enqueue_job),

@@ -139,6 +139,13 @@ class Job(models.Model):
         help_text="how this child counted in its group ('' until it ended)",
     )
     result = models.JSONField(null=True, blank=True, help_text="small JSON; references only")
+    # Set by jobs_reconcile (issue 47): a failover may have lost this job's rows while the
+    # outside world kept its sends, so each external effect is looked up before it is sent.
+    reconciled_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="jobs_reconcile found the outside world may have its effects: looked up first",
+    )
 
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
@@ -596,3 +603,22 @@ class ScheduleState(models.Model):
 
     def __str__(self) -> str:
         return f"schedule of {self.kind}: last tick {self.last_tick:%Y-%m-%dT%H:%M:%SZ}"
+
+
+class ReconcileMark(models.Model):
+    """The last database timeline ``jobs.reconcile`` reconciled after (issue 47).
+
+    A promotion moves PostgreSQL to a new timeline; the maintenance loop compares the
+    server's with this row and reconciles once per change, the CAS winner of many hosts."""
+
+    name = models.CharField(max_length=32, unique=True)
+    timeline = models.BigIntegerField(help_text="the timeline last reconciled after")
+    claimed_by = models.CharField(max_length=200, blank=True, default="")
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name}: timeline {self.timeline}"

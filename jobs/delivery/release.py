@@ -55,7 +55,8 @@ def send_claimed(effect: Effect, worker: str, prior: str) -> str:
     provider = registry.get_provider(effect.provider)
     if provider.transactional:
         return _release_transactional(effect, worker, provider)
-    unsure = prior in (State.UNKNOWN, State.SENDING)  # an earlier send may have landed
+    # An earlier send may have landed, or a failover lost its rows (jobs.reconcile, issue 47).
+    unsure = prior in (State.UNKNOWN, State.SENDING) or effect.job.reconciled_at is not None
     ask = unsure and provider.supports_lookup
     if prior == State.SENDING and not provider.supports_idempotency and not ask:
         # The last sender's lease ran out mid-call: the message may be out, and a

@@ -51,11 +51,11 @@ def test_jobs_reconcile_command__lists_them(make_user):
     assert run_delivery(lost.pk, worker="w-old-primary").outcome == "succeeded"
     lose_job(lost)
     out = StringIO()
-    call_command("jobs_reconcile", stdout=out)
+    call_command("jobs_reconcile", "--dry-run", stdout=out)
     assert f"lost job {lost.uid} kind=test-steps revision=1" in out.getvalue()
     assert out.getvalue().rstrip().endswith("lost jobs: 1")
     out = StringIO()
-    call_command("jobs_reconcile", "--json", stdout=out)
+    call_command("jobs_reconcile", "--json", "--dry-run", stdout=out)
     [entry] = json.loads(out.getvalue())["lost_jobs"]
     assert entry["job"] == str(lost.uid) and len(entry["objects"]) == 1
 
@@ -78,12 +78,14 @@ def test_unknown_keys__a_key_the_provider_accepted_for_a_lost_job(make_user, tmp
     assert (unknown.effect_id, unknown.job) == (lost_effect.effect_id, str(lost.uid))
 
     out = StringIO()
-    call_command("jobs_reconcile", "--provider-keys", str(export), stdout=out)
+    call_command("jobs_reconcile", "--dry-run", "--provider-keys", str(export), stdout=out)
     text = out.getvalue()
     assert f"accepted key {lost_effect.idempotency_key} effect={lost_effect.effect_id}" in text
     assert f"lost job {lost.uid}" in text
     assert text.rstrip().endswith("accepted keys not in the ledger: 1")
     out = StringIO()
-    call_command("jobs_reconcile", "--json", "--provider-keys", str(export), stdout=out)
+    call_command(
+        "jobs_reconcile", "--json", "--dry-run", "--provider-keys", str(export), stdout=out
+    )
     [entry] = json.loads(out.getvalue())["unknown_keys"]
     assert entry["job"] == str(lost.uid)
