@@ -1,19 +1,16 @@
 """Reconcile once after the database moved to a new timeline (a promotion, issue 47).
 
-PostgreSQL starts a new timeline whenever a standby is promoted (``SELECT timeline_id
-FROM pg_control_checkpoint()``). The maintenance loop (``jobs.dispatch.dispatch_once``)
-calls ``watch``: at most every ``CHECK_EVERY`` seconds per process it reads the server's
-timeline and compares it with the durable mark (``ReconcileMark``, a row in the same
-database, so the promoted server has the old primary's mark). The host whose
-compare-and-swap claims the change runs ``reconcile`` and moves the mark; a claim whose
-holder died runs out after ``CLAIM_SECONDS`` and another host takes it.
+PostgreSQL starts a new timeline whenever a standby is promoted (the current WAL file's
+name starts with it; ``pg_control_checkpoint()`` shows it only after the next
+checkpoint). The maintenance loop (``jobs.dispatch.dispatch_once``) calls ``watch``: at
+most every ``CHECK_EVERY`` seconds per process it reads the server's timeline and
+compares it with the durable mark (``ReconcileMark``, a row in the same database, so the
+promoted server has the old primary's mark). The host whose compare-and-swap claims the
+change runs ``reconcile`` and moves the mark; a claim whose holder died runs out after
+``CLAIM_SECONDS`` and another host takes it.
 
-Not on PostgreSQL, or without the right to read the control data (superuser or
-``pg_monitor``), there is no timeline: nothing happens (run ``jobs_reconcile`` by hand
+Not on PostgreSQL there is no timeline: nothing happens (run ``jobs_reconcile`` by hand
 after a failover). Never raises: maintenance goes on whatever happens here.
-
-Imports the reconcile machinery lazily: ``jobs.dispatch`` imports this module, and the
-request path that asking again uses imports the dispatcher's neighbours.
 """
 
 from __future__ import annotations
@@ -41,11 +38,18 @@ def server_timeline() -> int | None:
         return None
     try:
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute("SELECT timeline_id FROM pg_control_checkpoint()")
+            cursor.execute(_TIMELINE)
             row = cursor.fetchone()
     except DatabaseError:
         return None
-    return int(row[0]) if row and row[0] is not None else None
+    return int(row[0], 16) if row and row[0] else None
+
+
+# The timeline of the WAL being written now: the first 8 hex digits of its file's name.
+# ``pg_control_checkpoint()``'s timeline_id lags: a promoted server moves it only with its
+# first checkpoint after the promotion, which may be minutes later. Any role may ask
+# this; on a standby (no current WAL) it fails, and there is nothing to reconcile there.
+_TIMELINE = "SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)"
 
 
 def watch(*, worker: str = "") -> str:

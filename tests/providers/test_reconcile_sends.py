@@ -15,10 +15,10 @@ import time
 import pytest
 
 from jobs import reconcile
-from jobs.models import Effect, Job, JobEvent
+from jobs.models import Artifact, Effect, Job, JobEvent
 from jobs.providers.webhook import WebhookProvider
 from jobs.reconcile import ask_again
-from tests.jobs.helpers import deliver, lose_job, run_queued_effects
+from tests.jobs.helpers import deliver, lose_job, make_due, run_queued_effects
 from tests.providers.conftest import notify_job
 
 pytestmark = pytest.mark.django_db
@@ -107,10 +107,16 @@ def test_reconcile__an_existing_job_that_lost_its_publish_is_looked_up_first(mak
     sent = Effect.objects.get(job=job)
     # The standby had the request, not the publish: the job waits again, no ledger row.
     Effect.objects.filter(job=job).delete()
+    Artifact.objects.filter(job=job).delete()
     Job.objects.filter(pk=job.pk).update(state=Job.State.QUEUED, lease_owner="")
     report = reconcile.reconcile()
     assert report.lost == [] and report.marked == 1
     assert Job.objects.get(pk=job.pk).reconciled_at is not None
+    make_due(job)
+    deliver(job.pk, worker="w-new-primary")
+    effect = Effect.objects.get(job=job)
+    assert effect.state == State.APPLIED and effect.provider_ref == sent.provider_ref
+    assert posts(webhook, sent.idempotency_key) == 1, "looked up, not sent again"
 
 
 def test_webhook_accepted_since__lists_what_the_provider_applied(make_user, webhook):
