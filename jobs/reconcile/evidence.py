@@ -110,8 +110,18 @@ def _read_manifest(name: str | None) -> Manifest | None:
 
 def known_tokens(tokens: set[str]) -> set[str]:
     """The tokens (uids, or ids of jobs made before 0024) the database has a job for."""
-    rows = _jobs_of(tokens)
-    return {identity.job_key(job) for job in rows.only("pk", "uid", "keys_from_id")}
+    known: set[str] = set()
+    for chunk in _chunked(tokens):
+        rows = _jobs_of(chunk).only("pk", "uid", "keys_from_id")
+        known.update(identity.job_key(job) for job in rows)
+    return known
+
+
+def _chunked(tokens: set[str], size: int = 1000):
+    """A bucket of many jobs is asked about a thousand tokens a query."""
+    ordered = sorted(tokens)
+    for start in range(0, len(ordered), size):
+        yield set(ordered[start : start + size])
 
 
 def _jobs_of(tokens: set[str]):
@@ -132,7 +142,10 @@ def unsettled_jobs(tokens: set[str]) -> list[int]:
     """Ids of the jobs named by ``tokens`` that may have lost a publish or a ledger arrow:
     not finished, or with an effect not final. Their sends are looked up before any send
     (``Job.reconciled_at``): the provider may have had them before the failover."""
-    rows = _jobs_of(tokens).filter(reconciled_at__isnull=True)
+    found: list[int] = []
     open_effects = Effect.objects.exclude(state__in=Effect.FINAL).values("job_id")
-    rows = rows.filter(~Q(state__in=Job.TERMINAL) | Q(pk__in=open_effects))
-    return list(rows.values_list("pk", flat=True))
+    for chunk in _chunked(tokens):
+        rows = _jobs_of(chunk).filter(reconciled_at__isnull=True)
+        rows = rows.filter(~Q(state__in=Job.TERMINAL) | Q(pk__in=open_effects))
+        found += rows.values_list("pk", flat=True)
+    return found

@@ -177,3 +177,14 @@ def test_server_timeline__read_from_the_control_data():
         assert isinstance(found, int) and found >= 1
     else:
         assert found is None
+
+
+def test_reconcile__a_lost_job_asked_for_since_is_left_as_it_is(make_user):
+    user = make_user()
+    lost = new_job(user)
+    assert run_delivery(lost.pk, worker="w-old-primary").outcome == "succeeded"
+    lose_job(lost)
+    since = new_job(user)  # the same identity, asked for after the failover: a new uid
+    report = reconcile.reconcile(ask_providers=False)
+    assert report.outcomes[str(lost.uid)] == ("asked_already", since.pk)
+    assert Job.objects.count() == 1 and Job.objects.get().uid == since.uid
