@@ -132,3 +132,18 @@ def test_webhook_accepted_since__lists_what_the_provider_applied(make_user, webh
     assert WebhookProvider().accepted_since(time.time() + 60) == []
     webhook.faults.no_lookup = True
     assert WebhookProvider().accepted_since(before) is None, "a provider without a listing"
+
+
+def test_webhook_accepted_since__follows_the_pages(make_user, webhook, monkeypatch):
+    from jobs.testing import fakeprovider
+
+    monkeypatch.setattr(fakeprovider, "LIST_PAGE", 2)
+    user = make_user()
+    for subject in (1, 2, 3):
+        deliver(notify_job(user, subject=subject).pk, worker="w1")
+    accepted = WebhookProvider().accepted_since(0)
+    assert sorted(a.idempotency_key for a in accepted) == sorted(
+        Effect.objects.values_list("idempotency_key", flat=True)
+    )
+    listings = webhook.record.requests(path=fakeprovider.LIST_PATH)
+    assert len(listings) == 2, "a full page, then the rest"
