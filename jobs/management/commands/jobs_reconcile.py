@@ -63,7 +63,7 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"accepted key {u.idempotency_key} effect={u.effect_id or '-'}: not in the ledger"
             )
-        verb = "would be" if report.dry_run else "was"
+        verb = "would be" if report.dry_run else "were"
         for job in report.lost:
             made = "unknown" if job.made_at is None else job.made_at.isoformat()
             what, pk = report.outcomes.get(job.job, ("", None))
@@ -77,7 +77,10 @@ class Command(BaseCommand):
                 f"made={made} objects={len(job.objects)}{subject}: {what}"
                 + (f" (job {pk})" if pk else "")
             )
-        self.stdout.write(f"asked again: {report.asked_again} ({verb} marked: {report.marked})")
+        self.stdout.write(
+            f"asked again: {report.asked_again}; jobs that {verb} marked to look their sends "
+            f"up first: {report.marked}"
+        )
         self.stdout.write(f"lost jobs: {len(report.lost)}")
         if listed:
             self.stdout.write(f"accepted keys not in the ledger: {len(report.unknown)}")
