@@ -23,7 +23,7 @@ DRILL_WORKERS ?= 3
 # tests are deselected (CI turns their skip into a failure).
 SQLITE_TESTS ?= tests/jobs tests/permits/test_drill.py tests/docs/shop_example tests/docs/typed_example
 
-.PHONY: install install-runtime demo serve test test-main test-sqlite drills lint format clean bench soak schedule-drill docs package
+.PHONY: install install-runtime demo serve test test-main test-sqlite drills lint format clean bench soak schedule-drill failover-drill docs package
 
 $(VENV)/bin/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -94,6 +94,12 @@ schedule-drill: $(STAMP)
 ## make scaleout: 3 worker hosts, one PostgreSQL, an S3 server on loopback; one host killed.
 scaleout: $(STAMP)
 	$(PY) -m tests.chaos.scaleout $(SCALEOUT_ARGS)
+
+## make failover-drill: a PostgreSQL primary and streaming standby of its own (initdb,
+## pg_basebackup, promote; PG_BIN, default /usr/lib/postgresql/15/bin), three worker hosts,
+## the stand-in provider and S3 on moto; a synchronous and an asynchronous failover (issue 47).
+failover-drill: $(STAMP)
+	$(PY) -m tests.chaos.failover $(FAILOVER_ARGS)
 
 ## make docs: the documentation site from docs/ into var/docs/ (Sphinx + MyST), strict:
 ## a warning, a broken link or a broken reference fails it. Open var/docs/index.html.

@@ -38,7 +38,7 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import FileSystemStorage, Storage, storages
 from django.utils import timezone
 
-from jobs import conf, identity
+from jobs import conf, identity, manifests
 from jobs.exceptions import ArtifactCorrupt, ArtifactLost, StorageUnavailable
 from jobs.models import Artifact, Job
 
@@ -289,8 +289,12 @@ def store(job: Job, data: bytes, *, content_type: str, extension: str) -> Stored
     storage configured the same bytes are also created there (restores read it).
     """
     digest = sha256_hex(data)
+    storage = get_storage()
+    # First the job's identity (issue 47): any object of it in the storage can then be
+    # asked for again after a failover lost its row (``jobs.manifests``, once per job).
+    _create(storage, manifests.name_for(job), manifests.body_for(job))
     name, reused = _put(
-        get_storage(), storage_name_for(job, extension, digest), data, digest, job, extension
+        storage, storage_name_for(job, extension, digest), data, digest, job, extension
     )
     replica = get_replica_storage()
     if (

@@ -4,8 +4,9 @@ retention.
 Due jobs, retries, expired leases and due effect releases are not its work: they are due
 times on their rows, claimed by the clusters (``jobs.claiming``) in due order. What is left
 here is what no row makes due by itself: the next tick of each periodic kind (one job per
-tick, ``jobs.schedules``), the joins of groups whose children ended outside an arrow, and,
-with ``JOBS_RETENTION_DAYS`` set, the hourly prune of old history (``jobs.retention``).
+tick, ``jobs.schedules``), the joins of groups whose children ended outside an arrow,
+with ``JOBS_RETENTION_DAYS`` set the hourly prune of old history (``jobs.retention``), and
+a look at the database's timeline: a failover is reconciled once (``jobs.reconcile``).
 
 Run by ``manage.py jobs_worker``'s cluster (a django-q2 schedule, every minute) and,
 finer-grained, by the optional ``manage.py jobs_dispatcher``. Several may run at once:
@@ -18,6 +19,7 @@ import logging
 
 from jobs import retention, schedules
 from jobs.engine import groups
+from jobs.reconcile import timeline
 
 log = logging.getLogger("jobs.dispatch")
 
@@ -27,6 +29,7 @@ def dispatch_once() -> dict[str, int]:
     done = {"ticks": sum(handle.created for handle in schedules.fire_due())}
     done["group_ends"] = groups.sweep()
     done["pruned"] = retention.prune_when_due()
+    timeline.watch()  # issue 47: a promotion (new timeline) is reconciled once (jobs.reconcile)
     if any(done.values()):
         log.info("dispatch %s", " ".join(f"{k}={v}" for k, v in done.items()))
     return done

@@ -21,6 +21,9 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,9 +55,32 @@ def made_at(uid: uuid.UUID) -> datetime | None:
     return datetime.fromtimestamp((uid.int >> 80) / 1000, tz=UTC)
 
 
+# A lost job's uid that ``jobs_reconcile`` asks for again (``restoring``): taken by the
+# next row made in this context, once.
+_RESTORING: ContextVar[list[uuid.UUID] | None] = ContextVar("jobs_restoring_uid", default=None)
+
+
 def new_uid() -> uuid.UUID:
-    """``Job.uid``'s default: made once, when the row is made."""
+    """``Job.uid``'s default: made once, when the row is made (or the lost job's own,
+    once, inside ``restoring``)."""
+    pending = _RESTORING.get()
+    if pending:
+        return pending.pop()
     return uuid7()
+
+
+@contextmanager
+def restoring(uid: uuid.UUID) -> Iterator[None]:
+    """Let the next job row made in this context take ``uid``, a lost job's (issue 47).
+
+    For ``jobs.reconcile`` only: a job a failover lost is asked for again under the uid
+    the outside world knows it by (its objects, its notices' keys), so every key derives
+    as before. The uid's unique constraint still refuses a second row with it."""
+    token = _RESTORING.set([uid])
+    try:
+        yield
+    finally:
+        _RESTORING.reset(token)
 
 
 def job_key(job: Any) -> str:

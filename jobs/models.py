@@ -138,6 +138,13 @@ class Job(models.Model):
     result = models.JSONField(null=True, blank=True, help_text="small JSON; references only")
     # W3C traceparents: the request's span and the last attempt's (jobs.telemetry).
     trace_context = models.CharField(max_length=120, blank=True, default="", db_default="")
+    # Set by jobs_reconcile (issue 47): a failover may have lost this job's rows while the
+    # outside world kept its sends, so each external effect is looked up before it is sent.
+    reconciled_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="jobs_reconcile found the outside world may have its effects: looked up first",
+    )
 
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
@@ -579,18 +586,6 @@ class FlowRuleChange(models.Model):
         return f"{self.action} {self.scope} by {self.actor}"
 
 
-class ScheduleState(models.Model):
-    """The newest tick a periodic kind's schedule has requested (``jobs.schedules``).
-
-    Bookkeeping, moved forward by compare-and-swap: the tick's job identity is what makes
-    each tick one job, so a dispatcher that read this row stale only asks again."""
-
-    kind = models.CharField(max_length=64, unique=True)
-    last_tick = models.DateTimeField()
-    updated_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        ordering = ["kind"]
-
-    def __str__(self) -> str:
-        return f"schedule of {self.kind}: last tick {self.last_tick:%Y-%m-%dT%H:%M:%SZ}"
+# The maintenance round's own bookkeeping lives beside (Django registers models a models
+# module imports): ScheduleState (jobs.schedules), ReconcileMark (jobs.reconcile).
+from jobs.marks import ReconcileMark, ScheduleState  # noqa: E402, F401

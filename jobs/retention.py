@@ -29,7 +29,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs import artifacts, conf, identity
+from jobs import artifacts, conf, identity, manifests
 from jobs.models import Artifact, Attempt, Effect, Job
 
 
@@ -124,7 +124,11 @@ def orphans(*, older_than_seconds: float | None = None) -> list[str]:
     """Artifact files no row names, of no live job (older than the given age, if any)."""
     storage = artifacts.get_storage()
     named = set(Artifact.objects.values_list("storage_name", flat=True))
-    candidates = [name for name in _walk(storage, artifacts.FOLDER) if name not in named]
+    candidates = [
+        name
+        for name in _walk(storage, artifacts.FOLDER)
+        if name not in named and not manifests.is_manifest(name)  # identities: not orphans
+    ]
     live = _live_keys(candidates)
     cutoff = None
     if older_than_seconds is not None:
@@ -203,3 +207,36 @@ def _delete_if_orphan(storage, name: str) -> bool:
             return False  # a row written since the listing keeps its file
         storage.delete(name)
     return True
+
+
+def prune_manifests(*, dry_run: bool = False) -> int:
+    """Delete the identity manifests (``jobs.manifests``) of finished jobs older than
+    ``JOBS_ORPHAN_GRACE_SECONDS``; their count.
+
+    A manifest is what ``jobs_reconcile`` asks a lost job for again with, so one whose
+    job has no row (a failover lost it) or is live is kept; one of a finished job is
+    evidence no longer needed once the grace is over, like an orphan.
+    """
+    storage = artifacts.get_storage()
+    cutoff = timezone.now() - timedelta(seconds=conf.orphan_grace_seconds())
+    names = list(_walk(storage, manifests.FOLDER))
+    tokens = {t for t in map(_key_token, names) if t is not None}
+    ids = {int(t) for t in tokens if t.isdigit()}
+    uids = {uuid.UUID(t) for t in tokens if not t.isdigit()}
+    finished = Job.objects.filter(state__in=Job.TERMINAL).filter(
+        Q(pk__in=ids, keys_from_id=True) | Q(uid__in=uids)
+    )
+    done = {identity.job_key(job) for job in finished.only("pk", "uid", "keys_from_id")}
+    count = 0
+    for name in names:
+        if _key_token(name) not in done:
+            continue
+        try:
+            if storage.get_modified_time(name) >= cutoff:
+                continue
+        except (FileNotFoundError, OSError):
+            continue
+        if not dry_run:
+            storage.delete(name)
+        count += 1
+    return count

@@ -57,7 +57,8 @@ def send_claimed(effect: Effect, worker: str, prior: str) -> str:
     provider = registry.get_provider(effect.provider)
     if provider.transactional:
         return _release_transactional(effect, worker, provider)
-    unsure = prior in (State.UNKNOWN, State.SENDING)  # an earlier send may have landed
+    # An earlier send may have landed, or a failover lost its rows (jobs.reconcile, issue 47).
+    unsure = prior in (State.UNKNOWN, State.SENDING) or effect.job.reconciled_at is not None
     ask = unsure and provider.supports_lookup
     if prior == State.SENDING and not provider.supports_idempotency and not ask:
         # The last sender's lease ran out mid-call: the message may be out, and a
@@ -115,19 +116,35 @@ def send_claimed(effect: Effect, worker: str, prior: str) -> str:
             # The provider was not asked (or only told us it never saw the key, and no
             # send followed): another sender probes.
             flow.probe_abandoned(provider.name, worker)
-    if not slot:
+    return _recorded(
+        effect,
+        worker,
+        provider,
+        prior,
+        slot=slot,
+        lost=lost,
+        found=found,
+        held=held,
+        reason=reason,
+        ref=ref,
+    )
+
+
+def _recorded(effect: Effect, worker: str, provider, prior: str, **how) -> str:
+    """The ledger's arrow for how the send went (``send_claimed``'s outcome)."""
+    if not how["slot"]:
         return effect_machine.defer(effect, worker, prior)
-    if lost:
+    if how["lost"]:
         return effect_machine.sender_lost(effect, worker)
-    if found is not None:
-        outcome = effect_machine.found_applied(effect, worker, found)
+    if how["found"] is not None:
+        outcome = effect_machine.found_applied(effect, worker, how["found"])
         flow.circuit_success(provider.name, worker)  # the provider answered
         return outcome
-    if held is not None:
-        return effect_machine.defer(effect, worker, prior, hold=held)
-    if reason:
-        return effect_machine.withhold(effect, worker, reason)
-    outcome = effect_machine.applied(effect, worker, ref)
+    if how["held"] is not None:
+        return effect_machine.defer(effect, worker, prior, hold=how["held"])
+    if how["reason"]:
+        return effect_machine.withhold(effect, worker, how["reason"])
+    outcome = effect_machine.applied(effect, worker, how["ref"])
     # After the ledger committed: the count restarts, an open circuit closes.
     flow.circuit_success(provider.name, worker)
     return outcome

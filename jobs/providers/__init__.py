@@ -17,6 +17,7 @@ Settings are read at call time, never at import.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 # The provider errors are part of the one hierarchy in ``jobs.exceptions``; importable
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from jobs.models import Effect
 
 __all__ = [
+    "Accepted",
     "Provider",
     "ProviderError",
     "ProviderLookupUnsupported",
@@ -48,6 +50,16 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True)
+class Accepted:
+    """One send a provider says it applied, as its listing (``accepted_since``) names it."""
+
+    idempotency_key: str
+    reference: str  # the provider's id of the send
+    effect_id: str  # as the body named it ("" when the listing has none)
+    applied_at: float  # Unix seconds, by the provider's clock
+
+
 class Provider:
     """Base class: subclasses set ``name`` and implement ``apply`` or ``send``."""
 
@@ -57,6 +69,8 @@ class Provider:
     supports_idempotency: bool = False
     # Whether ``lookup`` can say what became of an idempotency key (see ``lookup``).
     supports_lookup: bool = False
+    # Whether ``accepted_since`` can list the keys it applied from a time on (issue 47).
+    supports_listing: bool = False
     # Most calls in flight at once across all workers (None: unbounded).
     max_in_flight: int | None = None
     # The effect is one in-app ``Notice`` row (``notice_for``) that the publish inserts
@@ -92,3 +106,13 @@ class Provider:
         provider without ``supports_lookup``). Never called unless ``supports_lookup``.
         """
         raise NotImplementedError
+
+    def accepted_since(self, since: float) -> list[Accepted] | None:
+        """Every send the provider applied from ``since`` (Unix seconds) on, oldest first;
+        None when it turns out to have no listing.
+
+        Optional (``supports_listing``): ``jobs_reconcile`` compares it with the ledger
+        after a failover, to find the notices of effects the database lost. Raise a
+        ``ProviderError`` when the provider could not answer now.
+        """
+        return None

@@ -14,6 +14,10 @@ timeout after the request went out is a provider timeout: the effect becomes
 ``200 {"id"}`` means the provider applied it (recorded, no second POST), ``404`` that it
 never saw the key (the send goes ahead with the same key).
 
+Optional listing (issue 47, ``accepted_since``): ``GET {NOTICE_PROVIDER_URL}/notices?since=T``
+(Unix seconds; ``&after=C`` for the next page) answers ``200 {"notices": [{"key", "id",
+"effect_id", "applied_at"}], "next": C or null}``; ``404``/``405``: no listing.
+
 Settings (read at call time; ``NOTICE_PROVIDER`` is the default prefix):
 ``NOTICE_PROVIDER_URL`` (required when used), ``NOTICE_PROVIDER_TOKEN``,
 ``NOTICE_PROVIDER_CONNECT_TIMEOUT`` (s), ``NOTICE_PROVIDER_READ_TIMEOUT`` (s),
@@ -33,6 +37,7 @@ from django.core.checks import Error, register
 
 from jobs import artifacts, conf, retry
 from jobs.providers import (
+    Accepted,
     Provider,
     ProviderError,
     ProviderLookupUnsupported,
@@ -93,6 +98,7 @@ class WebhookProvider(Provider):
     """Notices over HTTP; the provider deduplicates by ``Idempotency-Key``."""
 
     supports_idempotency = True
+    supports_listing = True  # discovered: a 404/405 to the listing means it has none
 
     def __init__(self, name: str = "webhook", *, settings_prefix: str = "NOTICE_PROVIDER"):
         self.name = name
@@ -222,6 +228,44 @@ class WebhookProvider(Provider):
             # Only "applied" settles an effect; the other side's word is not quoted.
             raise ProviderProtocolError("the lookup answered an outcome other than applied")
         return str(ref)
+
+    def accepted_since(self, since: float) -> list[Accepted] | None:
+        """``GET {url}/notices?since=T``, page after page: what the provider applied from
+        ``since`` on; None on 404/405 (a receiver without the listing)."""
+        url, after, found = self.setting("URL") + "/notices", None, []
+        for _ in range(10_000):  # pages; a provider that never says "no more" is cut off
+            query = {"since": f"{since:.3f}", **({"after": after} if after else {})}
+            try:
+                response = self._client().get(url, params=query, headers=self._auth())
+            except httpx.HTTPError as exc:
+                raise ProviderUnreachable(
+                    f"the {self.name!r} provider did not answer its listing",
+                    code=type(exc).__name__.lower(),
+                ) from None
+            if response.status_code in (404, 405, 501):
+                return None
+            if response.status_code != 200:
+                raise ProviderProtocolError(
+                    f"the listing answered HTTP {response.status_code}",
+                    code=f"http_{response.status_code}",
+                )
+            try:
+                page = response.json()
+                found += [
+                    Accepted(
+                        str(n["key"]),
+                        str(n["id"]),
+                        str(n.get("effect_id") or ""),
+                        float(n["applied_at"]),
+                    )
+                    for n in page["notices"]
+                ]
+                after = page.get("next")
+            except (ValueError, KeyError, TypeError, AttributeError):
+                raise ProviderProtocolError("the listing's answer is not a page") from None
+            if not after:
+                return found
+        raise ProviderProtocolError("the listing did not end")
 
 
 class LookupRefused(ProviderError):

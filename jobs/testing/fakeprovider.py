@@ -13,6 +13,9 @@ body that is not exactly the six reference fields; ``401`` a wrong token.
 Lookup (``GET /notices/{key}``, same token): ``200 {"id", "outcome": "applied"}`` for a
 key it applied, ``404`` for a key it never applied. Lookups are recorded apart from
 sends (path ``/notices/{key}``), so a test counts POSTs and lookups per key separately.
+Listing (``GET /notices?since=T[&after=C]``, same token, issue 47): ``200 {"notices":
+[{"key", "id", "effect_id", "applied_at"}], "next"}``, the sends applied from ``T`` (Unix
+seconds) on, ``LIST_PAGE`` a page; recorded under path ``/notices?list``.
 
 Fault switches (``Faults``): a fraction of new sends *accepted then stalled*
 (applied, then no answer until the client hangs up or ``stall_seconds`` pass);
@@ -47,11 +50,14 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote, urlsplit
 
-from jobs.testing.provider_record import LOOKUP_PATH, Record, _connect, body_sha256
+from jobs.testing.provider_record import LIST_PATH, LOOKUP_PATH, Record, _connect, body_sha256
+
+LIST_PAGE = 500  # sends per page of the listing
 
 __all__ = [
+    "LIST_PATH",
     "LOOKUP_PATH",
     "FakeProviderServer",
     "Faults",
@@ -148,6 +154,18 @@ class _Writer:
             ).fetchone()
             return row[0] if row else None
 
+    def applied_since(self, since: float, after: int, limit: int) -> list[tuple]:
+        """(n, key, send id, effect id, applied at) of the sends applied from ``since`` on
+        and after row ``after``, oldest first."""
+        with self.lock:
+            if self.closed:
+                return []
+            return self.conn.execute(
+                "SELECT n, idempotency_key, send_id, effect_id, applied_at FROM sends"
+                " WHERE applied_at >= ? AND n > ? ORDER BY n LIMIT ?",
+                [since, after, limit],
+            ).fetchall()
+
     def request(self, **row) -> None:
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
@@ -239,6 +257,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.startswith("/notices/"):
             self._lookup()
             return
+        if urlsplit(self.path).path == "/notices":
+            self._list()
+            return
         received, read = self.received()
         status = 200 if self.path == "/health" else 404
         self.server.writer.request(
@@ -283,6 +304,42 @@ class _Handler(BaseHTTPRequestHandler):
         )
         payload = {"id": send_id, "outcome": "applied"} if status == 200 else {"error": outcome}
         self._answer(status, payload, headers)
+
+    def _list(self) -> None:
+        """``GET /notices?since=T``: the sends applied from ``T`` on, a page at a time."""
+        received, read = self.received()
+        server = self.server
+        query = parse_qs(urlsplit(self.path).query)
+        payload: dict = {"error": "bad_query"}
+        if server.token and self.headers.get("Authorization") != f"Bearer {server.token}":
+            status, outcome, payload = 401, "unauthorized", {"error": "unauthorized"}
+        elif server.faults.no_lookup:  # a provider without lookups has no listing either
+            status, outcome, payload = 405, "no_listing", {"error": "no_listing"}
+        else:
+            try:
+                since = float(query.get("since", ["0"])[0])
+                after = int(query.get("after", ["0"])[0])
+            except ValueError:
+                status, outcome = 400, "bad_query"
+            else:
+                rows = server.writer.applied_since(since, after, LIST_PAGE)
+                notices = [
+                    {"key": k, "id": i, "effect_id": e, "applied_at": at}
+                    for _n, k, i, e, at in rows
+                ]
+                more = len(rows) == LIST_PAGE
+                payload = {"notices": notices, "next": str(rows[-1][0]) if more else None}
+                status, outcome = 200, "listed"
+        server.writer.request(
+            method="GET",
+            path=LIST_PATH,
+            received_at=received,
+            read_at=read,
+            answered_at=time.time(),
+            status=status,
+            outcome=outcome,
+        )
+        self._answer(status, payload)
 
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)

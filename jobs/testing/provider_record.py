@@ -13,6 +13,7 @@ import sqlite3
 from pathlib import Path
 
 LOOKUP_PATH = "/notices/{key}"  # how lookups are filed in the record
+LIST_PATH = "/notices?list"  # how listings (GET /notices?since=...) are filed
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (

@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jobs import identity
+from jobs import identity, manifests
 from jobs.engine import effect_machine
 from tests.chaos.intervals import Slot, merge, tenant_peaks
 
@@ -623,7 +623,9 @@ def one_artifact_per_job(h: History, r: Report) -> None:
             if filename.startswith(".tmp-"):
                 temps += 1  # a worker killed mid-write leaves its temporary file
                 continue
-            files.add(os.path.relpath(os.path.join(folder, filename), root))
+            name = os.path.relpath(os.path.join(folder, filename), root)
+            if not manifests.is_manifest(name):  # a job's identity (issue 47), no artifact
+                files.add(name)
     # A worker killed between storing the file and inserting its row leaves a file
     # the next claim adopts (same bytes, same <key>-<sha12> name); only a job that never
     # succeeded keeps it unrecorded.

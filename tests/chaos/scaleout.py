@@ -206,7 +206,9 @@ def verify(cfg: Config, hosts: list[Host], s3, bucket: str, record_path: Path) -
         else:
             bad.append(f"{key}: checksum differs")
     named = {r[2] for r in rows}
-    orphans = [k for k in objects if k not in named and not k.startswith("jobs/.probe/")]
+    # Not artifacts: the storage probe's objects and the jobs' identity manifests (issue 47).
+    others = ("jobs/.probe/", "jobs/.identity/")
+    orphans = [k for k in objects if k not in named and not k.startswith(others)]
     v.figures["artifacts"] = f"{matching}/{len(succeeded_ids)} objects, checksum matching"
     v.figures["orphans"] = len(orphans)
     v.check(not bad and matching == len(succeeded_ids), f"artifacts: {bad[:5]}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.retention import prune, prune_orphans
+from jobs.retention import prune, prune_manifests, prune_orphans
 
 
 class Command(BaseCommand):
@@ -27,3 +27,5 @@ class Command(BaseCommand):
             self.stdout.write(f"{verb} {counts['attempts']} attempts, {counts['effects']} effects")
         orphans = prune_orphans(dry_run=dry_run)
         self.stdout.write(f"{verb} {orphans} orphan artifact files")
+        manifests = prune_manifests(dry_run=dry_run)
+        self.stdout.write(f"{verb} {manifests} identity manifests of finished jobs")
