@@ -9,7 +9,8 @@ the worker runtime; its pusher calls ``dequeue``, which
   this cluster's owner identity with its lease and attempt row, and hands the worker an
   in-memory signed django-q2 package naming exactly that job and its attempt
   (``jobs.tasks.run_claimed``): the worker adopts the claim, it does not claim again;
-- takes plain django-q2 messages (``async_task`` of other functions, effect releases)
+- leases the ledger's due sends (``jobs.tasks.release_claimed``), taking turns with the
+  jobs, and takes plain django-q2 messages (``async_task`` of other functions, restores)
   from ``django_q_ormq`` as ``jobs.broker.PostgresBroker`` does, taking turns with the
   jobs so that neither waits for the other to drain;
 - when idle, waits on ``LISTEN`` (an enqueue ``NOTIFY``s in its transaction) and on a

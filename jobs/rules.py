@@ -113,9 +113,9 @@ HAS_BUDGET = Cond("attempts", "<", Col("max_attempts"))
 NOT_HELD = Cond("held_by", "=", "")
 # A job a delivery may claim as it is: waiting, not held, due, with attempts left.
 CLAIMABLE = all_of(WAITING, NOT_HELD, DUE, HAS_BUDGET)
-# A named job whose delivery must decide about it and nobody else (docs/app/scheduling.md):
-# a running job whose lease ran out (reclaimed, or ended when a cancel was asked for) and
-# a due job with no attempt left (buried). Any other message is a wake-up for its queue.
+# A job that must have its own verdict (docs/app/scheduling.md), decided under its row lock
+# by one claim: a running job whose lease ran out (reclaimed, or ended when a cancel was
+# asked for) and a due job with no attempt left (buried).
 OWN_VERDICT = any_of(
     all_of(Cond("state", "=", S.RUNNING), Cond("lease_expires_at", "<=", NOW)),
     all_of(WAITING, DUE, Cond("attempts", ">=", Col("max_attempts"))),

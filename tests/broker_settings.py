@@ -1,8 +1,11 @@
-"""Settings with the PostgreSQL broker (``jobs.broker.PostgresBroker``) on top of a base module.
+"""Settings with the claiming broker's knobs from the environment on top of a base module.
 
-The base is ``tests.settings`` unless ``BROKER_BASE_SETTINGS`` names another (the
-benchmark's clusters run ``bench.settings`` this way), so a test or a benchmark turns
-the broker on by pointing ``DJANGO_SETTINGS_MODULE`` here, with nothing else changed.
+The broker is ``jobs.claiming.ClaimingBroker`` (the jobs table as the queue, woken by
+NOTIFY) unless ``TEST_BROKER_CLASS`` names another claiming broker (the ORM's,
+``jobs.claiming_orm.OrmClaimingBroker``, which polls). The base is ``tests.settings``
+unless ``BROKER_BASE_SETTINGS`` names another, so a test turns the broker and its knobs
+(``Q_POLL``, ``Q_BROKER_HEARTBEAT``, ``Q_BROKER_LISTEN_RETRY``) on by pointing
+``DJANGO_SETTINGS_MODULE`` here, with nothing else changed.
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ import os
 _base = importlib.import_module(os.environ.get("BROKER_BASE_SETTINGS", "tests.settings"))
 globals().update({k: v for k, v in vars(_base).items() if k.isupper()})
 
-Q_CLUSTER = {**_base.Q_CLUSTER, "broker_class": "jobs.broker.PostgresBroker"}
+Q_CLUSTER = {
+    **_base.Q_CLUSTER,
+    "broker_class": os.environ.get("TEST_BROKER_CLASS", "jobs.claiming.ClaimingBroker"),
+}
 if os.environ.get("Q_POLL"):
     Q_CLUSTER["poll"] = float(os.environ["Q_POLL"])
 for _name, _type in (("broker_heartbeat", float), ("broker_listen_retry", float)):

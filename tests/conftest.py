@@ -67,18 +67,3 @@ def make_user(db, django_user_model):
         return django_user_model.objects.create_user(**fields)
 
     return make
-
-
-@pytest.fixture
-def message_broker(monkeypatch):
-    """Run a test on the message brokers (``Q_BROKER=postgres`` on PostgreSQL, django-q2's
-    ORM broker elsewhere): what they promise about messages still ships with them. The
-    default on PostgreSQL (``jobs.claiming.ClaimingBroker``) sends no message for a job."""
-    from django_q.conf import Conf
-
-    from jobs.queue import POSTGRES_BROKER
-
-    on_postgres = connection.vendor == "postgresql"
-    monkeypatch.setattr(Conf, "BROKER_CLASS", POSTGRES_BROKER if on_postgres else None)
-    # And the processes a test starts (``tests/e2e``: their settings read Q_BROKER).
-    monkeypatch.setenv("Q_BROKER", "postgres" if on_postgres else "orm")

@@ -259,11 +259,10 @@ class DeliveryResult:
 def run_delivery(
     job_id: int, *, worker: str | None = None, on_stage: StageHook | None = None
 ) -> DeliveryResult:
-    """Handle one queue delivery of ``job_id`` by the worker protocol in DESIGN.md."""
+    """Handle one delivery of the job ``job_id`` names, by the worker protocol in DESIGN.md
+    (a claim by name: exactly that job, or why not)."""
     worker = worker or job_machine.worker_identity()
     claim = claim_for(job_id, worker)
-    if claim.job is not None:
-        job_id = claim.job.pk  # a message wakes its queue: the claim may take a better job
     if not claim.won:
         return DeliveryResult(job_id, claim.status, worker)
     return run_claim(claim, worker, on_stage=on_stage)

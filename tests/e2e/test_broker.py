@@ -1,27 +1,23 @@
-"""Real ``manage.py qcluster`` processes on the PostgreSQL broker (``jobs.broker``).
+"""Real ``manage.py qcluster`` processes on the claiming broker (``jobs.claiming``).
 
-The clusters run ``tests.broker_settings`` (tests.settings with
-``Q_CLUSTER['broker_class'] = 'jobs.broker.PostgresBroker'``) with ``poll`` at 5 s
-and the broker's heartbeat at 30 s, so every pickup faster than that came from a
-NOTIFY or from the timed wake at a lock's expiry, never from a poll. This process
-enqueues through the same broker (django-q2's ``Conf`` is patched), inside the
-transaction that makes the job, as the site does.
+The clusters run ``tests.broker_settings`` (tests.settings with the claiming broker's
+knobs from the environment) with ``poll`` at 5 s and the broker's heartbeat at 30 s, so
+every pickup faster than that came from a NOTIFY or from the timed wake at the nearest
+due time, never from a poll. This process enqueues through the same broker (django-q2's
+``Conf`` is patched), inside the transaction that makes the job, as the site does. The
+jobs table is the queue: no engine job has a ``django_q_ormq`` row.
 
-What is checked: an idle cluster picks a job up within tens of ms; a worker killed
-between dequeue and acknowledgement is redelivered after ``retry`` (7 s) with one
-outcome, and so is a job a worker took itself after finishing another (the follow-on),
-while that first job is not delivered again; the LISTEN connection terminated by
-``pg_terminate_backend`` is reopened, nothing is lost and latency is back within 5 s;
-the database going away under
-running workers (a relay that cuts every connection and refuses new ones, as a
-restart does) loses nothing; an idle cluster's transactions per second, counted at
-the server (``pg_stat_database``), against the ORM broker's.
+What is checked: an idle cluster picks a job up within tens of ms; a retry is claimed at
+its due time with no dispatcher running; two clusters share a burst, each job claimed
+once; the LISTEN connection terminated by ``pg_terminate_backend`` is reopened, nothing
+is lost and latency is back within 5 s; the database going away under running workers (a
+relay that cuts every connection and refuses new ones, as a restart does) loses nothing;
+an idle cluster's transactions per second, counted at the server (``pg_stat_database``),
+against the ORM claiming broker's (which polls).
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import statistics
 import time
 from collections import Counter
@@ -44,7 +40,11 @@ from tests.e2e.processes import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_engine_messages"),
+]
 
 State = Job.State
 Outcome = Attempt.Outcome
@@ -54,17 +54,18 @@ LONG_JOB = {"stages": 1, "after_stages": 6, "stage_sleep": 0.4}  # ~2.8 s, under
 
 @pytest.fixture
 def pg_broker(monkeypatch):
-    """This process enqueues through the PostgreSQL broker, as the clusters dequeue."""
-    monkeypatch.setattr(Conf, "BROKER_CLASS", "jobs.broker.PostgresBroker")
+    """This process enqueues through the claiming broker, as the clusters dequeue."""
+    monkeypatch.setattr(Conf, "BROKER_CLASS", "jobs.claiming.ClaimingBroker")
 
 
 def _env(*, port: int | None = None, broker: bool = True, **extra: str) -> dict[str, str]:
     env = subprocess_env(port=port)
+    env["DJANGO_SETTINGS_MODULE"] = "tests.broker_settings"
     if broker:
-        env.update(DJANGO_SETTINGS_MODULE="tests.broker_settings", Q_BROKER_HEARTBEAT="30")
-    else:
-        env["Q_BROKER"] = "orm"  # the site's default on PostgreSQL is the PostgreSQL broker
-    env.update({"Q_POLL": "5", **extra})
+        env.update(Q_BROKER_HEARTBEAT="30", Q_POLL="5")
+    else:  # the ORM's claiming broker: it polls every ``poll`` (tests.settings: 0.1 s)
+        env["TEST_BROKER_CLASS"] = "jobs.claiming_orm.OrmClaimingBroker"
+    env.update(extra)
     return env
 
 
@@ -106,7 +107,7 @@ def _start_cluster(procs, name: str, env: dict[str, str], admin, user, revision:
     cluster = procs.start(name, "qcluster", env=env)
     job, at = _request(user, revision)
     _latency_ms(procs, job, at)
-    if env.get("Q_BROKER") != "orm":
+    if "TEST_BROKER_CLASS" not in env:
         wait_until(procs, "the listener", lambda: _listeners(admin), timeout=30)
     return cluster
 
@@ -119,29 +120,6 @@ def _running_attempt(procs, job: Job) -> Attempt:
         timeout=30,
         interval=0.02,
     )
-
-
-def _messages_of(job: Job) -> list[OrmQ]:
-    return [m for m in OrmQ.objects.all() if tuple(m.args() or ()) == (job.pk,)]
-
-
-def _redelivered_once(procs, job: Job) -> list[Attempt]:
-    """Wait for ``job``, whose worker was killed mid-job, to succeed on its redelivered
-    message; its attempts: the killed one (crashed, or lease lost) and one success."""
-    wait_until(
-        procs,
-        f"job {job.pk} to succeed on the redelivered message",
-        lambda: Job.objects.filter(pk=job.pk, state=State.SUCCEEDED).exists(),
-        timeout=40,
-    )
-    wait_until(procs, "the queue to empty", lambda: not OrmQ.objects.exists(), timeout=20)
-    attempts = list(Attempt.objects.filter(job=job).order_by("id"))
-    outcomes = Counter(a.outcome for a in attempts)
-    assert outcomes in (
-        {Outcome.CRASHED: 1, Outcome.SUCCEEDED: 1},
-        {Outcome.LEASE_LOST: 1, Outcome.SUCCEEDED: 1},
-    ), outcomes
-    return attempts
 
 
 def _one_outcome(job: Job, user) -> None:
@@ -170,9 +148,9 @@ def test_broker__idle_cluster_picks_a_job_up_within_tens_of_ms(procs, pg_broker,
 def test_broker__a_retry_is_taken_at_its_due_time_with_no_dispatcher_running(
     procs, pg_broker, django_user_model
 ):
-    """The retry's message is sent with the retry (jobs.bulk.enqueue_job_when_due) and the
-    idle pusher wakes at its due time: with poll 5 s, the heartbeat 30 s and no dispatcher
-    (its schedule an hour away), only that timed wake can start the second attempt soon."""
+    """The retry's due time is on its row (no message) and the idle pusher wakes at it (the
+    nearest due time): with poll 5 s, the heartbeat 30 s and no dispatcher (its schedule
+    an hour away), only that timed wake can start the second attempt soon."""
     Schedule.objects.filter(name="jobs.dispatch").update(
         next_run=timezone.now() + timedelta(hours=1)
     )
@@ -192,10 +170,10 @@ def test_broker__a_retry_is_taken_at_its_due_time_with_no_dispatcher_running(
     assert max(lateness) < 2000, f"a retry waited for a poll or a heartbeat: {lateness}"
 
 
-def test_broker__two_clusters_share_a_burst_each_message_taken_once(
+def test_broker__two_clusters_share_a_burst_each_job_claimed_once(
     procs, pg_broker, django_user_model
 ):
-    """One NOTIFY wakes both pushers; SKIP LOCKED hands each message to one of them."""
+    """One NOTIFY wakes both pushers; SKIP LOCKED hands each job to one of them."""
     user = django_user_model.objects.create_user(username="broker-two")
     with _admin() as admin:
         clusters = [_start_cluster(procs, "qcluster-a", _env(), admin, user, 1)]
@@ -220,65 +198,6 @@ def test_broker__two_clusters_share_a_burst_each_message_taken_once(
     assert set(by_cluster) == {"qcluster-a", "qcluster-b"}, by_cluster
     for j in jobs:
         _one_outcome(j, user)
-
-
-def test_broker__worker_killed_before_the_ack_is_redelivered_after_retry(
-    procs, pg_broker, django_user_model
-):
-    """No dispatcher runs: only django-q2's redelivery after ``retry`` can finish the job,
-    and the idle pusher wakes for it at the lock's expiry (heartbeat 30 s, poll 5 s)."""
-    user = django_user_model.objects.create_user(username="broker-kill")
-    with _admin() as admin:
-        cluster = _start_cluster(procs, "qcluster", _env(), admin, user, 1)
-    job, _ = _request(user, 2, **LONG_JOB)
-    running = _running_attempt(procs, job)
-    [message] = _messages_of(job)
-    _host, pid, _nonce = running.worker.rsplit(":", 2)
-    assert procs.owner_of(int(pid)) is cluster and int(pid) != cluster.pid
-    os.kill(int(pid), signal.SIGKILL)
-    print(f"\nkilled worker {pid} mid-job; message {message.pk} locked until {message.lock}")
-
-    attempts = _redelivered_once(procs, job)
-    late = (attempts[-1].started_at - message.lock).total_seconds()
-    print(f"the redelivery started {late * 1000:.0f} ms after the lock ran out")
-    assert 0 <= late < 2.0, f"redelivered {late:.2f} s after the lock's expiry"
-    _one_outcome(job, user)
-
-
-def test_broker__worker_killed_in_a_job_it_followed_on_to_is_redelivered_after_retry(
-    procs, pg_broker, django_user_model, settings
-):
-    """The follow-on (``jobs.tasks``): a worker that finished a job took the next message
-    itself. Killed in the middle of that job, its message is redelivered after ``retry``
-    with one outcome; the first job's message went in the statement that took the next,
-    so the first job is not delivered again."""
-    user = django_user_model.objects.create_user(username="broker-follow")
-    with _admin() as admin:
-        _start_cluster(procs, "qcluster", _env(), admin, user, 1)
-    with transaction.atomic():
-        first = request_steps_job(user, 2, tenant_key="e2e", stages=1, stage_sleep=0.4)
-        # One worker, so django-q2's task queue holds one message and the pusher one more
-        # while the first job runs: the message after them is free for the follow-on.
-        held = [request_steps_job(user, 3 + k, tenant_key="e2e") for k in range(2)]
-        followed = request_steps_job(user, 5, tenant_key="e2e", **LONG_JOB)
-    running = _running_attempt(procs, followed)
-    [done] = Attempt.objects.filter(job=first)
-    [message] = _messages_of(followed)
-    taken_at = message.lock - timedelta(seconds=settings.Q_CLUSTER["retry"])
-    print(f"\nfirst job finished {done.finished_at}; the next message taken {taken_at}")
-    assert taken_at >= done.finished_at, "taken after the first job's outcome: the follow-on"
-    assert not _messages_of(first)
-    pid = int(running.worker.rsplit(":", 2)[1])
-    assert pid == int(done.worker.rsplit(":", 2)[1]), "the same worker ran both"
-    os.kill(pid, signal.SIGKILL)
-
-    _redelivered_once(procs, followed)
-    for job in (first, *held):
-        assert list(Attempt.objects.filter(job=job).values_list("outcome", flat=True)) == [
-            Outcome.SUCCEEDED
-        ], f"job {job.pk} delivered once"
-    for job in (first, *held, followed):
-        _one_outcome(job, user)
 
 
 def test_broker__terminated_listener_reconnects_and_loses_nothing(
@@ -412,7 +331,7 @@ def test_broker__idle_cluster_sends_at_most_one_query_a_second(procs, pg_broker,
     """Counted at the server: the database's transactions (each statement of the pusher is
     one) while the cluster has no work to do, on this broker with its default heartbeat
     (5 s) over a minute, which holds one run of the site's dispatcher schedule (once a
-    minute, as in production), and on the ORM broker (tests.settings: poll 0.1 s)."""
+    minute, as in production), and on the ORM claiming broker (poll 0.1 s)."""
     user = django_user_model.objects.create_user(username="broker-quiet")
     # The schedule was due since the database was made: due in 40 s instead, so that the
     # window (about 23-83 s after the start; the sentinel looks at schedules every 30 s)
@@ -434,9 +353,9 @@ def test_broker__idle_cluster_sends_at_most_one_query_a_second(procs, pg_broker,
         orm_env = _env(broker=False)
         [orm] = _idle_rate(procs, admin, orm_env, user, 2, "qcluster-orm", 15.0, settle=5)
     print(
-        "\nidle cluster, transactions per second at the server: PostgreSQL broker "
+        "\nidle cluster, transactions per second at the server: claiming broker "
         f"{' then '.join(f'{r:.2f}' for r in windows)} (60 s each, dispatcher schedule "
-        f"included), ORM broker (poll 0.1 s) {orm:.2f} (15 s)"
+        f"included), ORM claiming broker (poll 0.1 s) {orm:.2f} (15 s)"
     )
     assert orm > 3, f"the measurement saw no polling at all ({orm:.2f}/s)"
     assert min(windows) <= 1.0, windows

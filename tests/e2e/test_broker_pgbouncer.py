@@ -29,7 +29,7 @@ DEAF = "the listener hears no other session"
 
 @pytest.fixture
 def pg_broker(monkeypatch):
-    monkeypatch.setattr(Conf, "BROKER_CLASS", "jobs.broker.PostgresBroker")
+    monkeypatch.setattr(Conf, "BROKER_CLASS", "jobs.claiming.ClaimingBroker")
 
 
 def _env(port: int, poll: str) -> dict[str, str]:

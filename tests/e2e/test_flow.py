@@ -16,7 +16,6 @@ import time
 import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
-from django_q.models import OrmQ
 
 from jobs import flow
 from jobs.contrib.drills.burst import max_in_window
@@ -43,8 +42,8 @@ def _with_provider(procs, provider, **extra: str) -> None:
 
 
 def pending_webhook_effects(n: int, *, subject: str = "flow") -> list[Effect]:
-    """``n`` webhook notices of one finished job, due now and not yet enqueued: the
-    dispatcher enqueues them, the qclusters send them."""
+    """``n`` webhook notices of one finished job, due now on the ledger: the qclusters
+    claim and send them (the ledger is their queue)."""
     user = User.objects.create_user(username=f"e2e-{subject}")
     job, _ = request_job(
         "test.notify_only",
@@ -53,7 +52,6 @@ def pending_webhook_effects(n: int, *, subject: str = "flow") -> list[Effect]:
         params={"recipient": user.pk, "providers": ["webhook"]},
     )
     Job.objects.filter(pk=job.pk).update(state=Job.State.SUCCEEDED)
-    OrmQ.objects.all().delete()
     specs = [
         EffectSpec(f"notice-{i}", "webhook", str(user.pk), {"report_key": f"r-{i}"})
         for i in range(n)
@@ -61,7 +59,7 @@ def pending_webhook_effects(n: int, *, subject: str = "flow") -> list[Effect]:
     rows = publish.prepare(job, specs, refused={})
     now = timezone.now()
     for e in rows:
-        e.next_attempt_at, e.enqueued_for = now, None
+        e.next_attempt_at = now
     return Effect.objects.bulk_create(rows)
 
 

@@ -1,11 +1,13 @@
-"""Real ``manage.py qcluster`` processes: crashes, redelivery and acknowledgement order.
+"""Real ``manage.py qcluster`` processes: crashes, reclaims and whole outcomes.
 
 Every test here starts django-q2 clusters (and the dispatcher loop) as separate
 processes against the test database pytest-django created, then kills parts of
 them with SIGKILL. The guarantees checked are the design's invariants 1-4 and 9:
-one artifact, one effect, one notice per job whatever dies; the queue message is
-acknowledged only after the outcome is committed; duplicate deliveries are
-counted, duplicate effects stay 0.
+one artifact, one effect, one notice per job whatever dies; an outcome is committed
+whole (no snapshot shows a job finished without its artifact and notice); an expired
+lease is claimed again from the job's row; duplicate effects stay 0. The jobs table is
+the queue: a trigger (``no_engine_messages``) sees every ``django_q_ormq`` insert of
+the whole test, and none may be an engine job's or effect's.
 
 Timing comes from tests.settings: lease 2 s, Q_CLUSTER timeout 5 s, retry 7 s,
 poll 0.1 s, one worker per cluster. Nothing here asserts a duration: waits are
@@ -24,13 +26,11 @@ from dataclasses import dataclass
 
 import pytest
 from django.db.models import Exists, OuterRef
-from django.db.models.functions import Now
-from django_q.models import OrmQ
+from django_q.tasks import async_task
 
 from jobs import rules
 from jobs.artifacts import artifact_key, get_storage, is_intact
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
-from jobs.queue import claims_jobs
 from jobs.testing.proctree import children, process_table
 from tests.e2e.processes import (
     Processes,
@@ -40,7 +40,11 @@ from tests.e2e.processes import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("no_engine_messages"),
+]
 
 Outcome = Attempt.Outcome
 State = Job.State
@@ -57,22 +61,11 @@ def _request(user, revision: int, **params) -> Job:
     return request_steps_job(user, revision, tenant_key="e2e", **params)
 
 
-def _messages_for(job: Job) -> list[OrmQ]:
-    """The django-q2 ORM-broker rows that would deliver ``job`` to ``run_job``."""
-    return [
-        m
-        for m in OrmQ.objects.order_by("id")
-        if m.func() == "jobs.tasks.run_job" and tuple(m.args() or ()) == (job.pk,)
-    ]
-
-
 def _running_processes(pid: int) -> list[int]:
-    """The processes that may run the attempt ``pid`` claimed: ``pid`` itself on a message
-    broker (the worker claims); on the claiming broker ``pid`` is the cluster's pusher,
-    which hands the claim to any of its workers: every sibling of the pusher (the
-    workers and the monitor, which django-q2's sentinel starts again)."""
-    if not claims_jobs():
-        return [pid]
+    """The processes that may run the attempt ``pid`` claimed: ``pid`` is the cluster's
+    pusher (the claiming broker claims), which hands the claim to any of its workers:
+    every sibling of the pusher (the workers and the monitor, which django-q2's sentinel
+    starts again)."""
     table = process_table()
     return [p for p in children(table[pid][0], table) if p != pid]
 
@@ -118,18 +111,19 @@ def _jobs_stats(procs: Processes) -> dict:
 # --- tests -------------------------------------------------------------------------
 
 
-def test_qcluster__sigkill_mid_job_finishes_exactly_once(procs, django_user_model):
+def test_qcluster__sigkill_mid_job_finishes_exactly_once(
+    no_engine_messages, procs, django_user_model
+):
     """A worker SIGKILLed after storing the artifact: the job still ends exactly once.
 
-    The killed delivery is never acknowledged. The dispatcher reclaims the expired
-    lease (a new message), another worker verifies the stored artifact and
-    publishes; later django-q2 redelivers the original message after ``retry``
-    and that delivery is recorded as a duplicate and acknowledged.
+    Its lease runs out and a cluster claims the job again from its row (no message to
+    redeliver), verifies the stored artifact and publishes. No engine job or effect
+    ever had a ``django_q_ormq`` row; a plain task sent beside it had one.
     """
     user = django_user_model.objects.create_user(username="e2e-reviewer")
     job = _request(user, 1, **LONG_JOB)
-    # On the claiming broker (the default on PostgreSQL) the job's row is its queue entry.
-    assert len(_messages_for(job)) == (0 if claims_jobs() else 1)
+    # A plain django-q2 task keeps its message: the trigger's witness that it sees inserts.
+    async_task("math.floor", 2.5)
 
     clusters = [procs.start("qcluster-a", "qcluster"), procs.start("qcluster-b", "qcluster")]
     procs.start("dispatcher", "jobs_dispatcher", "--interval", "0.5")
@@ -156,16 +150,6 @@ def test_qcluster__sigkill_mid_job_finishes_exactly_once(procs, django_user_mode
         lambda: Job.objects.get(pk=job.pk).state == State.SUCCEEDED,
         timeout=60,
     )
-    # The killed delivery was never acknowledged: django-q2 hands the original
-    # message out again once its lock (``retry`` = 7 s) runs out, and the worker
-    # records it as a duplicate delivery before it is acknowledged.
-    wait_until(
-        procs,
-        "every queue message to be acknowledged (OrmQ empty)",
-        lambda: OrmQ.objects.count() == 0,
-        timeout=45,
-    )
-
     job.refresh_from_db()
     assert job.state == State.SUCCEEDED
     # Normally two claims (killed + reclaim). On a slow database a reclaiming delivery
@@ -179,16 +163,11 @@ def test_qcluster__sigkill_mid_job_finishes_exactly_once(procs, django_user_mode
     outcomes = Counter(a.outcome for a in attempts)
     assert outcomes[Outcome.SUCCEEDED] == 1, outcomes
     assert outcomes[Outcome.CRASHED] + outcomes[Outcome.LEASE_LOST] == job.attempts - 1, outcomes
-    if claims_jobs():
-        # No message to redeliver: the expired lease was claimed again from the row.
-        assert outcomes[Outcome.DUPLICATE_DELIVERY] == 0, outcomes
-        assert not OrmQ.objects.exists(), "an engine job had a django_q_ormq row"
-    else:
-        assert outcomes[Outcome.DUPLICATE_DELIVERY] >= 1, (
-            f"the unacknowledged original message was never redelivered: {outcomes}"
-        )
-        winner = next(a for a in attempts if a.outcome == Outcome.SUCCEEDED)
-        assert winner.worker != victim.worker
+    # No message to redeliver: the expired lease was claimed again from the row.
+    assert outcomes[Outcome.DUPLICATE_DELIVERY] == 0, outcomes
+    no_engine_messages.assert_no_engine_message()
+    funcs = [func for _id, _key, func in no_engine_messages.rows()]
+    assert "math.floor" in funcs, f"the trigger saw no plain task's message: {funcs}"
     allowed = {Outcome.SUCCEEDED, Outcome.CRASHED, Outcome.LEASE_LOST, Outcome.DUPLICATE_DELIVERY}
     assert set(outcomes) <= allowed, outcomes
 
@@ -203,12 +182,10 @@ def test_qcluster__sigkill_mid_job_finishes_exactly_once(procs, django_user_mode
 
 @dataclass(frozen=True)
 class Seen:
-    """One consistent snapshot (a single SELECT) of a job and its queue message."""
+    """One consistent snapshot (a single SELECT) of a job and what its outcome wrote."""
 
     state: str
     finished: bool
-    message: bool  # the OrmQ row still exists: not acknowledged
-    locked: bool  # ... and is locked: dequeued by a cluster
     artifact: bool
     notice: bool
 
@@ -217,68 +194,60 @@ class Seen:
         return self.state == State.SUCCEEDED and self.finished and self.artifact and self.notice
 
 
-def _snapshot(job: Job, message_id: int) -> Seen:
+def _snapshot(job: Job) -> Seen:
     row = (
         Job.objects.filter(pk=job.pk)
         .annotate(
-            message=Exists(OrmQ.objects.filter(pk=message_id)),
-            locked=Exists(OrmQ.objects.filter(pk=message_id, lock__gt=Now())),
             has_artifact=Exists(Artifact.objects.filter(job=OuterRef("pk"))),
             has_notice=Exists(Notice.objects.filter(effect__job=OuterRef("pk"))),
         )
-        .values_list("state", "finished_at", "message", "locked", "has_artifact", "has_notice")
+        .values_list("state", "finished_at", "has_artifact", "has_notice")
         .get()
     )
-    state, finished_at, message, locked, artifact, notice = row
-    return Seen(state, finished_at is not None, message, locked, artifact, notice)
+    state, finished_at, artifact, notice = row
+    return Seen(state, finished_at is not None, artifact, notice)
 
 
-@pytest.mark.usefixtures("message_broker")  # a promise about the message
-def test_qcluster__message_acked_only_after_state_committed(procs, django_user_model):
-    """The queue message disappears only after the job's outcome is committed.
+def test_qcluster__an_outcome_commits_whole_and_a_killed_clusters_job_is_claimed_from_its_row(
+    no_engine_messages, procs, django_user_model
+):
+    """The jobs table is the queue, and the job's state change is its acknowledgement.
 
-    Part 1 watches a healthy run: every snapshot without the message shows the job
-    succeeded with its artifact and notice. Part 2 kills a whole cluster mid-job:
-    the message stays (no ack), and a new cluster's redelivery, with no dispatcher
-    running, reclaims the expired lease and finishes the job exactly once.
+    Part 1 watches a healthy run: no snapshot shows the job terminal without its
+    artifact and notice, and while it runs it is held under its cluster's lease. Part 2
+    kills a whole cluster mid-job: nothing is left to acknowledge or redeliver; once
+    the lease runs out a new cluster, with no dispatcher running, claims the job from
+    its row and finishes it exactly once. No ``django_q_ormq`` row for either job.
     """
     user = django_user_model.objects.create_user(username="e2e-ack")
 
-    # Part 1: acknowledgement follows the committed outcome.
+    # Part 1: the outcome is committed whole.
     job = _request(user, 1, **LONG_JOB)
-    [message] = _messages_for(job)
     first = procs.start("qcluster-1", "qcluster")
     seen: list[Seen] = []
     deadline = time.monotonic() + 45
     while True:
-        # One SELECT: the job row and the message row come from the same snapshot.
-        now = _snapshot(job, message.pk)
+        now = _snapshot(job)
         seen.append(now)
-        if not now.message and now.state in Job.TERMINAL:
+        if now.state in Job.TERMINAL:
             break
         procs.check_alive()
         if time.monotonic() > deadline:
             break
         time.sleep(0.02)
-    premature = [s for s in seen if not s.message and not s.done]
-    assert not premature, (
-        f"message acknowledged before the outcome was committed: {Counter(premature)}"
+    assert seen[-1].done, (
+        f"job {job.pk} did not finish whole in 45s; last {seen[-1]}\n{job_table()}"
     )
-    assert not seen[-1].message, (
-        f"job {job.pk}'s message was not acknowledged in 45s; last {seen[-1]}\n"
-        f"{job_table()}\n{procs.logs()}"
-    )
+    half = [s for s in seen if (s.state in Job.TERMINAL or s.finished) and not s.done]
+    assert not half, f"a terminal job without its artifact or notice: {Counter(half)}"
     running = [s for s in seen if s.state == State.RUNNING]
     assert running, f"never observed job {job.pk} running: {Counter(seen)}"
-    assert all(s.message and s.locked for s in running), (
-        f"the message must stay, dequeued and unacknowledged, while the job runs: {Counter(seen)}"
-    )
+    assert not any(s.notice for s in running), "a notice before the outcome committed"
     assert Attempt.objects.get(job=job).outcome == Outcome.SUCCEEDED
     _assert_exactly_once(job, user)
 
-    # Part 2: a cluster killed mid-job acknowledges nothing; redelivery finishes the job.
+    # Part 2: a cluster killed mid-job; its job is claimed again from its row.
     job2 = _request(user, 2, **LONG_JOB)
-    [message2] = _messages_for(job2)
     victim = wait_until(
         procs,
         f"job {job2.pk} running with its artifact stored",
@@ -290,37 +259,25 @@ def test_qcluster__message_acked_only_after_state_committed(procs, django_user_m
     procs.kill_group(first)
     print(f"killed the whole cluster {first.name} (pgid {first.pid}) while job {job2.pk} ran")
 
-    after_kill = _snapshot(job2, message2.pk)
-    assert after_kill.state == State.RUNNING, after_kill
-    assert after_kill.message and after_kill.locked, (
-        f"message acked by a dead cluster: {after_kill}"
-    )
-    # Nothing is alive to renew the lease or acknowledge: wait for the lease to run out
-    # and check the message is still there, unacknowledged.
+    assert _snapshot(job2).state == State.RUNNING
+    # Nothing is alive to renew the lease: it runs out, and the job stays running (no
+    # one else decides about it) until a cluster claims it again.
     wait_until(
         procs,
         f"job {job2.pk}'s lease to expire",
         lambda: Job.objects.filter(rules.to_q(rules.JOB_LEASE_EXPIRED), pk=job2.pk).exists(),
         timeout=15,
     )
-    expired = _snapshot(job2, message2.pk)
-    assert expired.state == State.RUNNING and expired.message, expired
+    assert _snapshot(job2).state == State.RUNNING
     assert Attempt.objects.get(pk=victim.pk).outcome == ""
 
     second = procs.start("qcluster-2", "qcluster")
     wait_until(
         procs,
-        f"job {job2.pk} to succeed on the redelivered message",
+        f"job {job2.pk} to succeed, claimed again from its row",
         lambda: Job.objects.get(pk=job2.pk).state == State.SUCCEEDED,
         timeout=45,
     )
-    wait_until(
-        procs,
-        f"job {job2.pk}'s message to be acknowledged",
-        lambda: not OrmQ.objects.filter(pk=message2.pk).exists(),
-        timeout=30,
-    )
-    assert OrmQ.objects.count() == 0, job_table()
 
     job2.refresh_from_db()
     assert job2.attempts >= 2, job2.attempts
@@ -328,12 +285,13 @@ def test_qcluster__message_acked_only_after_state_committed(procs, django_user_m
     outcomes = Counter(a.outcome for a in attempts)
     assert outcomes[Outcome.SUCCEEDED] == 1, outcomes
     assert outcomes[Outcome.CRASHED] + outcomes[Outcome.LEASE_LOST] == job2.attempts - 1, outcomes
-    allowed = {Outcome.SUCCEEDED, Outcome.CRASHED, Outcome.LEASE_LOST, Outcome.DUPLICATE_DELIVERY}
+    assert outcomes[Outcome.DUPLICATE_DELIVERY] == 0, "no message to redeliver"
+    allowed = {Outcome.SUCCEEDED, Outcome.CRASHED, Outcome.LEASE_LOST}
     assert set(outcomes) <= allowed, outcomes
     assert Attempt.objects.get(pk=victim.pk).outcome == Outcome.CRASHED
     winner = next(a for a in attempts if a.outcome == Outcome.SUCCEEDED)
     assert procs.owner_of(_worker_pid(winner.worker)) is second, (
-        f"the redelivery should have run in {second.name}: {winner.worker}"
+        f"the reclaim should have run in {second.name}: {winner.worker}"
     )
     artifacts = list(Artifact.objects.filter(job=job2))
     assert len(artifacts) == 1 and is_intact(artifacts[0]), artifacts
@@ -341,11 +299,11 @@ def test_qcluster__message_acked_only_after_state_committed(procs, django_user_m
     assert [e.state for e in effects] == [Effect.State.APPLIED], effects
     assert Notice.objects.filter(effect__job=job2).count() == 1
     assert Notice.objects.count() == 2  # one per job, both jobs
+    no_engine_messages.assert_no_engine_message()
 
 
-@pytest.mark.skipif(not claims_jobs(), reason="the claiming broker's recovery (Q_BROKER=jobs)")
 def test_qcluster__a_killed_hosts_lease_is_claimed_again_ahead_of_100_queued_jobs(
-    procs, django_user_model
+    no_engine_messages, procs, django_user_model
 ):
     """Issue 41's recovery point on real clusters: a cluster SIGKILLed whole while it holds
     a lease, with 100 short jobs queued behind. The other cluster claims the expired job
@@ -388,8 +346,7 @@ def test_qcluster__a_killed_hosts_lease_is_claimed_again_ahead_of_100_queued_job
     print(f"RECOVERY: claimed again {delay:.2f} s after its lease ran out (lease 2 s),")
     print(f"RECOVERY: after {done} of the 100 queued jobs had started")
     assert reclaim.started_at < last_short, "the expired lease waited behind the queue"
-    engine_messages = [m for m in OrmQ.objects.all() if m.func().startswith("jobs.tasks.run_")]
-    assert not engine_messages, "an engine job had a django_q_ormq row"
+    no_engine_messages.assert_no_engine_message()  # at any point, not only now
     assert Artifact.objects.filter(job=job).count() == 1
     assert is_intact(Artifact.objects.get(job=job))
     assert Notice.objects.filter(effect__job=job).count() == 1

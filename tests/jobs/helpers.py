@@ -67,12 +67,9 @@ def lose_job(job: Job) -> None:
 
 
 def _travel(job: Job, field: str) -> None:
-    """Make ``field`` a second past, as if time went by: any earlier message predates it."""
+    """Make ``field`` a second past, as if time went by."""
     now = timezone.now()
     Job.objects.filter(pk=job.pk).update(**{field: now - timedelta(seconds=1)})
-    Job.objects.filter(pk=job.pk, enqueued_for__isnull=False).update(
-        enqueued_for=now - timedelta(seconds=2)
-    )
 
 
 def make_due(job: Job) -> None:
@@ -89,24 +86,60 @@ class Crash(KeyboardInterrupt):
     (any other BaseException, SystemExit included, is recorded as the attempt's failure)."""
 
 
-def run_job(job_id: int, *, limit: int = 200, **kwargs):
-    """Deliver messages named for ``job_id`` until a delivery took that job; its result.
-
-    A delivery takes the most urgent due job of the named job's queue, which may be
-    another one when the test's database holds older work nobody ran (the seeded demo
-    data: docs/app/scheduling.md); a worker draining the queue reaches this job too.
-    """
+def run_job(job_id: int, **kwargs):
+    """One delivery of ``job_id`` by name; its result. A named claim takes exactly the job
+    it names (``jobs.engine.named_claim``), never a more urgent one of its queue."""
     from jobs.delivery.runner import run_delivery
 
-    for _ in range(limit):
-        result = run_delivery(job_id, **kwargs)
-        if result.job_id == job_id:
-            return result
-    raise AssertionError(f"{limit} deliveries never took job {job_id}")
+    result = run_delivery(job_id, **kwargs)
+    assert result.job_id == job_id, (result.job_id, job_id)
+    return result
+
+
+ENGINE_TASKS = frozenset(
+    {
+        "jobs.tasks.run_job",
+        "jobs.tasks.release_effect",
+        "jobs.tasks.run_claimed",
+        "jobs.tasks.release_claimed",
+    }
+)
+
+
+def engine_messages() -> list[tuple[str, tuple]]:
+    """(func, args) of every ``django_q_ormq`` row of an engine job or effect: the jobs
+    table and the ledger are the queue, so a test expects this to be empty."""
+    from django_q.models import OrmQ
+
+    out = []
+    for message in OrmQ.objects.order_by("id"):
+        task = message.task
+        if task.get("func") in ENGINE_TASKS:
+            out.append((task["func"], tuple(task.get("args") or ())))
+    return out
+
+
+def releasable_effects(**filters) -> list[int]:
+    """The effects a sender may lease now (pending or unknown and due, or sending whose
+    lease ran out), by their ledger rows: the ledger is the releases' queue."""
+    from jobs import rules
+
+    due = Effect.objects.filter(rules.to_q(rules.EFFECT_RELEASABLE), **filters)
+    return sorted(due.values_list("pk", flat=True))
+
+
+def claim_next(queue: str = "default", worker: str = "w1", **options):
+    """The next-job claim of ``queue`` for ``worker`` as a cluster's dequeue makes it
+    (``jobs.claiming.claims().claim_next``): the claim, a verdict, or None."""
+    from jobs import claiming, conf
+
+    options.setdefault("lease", conf.lease_seconds())
+    options.setdefault("bound", conf.tenant_concurrency())
+    return claiming.claims().claim_next(queue, worker, **options)
 
 
 def deliver(job_id: int, **kwargs):
-    """One job delivery, then the effect messages its publish enqueued."""
+    """One job delivery, then the releases its publish left due on the ledger."""
     from jobs.delivery.runner import run_delivery
 
     result = run_delivery(job_id, **kwargs)

@@ -13,9 +13,9 @@ from django_q.models import OrmQ
 
 import jobs
 from jobs import registry
-from jobs.delivery.runner import run_delivery
-from jobs.dispatch import dispatch_once
+from jobs.delivery.runner import run_claim, run_delivery
 from jobs.models import Attempt, Job, Notice
+from tests.jobs.helpers import claim_next
 from tests.jobs.test_imports import JOBS
 
 pytestmark = pytest.mark.django_db
@@ -89,30 +89,25 @@ def test_request__bad_subject_and_params_are_refused_before_anything_is_written(
     assert Job.objects.count() == 0
 
 
-def test_request__run_after_sends_no_message_until_the_dispatcher_finds_it_due(
-    make_user, monkeypatch
-):
-    """On django-q2's ORM broker (on the PostgreSQL broker the message is sent ahead:
-    tests/jobs/test_due_wake.py)."""
-    from django_q.conf import Conf
-
-    monkeypatch.setattr(Conf, "BROKER_CLASS", None)
+def test_request__run_after_waits_on_its_row_and_is_claimed_once_due(make_user):
+    """No message at any time: the job's due time on its row is when a claim takes it."""
     user = make_user()
     later = timezone.now() + timedelta(minutes=5)
     handle = jobs.request(
         "test.declared", user, params={"recipient": str(user.pk)}, run_after=later
     )
-    assert handle.job.next_attempt_at == later and handle.job.enqueued_for is None
-    assert OrmQ.objects.count() == 0
-    assert dispatch_once()["due_jobs"] == 0
-    assert run_delivery(handle.id, worker="early").outcome == "duplicate"  # a stray message
+    assert handle.job.next_attempt_at == later and handle.job.state == Job.State.QUEUED
+    assert not OrmQ.objects.exists()
+    assert claim_next() is None, "not due before run_after"
+    assert run_delivery(handle.id, worker="early").outcome == "duplicate"  # asked by name early
 
     # Due a second ago: SQLite's clock (Django's Now()) has milliseconds, Python's
-    # microseconds, so "now" written from here can be ahead of the dispatcher's "now".
+    # microseconds, so "now" written from here can be ahead of the claim's "now".
     Job.objects.filter(pk=handle.id).update(next_attempt_at=timezone.now() - timedelta(seconds=1))
-    assert dispatch_once()["due_jobs"] == 1
-    assert OrmQ.objects.count() == 1
-    assert run_delivery(handle.id, worker="w1").outcome == "succeeded"
+    claim = claim_next(worker="w1")
+    assert claim.won and claim.job.pk == handle.id
+    assert not OrmQ.objects.exists()
+    assert run_claim(claim, "w1").outcome == "succeeded"
 
 
 def test_effectspec__an_address_as_recipient_fails_the_job_once_as_validation(make_user):

@@ -25,13 +25,13 @@ def test_backend__registers_its_kind_only_where_configured(settings):
     assert backends.configured_aliases() == []
 
 
-@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
-def test_enqueue__one_job_with_a_message_and_a_result_that_follows_it():
+def test_enqueue__one_job_row_no_message_and_a_result_that_follows_it():
     result = tasks.add.enqueue(2, 3)
     job = Job.objects.get(pk=int(result.id))
     assert (job.kind, job.subject_type) == (backends.KIND, "tests.testapp.tasks.add")
     assert job.params["args"] == [2, 3] and job.params["kwargs"] == {}
-    assert OrmQ.objects.count() == 1
+    assert job.state == Job.State.QUEUED and job.next_attempt_at <= timezone.now(), "due now"
+    assert OrmQ.objects.count() == 0, "the jobs table is the queue: no django_q_ormq row"
     assert (result.status, result.is_finished, result.args) == (Status.READY, False, [2, 3])
 
     run_delivery(job.pk, worker="w1")
@@ -45,23 +45,18 @@ def test_enqueue__one_job_with_a_message_and_a_result_that_follows_it():
     assert job.artifacts.get().content_type == "application/json"
 
 
-@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_enqueue__the_same_identity_is_one_job_and_other_args_are_refused():
     first = tasks.add.enqueue(1, 1, jobs_identity="sum-1-1")
     again = tasks.add.enqueue(1, 1, jobs_identity="sum-1-1")
     assert first.id == again.id
     assert again.kwargs == {}  # the identity is the backend's, not the function's
-    assert Job.objects.count() == 1 and OrmQ.objects.count() == 1
+    assert Job.objects.count() == 1 and OrmQ.objects.count() == 0
     with pytest.raises(jobs.JobConflict):
         tasks.add.enqueue(1, 2, jobs_identity="sum-1-1")
     assert tasks.add.enqueue(1, 1).id != first.id  # no identity: a new job each time
 
 
-def test_enqueue__run_after_waits_for_the_dispatcher(monkeypatch):
-    """On django-q2's ORM broker (the PostgreSQL broker holds a message until then)."""
-    from django_q.conf import Conf
-
-    monkeypatch.setattr(Conf, "BROKER_CLASS", None)
+def test_enqueue__run_after_waits_on_its_row_until_that_time():
     later = timezone.now() + timedelta(minutes=10)
     result = tasks.add.using(run_after=later).enqueue(4, 4)
     job = Job.objects.get(pk=int(result.id))

@@ -15,16 +15,15 @@ from collections import Counter
 
 import pytest
 from django.db import connection
-from django_q.models import OrmQ
-from django_q.signing import SignedPackage
 
 import jobs
+from jobs import rules
 from jobs.delivery.runner import claim_for, run_delivery
 from jobs.dispatch import dispatch_once
 from jobs.engine import groups
 from jobs.models import Attempt, Job, JobGroup
 from jobs.registry import kinds, register_kind
-from tests.jobs.helpers import expire_lease, request_job, run_job
+from tests.jobs.helpers import engine_messages, expire_lease, request_job, run_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -91,21 +90,18 @@ def parent(subject: str, **params) -> Job:
     return job
 
 
-def messages_for(job_ids) -> Counter:
-    """How many job messages on the queue name each of ``job_ids``."""
-    named = Counter()
-    for message in OrmQ.objects.all():
-        task = SignedPackage.loads(message.payload)
-        if task.get("func") == "jobs.tasks.run_job" and task["args"][0] in job_ids:
-            named[task["args"][0]] += 1
-    return named
+def claimable_now(job_ids) -> set[int]:
+    """Which of ``job_ids`` a claim may take now (their rows are the queue: waiting, due,
+    not held, budget left); and no engine job has a ``django_q_ormq`` row."""
+    assert engine_messages() == []
+    due = Job.objects.filter(rules.to_q(rules.CLAIMABLE), pk__in=job_ids)
+    return set(due.values_list("pk", flat=True))
 
 
 def children_of(job: Job) -> list[Job]:
     return list(Job.objects.filter(parent=job).order_by("pk"))
 
 
-@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_then__the_follow_up_exists_once_when_the_parent_succeeded():
     job = parent("chain", shape="chain")
     assert children_of(job) == []  # nothing is requested before the publish
@@ -117,19 +113,18 @@ def test_then__the_follow_up_exists_once_when_the_parent_succeeded():
         f"{job.pk}.next",
     )
     assert child.state == Job.State.QUEUED and child.params == {"n": 1}
-    assert messages_for({child.pk}) == {child.pk: 1}  # its message committed with it
-    # A redelivery of the finished parent: it requests nothing more (its message wakes
-    # the queue, so it may run the child instead: docs/app/scheduling.md).
-    run_delivery(job.pk, worker="w-2")
+    assert claimable_now({child.pk}) == {child.pk}  # due on its row, committed with it
+    # A redelivery of the finished parent: it requests nothing more, and runs nothing else
+    # (a named claim takes exactly the job it names).
+    assert run_delivery(job.pk, worker="w-2").outcome == "duplicate"
     assert len(children_of(job)) == 1
     child.refresh_from_db()
-    if child.state != Job.State.SUCCEEDED:
-        assert run_job(child.pk).outcome == Attempt.Outcome.SUCCEEDED
+    assert child.state == Job.State.QUEUED
+    assert run_job(child.pk).outcome == Attempt.Outcome.SUCCEEDED
     assert RAN[child.pk] == 1
     assert jobs.JobHandle(child).result == {"n": 1, "pages": 2}
 
 
-@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_then__a_stale_parent_requests_nothing_and_the_winner_requests_once(settings):
     """Worker A's lease runs out inside the handler; B claims and publishes (its follow-up
     is written); A returns the same follow-up: its publish is refused, nothing added."""
@@ -147,10 +142,9 @@ def test_then__a_stale_parent_requests_nothing_and_the_winner_requests_once(sett
     assert a.outcome == Attempt.Outcome.LEASE_LOST
     assert RAN[job.pk] == 2
     (child,) = children_of(job)
-    assert messages_for({child.pk}) == {child.pk: 1}
+    assert claimable_now({child.pk}) == {child.pk}
 
 
-@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_group__the_join_is_requested_once_when_the_last_child_ended_and_reads_results():
     job = parent("group")
     run_delivery(job.pk, worker="w-1")
@@ -170,7 +164,7 @@ def test_group__the_join_is_requested_once_when_the_last_child_ended_and_reads_r
         str(group.pk),
     )
     assert join.parent_id == job.pk and join.params == {"office": 7}
-    assert messages_for({join.pk}) == {join.pk: 1}
+    assert claimable_now({join.pk}) == {join.pk}
     assert run_job(join.pk).outcome == Attempt.Outcome.SUCCEEDED
     seen = JOINED[join.pk]
     assert [(c.name, c.state, c.result) for c in seen] == [
@@ -205,7 +199,7 @@ def test_group__a_child_that_did_not_succeed_makes_the_join_follow_its_kinds_rul
         assert join.state == state, "born final: it never runs"
         assert join.last_error_code == "children_failed"
         assert "1 of 3 children did not succeed (part-1 failed)" in join.last_error_detail
-        assert messages_for({join.pk}) == {}
+        assert claimable_now({join.pk}) == set()
         assert not Attempt.objects.filter(job=join).exists()
     else:
         assert run_job(join.pk).outcome == Attempt.Outcome.SUCCEEDED
@@ -233,7 +227,6 @@ def test_group__a_child_whose_budget_is_spent_counts_as_dead():
 
 
 @pytest.mark.postgres
-@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_group__children_ending_at_once_in_threads_request_one_join():
     """Twelve children publish concurrently, each in its own thread and connection: the
     group's counter takes every end once and exactly one transaction requests the join."""
@@ -256,14 +249,14 @@ def test_group__children_ending_at_once_in_threads_request_one_join():
         thread.start()
     for thread in threads:
         thread.join(60)
-    # A delivery may take another due child of the queue: every child ran exactly once.
+    # Each delivery took the child it named: every child ran exactly once.
     assert Job.objects.filter(pk__in=ids, state=Job.State.SUCCEEDED).count() == 12
     leftover = [pk for pk in ids if Attempt.objects.filter(job_id=pk, number=1).count() != 1]
     assert leftover == []
     group.refresh_from_db()
     assert (group.ended, group.not_succeeded, group.version) == (12, 0, 12)
     assert Job.objects.filter(subject_type="jobs.group", subject_id=str(group.pk)).count() == 1
-    assert messages_for({group.join_id}) == {group.join_id: 1}
+    assert claimable_now({group.join_id}) == {group.join_id}
 
 
 def test_cancel__a_finished_parent_cancels_its_follow_ups_not_running_and_its_join():

@@ -12,7 +12,11 @@ from jobs import checks, executors, queue
 from jobs.providers import email
 
 ROOT = Path(__file__).resolve().parents[2]
-GOOD_Q = {"orm": "default", "timeout": 5, "retry": 7}
+# The claiming broker of the test database (the jobs table is the queue, jobs.E021).
+GOOD_BROKER = (
+    queue.CLAIMING_BROKER if connection.vendor == "postgresql" else queue.ORM_CLAIMING_BROKER
+)
+GOOD_Q = {"orm": "default", "timeout": 5, "retry": 7, "broker_class": GOOD_BROKER}
 
 
 def _ids(messages) -> list[str]:
@@ -25,10 +29,10 @@ def test_check_django_q__missing_app_is_named(settings):
     assert error.id == "jobs.E020" and "'django_q' must be in INSTALLED_APPS" in error.msg
 
 
-def test_check_broker__orm_broker_on_the_jobs_database(settings):
+def test_check_broker__the_claiming_broker_on_the_jobs_database(settings):
     settings.Q_CLUSTER = {**GOOD_Q}
     assert queue.check_broker() == []
-    settings.Q_CLUSTER = {"timeout": 5, "retry": 7, "redis": {"host": "127.0.0.1"}}
+    settings.Q_CLUSTER = {"timeout": 5, "retry": 7, "broker_class": GOOD_BROKER}
     [error] = queue.check_broker()
     assert error.id == "jobs.E021" and "Q_CLUSTER['orm']" in error.msg
     settings.Q_CLUSTER = {**GOOD_Q, "orm": "other"}
@@ -36,13 +40,25 @@ def test_check_broker__orm_broker_on_the_jobs_database(settings):
     assert error.id == "jobs.E022" and "'other'" in error.msg and "'default'" in error.msg
 
 
-def test_check_broker__another_broker_class_is_refused_the_postgres_one_needs_postgresql(
+def test_check_broker__a_message_broker_is_refused_the_postgres_claimer_needs_postgresql(
     settings,
 ):
-    settings.Q_CLUSTER = {**GOOD_Q, "broker_class": "django_q.brokers.redis_broker.Redis"}
-    [error] = queue.check_broker()
-    assert error.id == "jobs.E021" and "redis_broker.Redis" in error.msg
-    settings.Q_CLUSTER = {**GOOD_Q, "broker_class": "jobs.broker.PostgresBroker"}
+    """A job has no message: a cluster on any broker but a claiming one would never run it
+    (django-q2's ORM broker, left unset, included); under ``sync`` nothing is claimed."""
+    for other in (
+        "django_q.brokers.redis_broker.Redis",
+        "jobs.broker.PostgresBroker",
+        None,
+    ):
+        settings.Q_CLUSTER = {**GOOD_Q, "broker_class": other}
+        [error] = queue.check_broker()
+        assert error.id == "jobs.E021", other
+        assert (other or "unset") in error.msg and GOOD_BROKER in error.hint, error
+    settings.Q_CLUSTER = {**GOOD_Q, "broker_class": None, "sync": True}
+    assert queue.check_broker() == []
+    settings.Q_CLUSTER = {**GOOD_Q, "broker_class": queue.ORM_CLAIMING_BROKER}
+    assert queue.check_broker() == [], "the ORM's claiming broker serves any database"
+    settings.Q_CLUSTER = {**GOOD_Q, "broker_class": queue.CLAIMING_BROKER}
     if connection.vendor == "postgresql":
         assert queue.check_broker() == []
     else:

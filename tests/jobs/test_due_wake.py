@@ -1,150 +1,95 @@
-"""Work due later is woken at its due time: a retry's and a ``run_after``'s message is sent
-in the transaction that makes the job wait, held by the PostgreSQL broker until then
-(``jobs.bulk.enqueue_job_when_due``), and the dispatcher sends no second one.
-
-On django-q2's ORM broker (which compares a message's lock with the worker's clock) the
-dispatcher still sends it when the job is due.
+"""Work due later waits on its row: a retry's backoff and a ``run_after`` are due times on
+the job, claimable by the next-job claim once they come and not before, with no message
+at any time (the jobs table is the queue). The stall check and the console read the same
+rows: a job waiting for its due time is no sign of a wedged cluster, and counts as
+waiting, not as taken.
 """
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 
 import pytest
+from django.db.models.functions import Now
 from django.utils import timezone
-from django_q.conf import Conf
 from django_q.models import OrmQ
 
 import jobs
-from jobs import dispatch
-from jobs.broker import PostgresBroker
 from jobs.models import Attempt, Job
-from jobs.queue import POSTGRES_BROKER
-from tests.jobs.helpers import deliver, new_job
+from tests.jobs.helpers import claim_next, deliver, new_job
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
-
-
-def _messages(job: Job) -> list[OrmQ]:
-    return [m for m in OrmQ.objects.all() if tuple(m.args()) == (job.pk,)]
-
-
-@pytest.fixture
-def pg_broker(monkeypatch):
-    monkeypatch.setattr(Conf, "BROKER_CLASS", POSTGRES_BROKER)
-    monkeypatch.setattr(Conf, "RETRY", 60)
-
-
-@pytest.fixture
-def orm_broker(monkeypatch):
-    monkeypatch.setattr(Conf, "BROKER_CLASS", None)
 
 
 def _failed_once(users, username: str) -> Job:
     """A job of a new user whose first attempt failed for a while: it waits to be retried."""
     job = new_job(users.objects.create_user(username=username), fail={"1": "temporary"})
-    OrmQ.objects.all().delete()  # the first delivery's message, taken by this test
     assert deliver(job.pk).outcome == "retry"
     job.refresh_from_db()
-    assert job.state == Job.State.RETRY_WAIT
+    assert job.state == Job.State.RETRY_WAIT and job.next_attempt_at > timezone.now()
     return job
 
 
-@pytest.mark.postgres
-def test_retry__its_message_is_sent_with_the_retry_and_held_until_its_due_time(
-    pg_broker, django_user_model
-):
+def _come_due(job: Job) -> None:
+    """Time passes: the job's due time is a second past, by the server's clock."""
+    Job.objects.filter(pk=job.pk).update(next_attempt_at=Now() - timedelta(seconds=1))
+
+
+def test_retry__claimable_at_its_due_time_not_before_and_with_no_message(django_user_model):
     job = _failed_once(django_user_model, "due-wake")
-    [message] = _messages(job)
-    # Message and row agree on the due time to the microsecond; the message is marked sent.
-    assert message.lock == job.next_attempt_at == job.enqueued_for
-    broker = PostgresBroker()
-    assert broker.queue_size() == 0, "not due yet: no pusher takes it"
-
-    left = (job.next_attempt_at - timezone.now()).total_seconds()
-    time.sleep(max(0.0, left) + 0.3)
-    assert dispatch.dispatch_once()["due_jobs"] == 0, "its due time has its message already"
-    [(pk, _payload)] = broker.dequeue() or [(None, None)]
-    assert pk == message.pk
-    broker.acknowledge(pk)
-    assert deliver(job.pk).outcome == "succeeded"
-    broker.close()
+    assert not OrmQ.objects.exists(), "no message for the retry, nor for the first run"
+    assert claim_next() is None, "not due yet"
+    _come_due(job)
+    claim = claim_next()
+    assert claim.won and claim.job.pk == job.pk and claim.job.attempts == 2
+    assert claim_next() is None, "claimed once"
 
 
-@pytest.mark.postgres
-def test_run_after__its_message_waits_in_the_broker_for_that_time(pg_broker, django_user_model):
+def test_run_after__the_job_waits_on_its_row_for_that_time(django_user_model):
     user = django_user_model.objects.create_user(username="due-later")
     later = timezone.now() + timedelta(minutes=5)
     handle = jobs.request("test.steps", ("auth.user", user.pk), params={}, run_after=later)
-    job = handle.job
-    [message] = _messages(job)
-    job.refresh_from_db()
-    assert message.lock == job.next_attempt_at == job.enqueued_for == later
-    assert dispatch.dispatch_once()["due_jobs"] == 0
+    handle.refresh()
+    assert handle.job.next_attempt_at == later and handle.job.state == Job.State.QUEUED
+    assert not OrmQ.objects.exists()
+    assert claim_next() is None
 
 
-@pytest.mark.postgres
-def test_run_after_in_the_past__its_message_is_due_now(pg_broker, django_user_model):
+def test_run_after_in_the_past__the_job_is_claimable_now(django_user_model):
     user = django_user_model.objects.create_user(username="due-past")
     handle = jobs.request(
         "test.steps", ("auth.user", user.pk), params={}, run_after=timezone.now() - timedelta(1)
     )
-    [message] = _messages(handle.job)
-    assert PostgresBroker().queue_size() == 1, "a due time already past: taken at once"
-    assert message.lock <= timezone.now()
+    claim = claim_next()
+    assert claim.won and claim.job.pk == handle.id
+    assert not OrmQ.objects.exists()
 
 
-def test_orm_broker__the_dispatcher_sends_a_retry_when_it_is_due(orm_broker, django_user_model):
-    job = _failed_once(django_user_model, "due-orm")
-    assert _messages(job) == [], "no message before the dispatcher's"
-    assert job.enqueued_for < job.next_attempt_at, "the last message was for an earlier due time"
-    left = (job.next_attempt_at - timezone.now()).total_seconds()
-    time.sleep(max(0.0, left) + 0.3)
-    assert dispatch.dispatch_once()["due_jobs"] == 1
-    assert len(_messages(job)) == 1
-
-
-@pytest.mark.postgres
-def test_supervisor__a_message_sent_ahead_is_no_sign_of_a_wedged_cluster(
-    pg_broker, django_user_model, monkeypatch
+def test_supervisor__a_retry_waiting_for_its_due_time_is_no_sign_of_a_wedged_cluster(
+    django_user_model,
 ):
-    """A retry's message waits in the broker with its lock at the due time, which the
-    stall check's window for taken messages covers. It is told apart by the due time it
-    carries: untaken, it is no sign (even after an operator moved the job's due time, so
-    that the job and the message no longer agree); taken and never begun, it is."""
+    """A retry whose due time has not come is waiting, not stuck; one due for longer than
+    the grace and never claimed is the sign (``supervisor.messages_waiting``)."""
     from jobs import supervisor
 
-    monkeypatch.setattr(Conf, "RETRY", 180)
     job = _failed_once(django_user_model, "due-stall")
     Attempt.objects.filter(job=job).update(started_at=timezone.now() - timedelta(hours=1))
-    [message] = _messages(job)
-    later = timezone.now() + timedelta(seconds=60)
-    OrmQ.objects.filter(pk=message.pk).update(lock=later)
-    Job.objects.filter(pk=job.pk).update(next_attempt_at=later, enqueued_for=later)
-    # The message says it was sent for ``later``: rewrite its payload as the engine would.
-    from django_q.signing import SignedPackage
-
-    task = message.task
-    task["kwargs"]["due"] = later.isoformat()
-    OrmQ.objects.filter(pk=message.pk).update(payload=SignedPackage.dumps(task))
+    Job.objects.filter(pk=job.pk).update(next_attempt_at=timezone.now() + timedelta(seconds=60))
     assert supervisor.messages_waiting(stall=30, grace=5) == ""
-    # The operator ran it now: the job moved on, the message still waits for ``later``.
-    Job.objects.filter(pk=job.pk).update(next_attempt_at=timezone.now())
-    assert supervisor.messages_waiting(stall=30, grace=5) == ""
-    # Taken a minute ago (its lock is then taken + retry) and no attempt began since.
-    OrmQ.objects.filter(pk=message.pk).update(lock=timezone.now() + timedelta(seconds=120))
-    assert "never begun" in supervisor.messages_waiting(stall=30, grace=5)
+    # Due a minute ago and no claim took it: that is what a wedged cluster leaves.
+    Job.objects.filter(pk=job.pk).update(next_attempt_at=timezone.now() - timedelta(seconds=60))
+    assert "not claimed" in supervisor.messages_waiting(stall=30, grace=5)
 
 
-@pytest.mark.postgres
-def test_console__a_message_sent_ahead_is_counted_as_waiting_not_as_taken(
-    pg_broker, django_user_model
+def test_console__a_retry_waiting_for_its_due_time_is_counted_as_waiting_not_as_taken(
+    django_user_model, settings
 ):
     from jobs.ops import console
 
+    settings.JOBS_LEASE_SECONDS = 60  # claimed below, not run
     job = _failed_once(django_user_model, "due-console")
-    [message] = _messages(job)
-    assert console.queue_depth() == (1, 0, 1), "held for the job's due time"
-    OrmQ.objects.filter(pk=message.pk).update(lock=timezone.now() + timedelta(seconds=170))
+    assert console.queue_depth() == (1, 0, 1), "waiting for the job's due time"
+    _come_due(job)
+    assert console.queue_depth() == (1, 0, 0), "due now, not yet taken"
+    assert claim_next().won
     assert console.queue_depth() == (1, 1, 0), "a cluster took it"

@@ -9,8 +9,8 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 from django_q.models import OrmQ
 
+from jobs import claiming, rules
 from jobs.delivery import release
-from jobs.dispatch import dispatch_once
 from jobs.engine import effect_machine
 from jobs.models import Effect, EffectEvent, Job
 from jobs.tasks import release_effect
@@ -37,11 +37,17 @@ def _job(user, *providers: str, kind: str = "test.release_check_raises", subject
 
 
 def _time_passes(effect: Effect) -> None:
-    """Skip the backoff: the effect is due, and its last message predates that."""
+    """Skip the backoff: the effect is due."""
     now = timezone.now()
     Effect.objects.filter(pk=effect.pk, state__in=[State.PENDING, State.UNKNOWN]).update(
-        next_attempt_at=now - timedelta(seconds=1), enqueued_for=now - timedelta(seconds=2)
+        next_attempt_at=now - timedelta(seconds=1)
     )
+
+
+def _releasable(**filters) -> list[int]:
+    """The effects a sender may lease now, by their ledger rows (the ledger is the queue)."""
+    due = Effect.objects.filter(rules.to_q(rules.EFFECT_RELEASABLE), **filters)
+    return list(due.values_list("pk", flat=True))
 
 
 @pytest.mark.postgres
@@ -58,8 +64,7 @@ def test_release_check_that_always_raises__stops_at_the_budget_in_needs_review(m
         assert rounds < 20, "the effect path retries forever"
         for effect in Effect.objects.filter(job=job):
             _time_passes(effect)
-        dispatch_once()  # the dispatcher sends the retries' messages
-        run_queued_effects()
+        run_queued_effects()  # what a cluster's claim of each due effect runs
     for effect in Effect.objects.filter(job=job):
         assert effect.state == State.NEEDS_REVIEW, effect.reason
         assert effect.attempts == effect.max_attempts == 4
@@ -67,7 +72,9 @@ def test_release_check_that_always_raises__stops_at_the_budget_in_needs_review(m
         actions = list(effect.events.values_list("action", flat=True))
         assert actions.count(Action.CHECK) == 4 and Action.SEND not in actions, "nothing sent"
         assert missing_event_versions(effect) == []
-    assert dispatch_once()["effects"] == 0, "a spent budget is never re-driven"
+    assert _releasable(job=job) == [], "a spent budget is never claimed again"
+    assert claiming.claims().claim_effect("w9") is None
+    assert not OrmQ.objects.exists()
     from django.core import mail
 
     assert mail.outbox == []
@@ -102,8 +109,7 @@ def test_sender_that_keeps_dying__the_claim_stops_at_the_budget(make_user, setti
 def deliver_without_effects(job: Job) -> None:
     from jobs.delivery.runner import run_delivery
 
-    run_delivery(job.pk, worker="w1")
-    OrmQ.objects.filter(pk__in=[m.pk for m in OrmQ.objects.all() if "release" in m.func()]).delete()
+    run_delivery(job.pk, worker="w1")  # its effects stay due on the ledger, unsent
 
 
 # --- each arrow commits with its event, or not at all ----------------------------------------
@@ -151,20 +157,18 @@ def test_ledger_arrow__rolls_back_when_its_event_cannot_be_written(
     state, move = ARROWS[arrow]
     effect = _effect_in(make_user(), state, subject=1)
     before = Effect.objects.filter(pk=effect.pk).values().get()
-    messages = OrmQ.objects.count()
     with pytest.raises(DatabaseError, match="event refused"):
         move(effect)
     assert Effect.objects.filter(pk=effect.pk).values().get() == before, "no arrow without event"
-    assert OrmQ.objects.count() == messages, "nor its message"
+    assert not OrmQ.objects.exists(), "and no message either way"
     assert not EffectEvent.objects.exists()
 
 
 # --- operator actions enqueue and return; a worker sends --------------------------------------
 
 
-@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 @pytest.mark.django_db
-def test_send_again__enqueues_with_a_fresh_budget_and_the_operator_named(make_user, settings):
+def test_send_again__makes_it_due_with_a_fresh_budget_and_the_operator_named(make_user, settings):
     settings.JOBS_EFFECT_MAX_ATTEMPTS = 2
     effect = _effect_in(make_user(email="r@example.org"), State.NEEDS_REVIEW, subject=1)
     Effect.objects.filter(pk=effect.pk).update(attempts=2, max_attempts=2)
@@ -172,8 +176,8 @@ def test_send_again__enqueues_with_a_fresh_budget_and_the_operator_named(make_us
     assert effect_machine.send_again(effect, operator="alice")
     effect.refresh_from_db()
     assert effect.state == State.PENDING and effect.max_attempts == 4
-    (message,) = [m for m in OrmQ.objects.all() if m.func() == "jobs.tasks.release_effect"]
-    assert message.task["args"] == (effect.pk,)
+    assert _releasable(pk=effect.pk) == [effect.pk], "due on its ledger row"
+    assert not OrmQ.objects.exists(), "no message: a cluster claims it from the ledger"
     assert effect.events.get().actor == "operator:alice"
     assert release_effect(effect.pk) == State.APPLIED
     effect.refresh_from_db()

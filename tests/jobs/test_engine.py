@@ -12,18 +12,25 @@ from unittest import mock
 
 import pytest
 from django.core.management import call_command
-from django.db.models import Q
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django_q.models import OrmQ
 
-from jobs import artifacts, registry, services
+from jobs import artifacts, claiming, conf, registry, rules, services
 from jobs.delivery import runner
 from jobs.delivery.runner import run_delivery
-from jobs.dispatch import dispatch_once
 from jobs.engine import effect_machine, job_machine
 from jobs.executors import postgres
 from jobs.models import Artifact, Attempt, Effect, Job, Notice
 from jobs.tasks import release_effect
-from tests.jobs.helpers import Crash, expire_lease, make_due, new_job, run_queued_effects
+from tests.jobs.helpers import (
+    Crash,
+    claim_next,
+    expire_lease,
+    make_due,
+    new_job,
+    run_queued_effects,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -34,23 +41,28 @@ def outcomes(job):
     return list(Attempt.objects.filter(job=job).order_by("id").values_list("outcome", flat=True))
 
 
-@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
 def test_request_job__same_subject_and_revision_is_the_same_job(make_user):
     user = make_user()
     first = new_job(user)
     again = new_job(user)
     other_revision = new_job(user, revision=2)
     assert first.pk == again.pk != other_revision.pk
-    assert OrmQ.objects.count() == 2, "one message per job, not per request"
+    assert Job.objects.count() == 2, "one row per job, not per request"
+    assert not OrmQ.objects.exists(), "the jobs table is the queue: no django_q_ormq row"
 
 
-@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
-def test_request_job__queue_message_carries_only_the_job_id(make_user):
+def test_request_job__no_queue_message_and_the_wakeup_carries_nothing_private(make_user):
     user = make_user()
-    job = new_job(user, note="private-marker-123")
-    (message,) = OrmQ.objects.all()
-    assert message.task["args"] == (job.pk,)
-    assert "private-marker-123" not in str(message.task)
+    with CaptureQueriesContext(connection) as asked:
+        job = new_job(user, note="private-marker-123")
+    assert Job.objects.get(pk=job.pk).params["note"] == "private-marker-123"
+    assert not OrmQ.objects.exists()
+    queue_statements = [
+        q["sql"]
+        for q in asked.captured_queries
+        if "pg_notify" in q["sql"] or "django_q" in q["sql"]
+    ]
+    assert not [sql for sql in queue_statements if "private-marker-123" in sql]
 
 
 def test_run_delivery__one_artifact_one_effect_one_notice(make_user):
@@ -82,7 +94,7 @@ def test_run_delivery__malformed_payload_fails_once_with_a_readable_reason(make_
     assert job.state == Job.State.FAILED and job.attempts == 1
     assert (job.last_error_class, job.last_error_code) == ("validation", "payload_invalid")
     assert "params.recipients must be a list" in job.last_error_detail
-    assert dispatch_once()["due_jobs"] == 0, "a permanent failure is never re-driven"
+    assert claim_next() is None, "a permanent failure is never claimed again"
     assert run_delivery(job.pk, worker="w2").outcome == "duplicate"
     assert Job.objects.get(pk=job.pk).attempts == 1
 
@@ -165,15 +177,13 @@ def test_crash_after_publish_before_ack__the_in_app_notice_committed_with_publis
     assert effect.provider_ref == f"notice:{Notice.objects.get().pk}"
 
     assert run_delivery(job.pk, worker="w2").outcome == "duplicate"
-    OrmQ.objects.all().delete()
-    assert dispatch_once()["effects"] == 0, "nothing left to re-drive"
+    assert claiming.claims().claim_effect("w9") is None, "nothing left to release"
     assert release_effect(effect.pk) == "skipped"
     assert Notice.objects.count() == 1
 
 
-@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
-def test_published_effect_left_pending__is_sent_by_its_own_message_once(make_user, monkeypatch):
-    """A notice that could not be built at publish goes pending with its own message.
+def test_published_effect_left_pending__is_due_on_the_ledger_and_sent_once(make_user, monkeypatch):
+    """A notice that could not be built at publish goes pending, due on its ledger row.
 
     Building the in-app notice (``notice_for``, in the publish plan) fails here: the
     retry table decides, as for a failed apply, and the job still publishes.
@@ -186,7 +196,6 @@ def test_published_effect_left_pending__is_sent_by_its_own_message_once(make_use
         raise ConnectionResetError("notice store unavailable")
 
     monkeypatch.setattr(inapp, "notice_for", flaky_notice)
-    job_messages = list(OrmQ.objects.values_list("pk", flat=True))
     run_delivery(job.pk, worker="w1")
     monkeypatch.undo()
     effect = Effect.objects.get(job=job)
@@ -195,10 +204,9 @@ def test_published_effect_left_pending__is_sent_by_its_own_message_once(make_use
     assert list(effect.events.values_list("action", "outcome", "version")) == [
         ("send", "pending", 1)
     ], "the failed apply is recorded"
-    message = OrmQ.objects.filter(~Q(pk__in=job_messages)).get()
-    assert message.task["func"] == "jobs.tasks.release_effect"
-    assert message.task["args"] == (effect.pk,)
-    assert dispatch_once()["effects"] == 0, "its message is already on the queue"
+    assert not OrmQ.objects.exists(), "no message: the ledger row is its queue entry"
+    releasable = Effect.objects.filter(rules.to_q(rules.EFFECT_RELEASABLE))
+    assert list(releasable.values_list("pk", flat=True)) == [effect.pk]
     assert release_effect(effect.pk) == "applied"
     assert release_effect(effect.pk) == "skipped"
     assert Notice.objects.count() == 1
@@ -243,31 +251,34 @@ def test_revoked_recipient__effect_withheld_then_released_once_after_regrant(mak
     assert Notice.objects.count() == 1
 
 
-@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
-def test_dispatch__due_retry_is_enqueued_once_per_due_time(make_user):
+def test_retry__a_due_retry_is_claimable_once_at_its_due_time(make_user):
     user = make_user()
     job = new_job(user, fail={"1": "temporary"})
-    run_delivery(job.pk, worker="w")
-    OrmQ.objects.all().delete()
-    assert dispatch_once()["due_jobs"] == 0, "not due yet"
+    assert run_delivery(job.pk, worker="w").outcome == "retry"
+    assert Job.objects.get(pk=job.pk).state == Job.State.RETRY_WAIT
+    assert claim_next(worker="w2") is None, "not due yet"
     make_due(job)
-    assert dispatch_once()["due_jobs"] == 1
-    assert dispatch_once()["due_jobs"] == 0
-    assert OrmQ.objects.count() == 1
+    claim = claim_next(worker="w2")
+    assert claim.won and claim.job.pk == job.pk and claim.job.attempts == 2
+    assert claim_next(worker="w3") is None, "claimed once"
+    assert not OrmQ.objects.exists()
+    assert runner.run_claim(claim, "w2").outcome == "succeeded"
 
 
-@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
-def test_dispatch__expired_lease_gets_one_message(make_user):
+def test_expired_lease__its_job_is_claimed_again_once(make_user):
     user = make_user()
     job = new_job(user)
     with pytest.raises(Crash):
         run_delivery(job.pk, worker="w1", on_stage=lambda stage, ctx: (_ for _ in ()).throw(Crash))
-    OrmQ.objects.all().delete()
-    assert dispatch_once()["expired_leases"] == 0
+    claims, lease, bound = claiming.claims(), conf.lease_seconds(), conf.tenant_concurrency()
+    assert claims.decide_own_verdict("default", "w2", lease=lease, bound=bound) is None
     expire_lease(job)
-    assert dispatch_once()["expired_leases"] == 1
-    assert dispatch_once()["expired_leases"] == 0
-    assert run_delivery(job.pk, worker="w2").outcome == "succeeded"
+    claim = claims.decide_own_verdict("default", "w2", lease=lease, bound=bound)
+    assert claim.won and claim.job.pk == job.pk and claim.job.lease_owner == "w2"
+    assert claims.decide_own_verdict("default", "w3", lease=lease, bound=bound) is None
+    assert claim_next(worker="w3") is None, "held by w2 now"
+    assert not OrmQ.objects.exists()
+    assert runner.run_claim(claim, "w2").outcome == "succeeded"
 
 
 def test_tenant_bound__delivery_over_the_bound_is_deferred_without_spending_an_attempt(
@@ -287,7 +298,7 @@ def test_tenant_bound__delivery_over_the_bound_is_deferred_without_spending_an_a
     assert held["second"].outcome == "deferred"
     second.refresh_from_db()
     assert second.state == Job.State.QUEUED and second.attempts == 0
-    assert second.enqueued_for is None, "the dispatcher re-enqueues it when due"
+    assert not OrmQ.objects.exists(), "its row's due time is all it needs"
     make_due(second)
     assert run_delivery(second.pk, worker="w2").outcome == "succeeded"
 
@@ -364,24 +375,6 @@ def test_expired_lease__worker_can_neither_heartbeat_nor_publish_even_unreclaime
     assert job_machine.publish(late, "late-worker") is False
     assert Job.objects.get(pk=job.pk).state == Job.State.RUNNING, "left for a reclaim"
     assert run_delivery(job.pk, worker="next-worker").outcome == "succeeded"
-
-
-@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
-def test_dispatch__a_lost_message_is_replaced_after_the_redrive_window(make_user, settings):
-    """A due job whose message vanished (purged, or held by a dead cluster) is not stuck."""
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    settings.JOBS_REDRIVE_AFTER_SECONDS = 30
-    job = new_job(make_user())
-    OrmQ.objects.all().delete()  # the message is lost
-    assert dispatch_once()["due_jobs"] == 0, "inside the window the message may still come"
-    Job.objects.filter(pk=job.pk).update(enqueued_for=timezone.now() - timedelta(seconds=31))
-    assert dispatch_once()["due_jobs"] == 1
-    assert dispatch_once()["due_jobs"] == 0, "one replacement per window, not a flood"
-    assert OrmQ.objects.count() == 1
-    assert run_delivery(job.pk, worker="w").outcome == "succeeded"
 
 
 @pytest.mark.postgres

@@ -3,7 +3,7 @@
 Real connections in threads. Worker A freezes inside its publish transaction
 (it sends nothing, as under SIGSTOP) past its lease; the server ends its
 transaction, so A's commit fails; worker B reclaims and publishes; the
-dispatcher passes over rows that a transaction holds instead of waiting.
+claim passes over rows that a transaction holds instead of waiting.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import threading
 import pytest
 from django.db import connection, connections, transaction
 from django.db.models.functions import Now
+from django_q.models import OrmQ
 
-from jobs import registry
+from jobs import claiming, conf, registry
 from jobs.delivery.runner import run_delivery
-from jobs.dispatch import dispatch_once
 from jobs.models import Attempt, Effect, Job, Notice
 from jobs.providers.inapp import InAppProvider
 from tests.jobs.helpers import expire_lease, request_job
@@ -82,8 +82,10 @@ def test_worker_frozen_inside_publish__its_commit_fails_and_another_publishes(ma
     assert winner.worker == "worker-b"
 
 
-@pytest.mark.usefixtures("message_broker")  # a promise about its queue message
-def test_dispatcher__passes_over_a_locked_row_instead_of_waiting(make_user):
+def test_claim__passes_over_an_expired_lease_whose_row_is_locked_instead_of_waiting(make_user):
+    """The claim of a queue's next due work (here a lease that ran out: its own verdict,
+    ``decide_own_verdict``) skips a row another transaction holds, and takes it once that
+    transaction ended; nothing is sent to ``django_q_ormq`` either way."""
     user = make_user()
     job, _ = request_job("test.steps", subject_type="auth.user", subject_id=user.pk)
     run_delivery(job.pk, worker="w1")  # succeeded; make another one that looks stuck
@@ -103,17 +105,24 @@ def test_dispatcher__passes_over_a_locked_row_instead_of_waiting(make_user):
         finally:
             connections.close_all()
 
+    claims = claiming.claims()
+    lease, bound = conf.lease_seconds(), conf.tenant_concurrency()
     t = threading.Thread(target=holder)
     t.start()
     try:
         assert holding.wait(10)
-        sent = dispatch_once()  # would block on the row lock without SKIP LOCKED
+        # Would block on the row lock without SKIP LOCKED.
+        assert claims.decide_own_verdict("default", "w2", lease=lease, bound=bound) is None
+        assert claims.claim_next("default", "w2", lease=lease, bound=bound) is None
         assert not release.is_set()
-        assert sent["expired_leases"] == 0, "the locked row is passed over this sweep"
+        assert Job.objects.get(pk=stuck.pk).lease_owner == "gone", "passed over this look"
     finally:
         release.set()
         t.join(30)
-    assert dispatch_once()["expired_leases"] == 1, "and picked up by the next one"
+    again = claims.decide_own_verdict("default", "w2", lease=lease, bound=bound)
+    assert again is not None and again.status == "claimed" and again.job.pk == stuck.pk
+    assert Job.objects.get(pk=stuck.pk).lease_owner == "w2", "and taken by the next look"
+    assert not OrmQ.objects.exists()
 
 
 def _lease_over(job: Job) -> bool:

@@ -605,13 +605,15 @@ def _claim_next_waiting(queue: str, worker: str):
 
 @pytest.mark.postgres
 def test_claims__rows_before_scopes__a_named_claim_and_a_next_claim_never_deadlock(make_user):
-    """The engine's claim of a named job (message brokers) and the next-job claim
+    """The engine's claim of a named job (``run_delivery``: django-q2's ``sync``, the
+    drill, ``jobs.testing``, a message an older version left) and the next-job claim
     statement meet on one tenant's lock. The statement holds its candidate rows (the
     named job among them, not the one it picked) while it waits for the tenant's lock;
     the named claim, queued first for that lock, gets it. Were it then to wait for its
     job's row, each would wait for the other and the server would end one as a
-    deadlock (seen in ``make bench`` with Q_BROKER=postgres): it takes the row first,
-    tried, so the statement passes over it. Both claims succeed."""
+    deadlock (seen in ``make bench`` when named claims ran on every delivery): it takes
+    the row first, tried, so the statement passes over it. Both claims succeed, each
+    of its own job (the named claim never swaps)."""
     from jobs.engine import named_claim
 
     user = make_user()

@@ -1,9 +1,9 @@
-"""Several hosts (issue 23): identities carry the host; dispatchers need no leader.
+"""Several hosts (issue 23): identities carry the host; claims need no leader.
 
-Dispatchers on every host sweep at once, each on its own connection (threads here,
-processes in ``make scaleout``): every due job and every expired lease still gets
-exactly one message, because each message is guarded by the conditional UPDATE of
-``enqueued_for`` in the transaction that enqueues it.
+Clusters on every host claim at once, each on its own connection (threads here,
+processes in ``make scaleout``): every due job and every expired lease is claimed
+exactly once, from its row (``FOR UPDATE SKIP LOCKED`` and the job's CAS), and no
+engine job has a ``django_q_ormq`` row.
 """
 
 from __future__ import annotations
@@ -16,14 +16,10 @@ from django.db import connections
 from django.db.models.functions import Now
 from django_q.models import OrmQ
 
-from jobs import conf
-from jobs.dispatch import dispatch_once
+from jobs import claiming, conf
 from jobs.engine import job_machine
 from jobs.models import Job
 from tests.jobs.helpers import expire_lease, new_job
-
-# These promises are about queue messages (jobs.queue, jobs.bulk, jobs.dispatch).
-pytestmark = pytest.mark.usefixtures("message_broker")
 
 
 def test_worker_identity__carries_the_configured_host_name(settings, monkeypatch):
@@ -38,18 +34,11 @@ def test_worker_identity__carries_the_configured_host_name(settings, monkeypatch
     assert conf.host_name() == socket.gethostname()
 
 
-def _job_messages() -> Counter:
-    out: Counter = Counter()
-    for message in OrmQ.objects.all():
-        task = message.task
-        if task["func"] == "jobs.tasks.run_job":
-            out[task["args"][0]] += 1
-    return out
-
-
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_dispatchers__on_every_host_at_once__one_message_per_due_job():
+def test_claims__on_every_host_at_once__each_due_job_and_expired_lease_claimed_once(settings):
+    settings.JOBS_LEASE_SECONDS = 60  # claimed and not run: no lease runs out meanwhile
+    settings.JOBS_TENANT_CONCURRENCY = 100  # one tenant's 40 jobs all start
     due = [new_job(kind="test.steps", subject=1000 + i) for i in range(40)]
     expired = due[:15]
     Job.objects.filter(pk__in=[j.pk for j in expired]).update(
@@ -58,28 +47,37 @@ def test_dispatchers__on_every_host_at_once__one_message_per_due_job():
     for job in expired:
         expire_lease(job)
     Job.objects.filter(pk__in=[j.pk for j in due[15:]]).update(next_attempt_at=Now())
-    OrmQ.objects.all().delete()  # the messages of the requests: the dispatchers start cold
 
     start = threading.Barrier(3)
-    sent: list[dict] = []
+    claimed: list[tuple[str, int]] = []
 
-    def dispatcher():
+    def host(name: str):
         try:
+            claimer = claiming.Claimer(["default"])
             start.wait(10)
-            for _ in range(3):
-                sent.append(dispatch_once())
+            for _ in range(100):
+                claim = claimer.next(name)
+                if claim is None:
+                    # As an idle pusher at its next due time: expired leases looked at first.
+                    claimer.look_now()
+                    claim = claimer.next(name)
+                if claim is None:
+                    break
+                claimed.append((name, claim.job.pk))
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=dispatcher) for _ in range(3)]
+    threads = [threading.Thread(target=host, args=(f"host-{h}:1:w",)) for h in "bcd"]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    messages = _job_messages()
-    assert sorted(messages) == sorted(j.pk for j in due), "every due job got a message"
-    assert set(messages.values()) == {1}, "and only one, whichever dispatcher sent it"
-    assert sum(s["due_jobs"] + s["expired_leases"] for s in sent) == len(due)
+    counts = Counter(pk for _, pk in claimed)
+    assert sorted(counts) == sorted(j.pk for j in due), "every due job was claimed"
+    assert set(counts.values()) == {1}, "and only once, whichever host claimed it"
+    owners = dict(Job.objects.filter(pk__in=counts).values_list("pk", "lease_owner"))
+    assert owners == {pk: name for name, pk in claimed}, "by the host that claimed it"
+    assert not OrmQ.objects.exists(), "no engine job has a django_q_ormq row"
 
 
 @pytest.mark.postgres
@@ -104,14 +102,14 @@ def test_check_pooler__port_other_than_the_servers__warns_while_prepared_stateme
 
 @pytest.mark.postgres
 @pytest.mark.django_db
-def test_check_broker_pooler__the_postgres_brokers_listen_through_a_pooler_warns(
+def test_check_broker_pooler__the_claiming_brokers_listen_through_a_pooler_warns(
     settings, monkeypatch
 ):
     from django.db import connection
 
     from jobs.checks import check_broker_pooler
 
-    broker = {**settings.Q_CLUSTER, "broker_class": "jobs.broker.PostgresBroker"}
+    broker = {**settings.Q_CLUSTER, "broker_class": "jobs.claiming.ClaimingBroker"}
     settings.Q_CLUSTER = broker
     assert check_broker_pooler(databases=["default"]) == [], "direct to PostgreSQL: silent"
     connection.ensure_connection()
@@ -121,4 +119,4 @@ def test_check_broker_pooler__the_postgres_brokers_listen_through_a_pooler_warns
     settings.Q_CLUSTER = {**broker, "broker_listen": False}
     assert check_broker_pooler(databases=["default"]) == [], "told to poll: nothing to say"
     settings.Q_CLUSTER = {k: v for k, v in broker.items() if k != "broker_class"}
-    assert check_broker_pooler(databases=["default"]) == [], "the ORM broker polls anyway"
+    assert check_broker_pooler(databases=["default"]) == [], "no claiming broker: not ours"

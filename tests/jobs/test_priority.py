@@ -1,9 +1,10 @@
 """The claim's order (docs/app/scheduling.md), in-process: priority first, aging against
 starvation, and concurrent claims taking different jobs (PostgreSQL, real threads).
 
-A message names a job and wakes its queue: these tests deliver the queue's messages in
-broker order (``OrmQ`` by id), as one worker would, and record which job each delivery
-ran. Time passing is travel: the waiting jobs' due times move into the past.
+The jobs table is the queue: these tests take the queue's next job as a cluster's dequeue
+does (the next-job claim, ``jobs.claiming.claims().claim_next``), one worker at a time,
+and record which job each delivery ran. No engine job has a ``django_q_ormq`` row. Time
+passing is travel: the waiting jobs' due times move into the past.
 """
 
 from __future__ import annotations
@@ -16,16 +17,13 @@ import pytest
 from django.db import connection
 from django.db.models import F
 from django_q.models import OrmQ
-from django_q.signing import SignedPackage
 
 import jobs
 from jobs import rules
 from jobs.delivery import runner
 from jobs.models import Job
 from jobs.registry import kinds, register_kind
-
-# These promises are about queue messages (jobs.queue, jobs.bulk, jobs.dispatch).
-pytestmark = pytest.mark.usefixtures("message_broker")
+from tests.jobs.helpers import claim_next
 
 KIND = "test.priority"
 ran: list[int] = []
@@ -51,22 +49,14 @@ def ask(name: str, *, priority: int = 0, queue: str = "default") -> Job:
     return jobs.request(KIND, ("priority", name), priority=priority, queue=queue).job
 
 
-def next_message() -> int | None:
-    """Take the oldest job message of the queue (broker order) and return the job it names."""
-    for message in OrmQ.objects.order_by("id"):
-        task = SignedPackage.loads(message.payload)
-        message.delete()
-        if task.get("func") == "jobs.tasks.run_job":
-            return task["args"][0]
-    return None
-
-
-def deliver_next() -> int | None:
-    """One worker's next delivery: the oldest message; returns the job it ran, if any."""
-    named = next_message()
-    assert named is not None, "a due job without a message"
+def deliver_next(queue: str = "default") -> int | None:
+    """One worker's next delivery: the queue's next job by the claim; the job it ran."""
+    claim = claim_next(queue, "w1")
+    if claim is None:
+        return None
+    assert claim.won, claim.status
     before = len(ran)
-    runner.run_delivery(named, worker="w1")
+    runner.run_claim(claim, "w1")
     return ran[before] if len(ran) > before else None
 
 
@@ -79,35 +69,37 @@ def time_passes(seconds: float) -> None:
 
 
 @pytest.mark.django_db
-def test_high_priority_asked_after_50_low_starts_within_the_first_2_claims():
+def test_high_priority_asked_after_50_low_starts_at_the_first_claim():
     low = [ask(f"low-{i}", priority=-10) for i in range(50)]
     high = ask("high", priority=10)
-    first_two = [deliver_next(), deliver_next()]
-    print(f"first two claims: {first_two} (high={high.pk}, lows {low[0].pk}..{low[-1].pk})")
-    assert high.pk in first_two
-    # Every other job still runs once, each with a message of its own.
-    while OrmQ.objects.exists():
-        deliver_next()
-    assert sorted(ran) == sorted([j.pk for j in low] + [high.pk])
+    first = deliver_next()
+    print(f"first claim: {first} (high={high.pk}, lows {low[0].pk}..{low[-1].pk})")
+    assert first == high.pk
+    assert not OrmQ.objects.exists(), "the jobs table is the queue: no django_q_ormq row"
+    # Every other job still runs once, in due order.
+    while deliver_next() is not None:
+        pass
+    assert ran == [high.pk] + [j.pk for j in low]
     assert Job.objects.filter(kind=KIND).exclude(state=Job.State.SUCCEEDED).count() == 0
 
 
 @pytest.mark.django_db
-def test_equal_priorities_keep_their_message_order():
+def test_equal_priorities_are_claimed_in_due_order():
     asked = [ask(f"same-{i}", priority=3) for i in range(5)]
     order = [deliver_next() for _ in asked]
     assert order == [j.pk for j in asked]
+    assert deliver_next() is None
 
 
 @pytest.mark.django_db
 def test_starvation_bound__a_low_job_starts_while_high_work_keeps_arriving(settings):
     """Bound: a job of priority p outranks every fresh job of priority P once it has
-    waited (P - p + SWAP_MARGIN) * JOBS_PRIORITY_AGING_SECONDS; it starts at the next
-    delivery of its queue then. Here p=0, P=10, aging 10 s: 110 s of waiting."""
+    waited (P - p) * JOBS_PRIORITY_AGING_SECONDS; the queue's next claim takes it then
+    (no message names another job). Here p=0, P=10, aging 10 s: 100 s of waiting."""
     settings.JOBS_PRIORITY_AGING_SECONDS = 10.0
     step = 2.0  # seconds of waiting per delivery: one new high job arrives each time
     low = ask("low", priority=0)
-    bound = (10 - 0 + rules.SWAP_MARGIN) * 10.0
+    bound = (10 - 0) * 10.0
     started_after = None
     for round_ in range(200):
         ask(f"high-{round_}", priority=10)
@@ -123,19 +115,19 @@ def test_starvation_bound__a_low_job_starts_while_high_work_keeps_arriving(setti
 
 
 @pytest.mark.django_db
-def test_a_delivery_never_claims_a_job_of_another_queue():
+def test_the_next_claim_never_takes_a_job_of_another_queue():
     reports = ask("report", priority=100, queue="reports")
     plain = ask("plain", priority=-100)
-    assert runner.claim_for(plain.pk, "w1").job.pk == plain.pk
-    # The reports job's own message, delivered by a worker: it is the only one there.
-    assert runner.claim_for(reports.pk, "w2").job.pk == reports.pk
+    assert deliver_next() == plain.pk
+    assert deliver_next() is None, "the reports job is not the default queue's"
+    assert deliver_next("reports") == reports.pk
 
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_claims_take_different_jobs_best_first(settings):
-    """Eight claims at once, each named by a low job's message: they take the eight high
-    jobs, each once (the statement's swap, then the ORM claim's SKIP LOCKED)."""
+    """Eight next-job claims at once take the eight high jobs, each once (each candidate
+    ``FOR UPDATE SKIP LOCKED``: a job another claim holds is passed over)."""
     # Eight threads share one GIL on a loaded host: a claim's transaction may sit idle
     # longer than a 2 s lease's idle timeout (a quarter of it) between its statements.
     settings.JOBS_LEASE_SECONDS = 60
@@ -146,8 +138,8 @@ def test_concurrent_claims_take_different_jobs_best_first(settings):
     def claim(i: int) -> int | None:
         try:
             barrier.wait()
-            got = runner.claim_for(low[i].pk, f"w{i}")
-            return got.job.pk if got.won else None
+            got = claim_next("default", f"w{i}")
+            return got.job.pk if got is not None and got.won else None
         finally:
             connection.close()
 
@@ -157,50 +149,51 @@ def test_concurrent_claims_take_different_jobs_best_first(settings):
     assert len(set(taken)) == 8, taken
     assert sorted(taken) == sorted(j.pk for j in high)
     assert Job.objects.filter(pk__in=[j.pk for j in high], attempts=1).count() == 8
+    assert Job.objects.filter(pk__in=[j.pk for j in low], state=Job.State.QUEUED).count() == 8
 
 
-# The ORM claim's round trips, swapping or not (issue 30's bench bar): the queue's two
-# candidates come whole with the named job's row, so taking one of them reads nothing
-# more. PostgreSQL: BEGIN; SET LOCAL fences; the read; the claim lock (of the named job,
-# or of the candidate taken, then its version again in a statement of its own, whose
-# snapshot is newer than the lock); UPDATE (the CAS); INSERT attempt; COMMIT.
-# SQLite: BEGIN IMMEDIATE; the read; UPDATE; INSERT; COMMIT (the write lock is held
-# since the read: a recheck could see nothing new).
-ORM_CLAIM_QUERIES = {"postgresql": (7, 7), "sqlite": (5, 5)}  # (keeps its job, swaps)
+# The named claim's round trips (``jobs.executors.orm.claim``, issue 30's bench bar): it
+# reads the named job alone and never swaps, whatever else its queue holds. PostgreSQL:
+# BEGIN; SET LOCAL fences; the read; the claim lock; UPDATE (the CAS); INSERT attempt;
+# COMMIT. SQLite: BEGIN IMMEDIATE; the read; UPDATE; INSERT; COMMIT.
+NAMED_CLAIM_QUERIES = {"postgresql": 7, "sqlite": 5}
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("swaps", [False, True], ids=["keeps", "swaps"])
-def test_orm_claim__a_swap_costs_no_round_trip(swaps):
+@pytest.mark.parametrize("other_priority", [-5, 5], ids=["less-urgent", "more-urgent"])
+def test_named_claim__takes_exactly_its_job_in_a_fixed_number_of_round_trips(other_priority):
     from django.test.utils import CaptureQueriesContext
 
     from jobs import conf
     from jobs.executors import orm
 
     named = ask("named", priority=0)
-    other = ask("other", priority=5 if swaps else -5)
+    other = ask("other", priority=other_priority)
     with CaptureQueriesContext(connection) as captured:
         got = orm.claim(named.pk, "w1", lease=60.0, bound=conf.tenant_concurrency())
     sqls = [q["sql"] for q in captured]
-    assert got.won and got.job.pk == (other.pk if swaps else named.pk)
-    assert Job.objects.get(pk=got.job.pk).state == Job.State.RUNNING
-    assert len(sqls) == ORM_CLAIM_QUERIES[connection.vendor][swaps], sqls
+    assert got.won and got.job.pk == named.pk, "a named claim never swaps"
+    assert Job.objects.get(pk=named.pk).state == Job.State.RUNNING
+    assert Job.objects.get(pk=other.pk).state == Job.State.QUEUED
+    assert len(sqls) == NAMED_CLAIM_QUERIES[connection.vendor], sqls
 
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_orm_claim__a_swapped_job_another_claim_started_since_the_read_is_passed_over(
+def test_next_claim_orm__a_job_another_claim_started_since_the_read_is_passed_over(
     monkeypatch,
 ):
-    """The candidate is read before its claim lock is taken: a claim that starts it in
-    between moves its version, this claim's start CAS fails, and it chooses again (its
-    named job) instead of recording a lost race and leaving a job without a delivery."""
+    """The ORM's next-job claim (``ormclaim.claim_next``) reads its candidates before it
+    takes the best one's claim lock: a claim that starts that job in between moves its
+    version, this claim's start CAS fails, and it takes the queue's next job instead of
+    recording a lost race."""
     from jobs import conf
-    from jobs.engine import named_claim as orm
+    from jobs.engine import named_claim
+    from jobs.executors import ormclaim
 
-    named = ask("named", priority=0)
+    named = ask("next", priority=0)
     urgent = ask("urgent", priority=50)
-    real_lock = orm._claim_lock
+    real_lock = named_claim._claim_lock
     raced = []
 
     def lock_after_a_rival(pk: int) -> bool:
@@ -209,7 +202,7 @@ def test_orm_claim__a_swapped_job_another_claim_started_since_the_read_is_passed
 
             def rival():
                 try:
-                    raced.append(orm.claim(urgent.pk, "rival", lease=60.0, bound=10))
+                    raced.append(named_claim.claim(urgent.pk, "rival", lease=60.0, bound=10))
                 finally:
                     connection.close()
 
@@ -218,10 +211,10 @@ def test_orm_claim__a_swapped_job_another_claim_started_since_the_read_is_passed
             thread.join(30)
         return real_lock(pk)
 
-    monkeypatch.setattr(orm, "_claim_lock", lock_after_a_rival)
-    got = orm.claim(named.pk, "w1", lease=60.0, bound=conf.tenant_concurrency())
+    monkeypatch.setattr(named_claim, "_claim_lock", lock_after_a_rival)
+    got = ormclaim.claim_next("default", "w1", lease=60.0, bound=conf.tenant_concurrency())
     assert raced[1].won and raced[1].job.pk == urgent.pk  # the rival took the urgent job
-    assert got.won and got.job.pk == named.pk  # this delivery ran its own named job
+    assert got.won and got.job.pk == named.pk  # this claim took the queue's next one
     rows = {j.pk: j for j in Job.objects.filter(pk__in=[named.pk, urgent.pk])}
     assert (rows[urgent.pk].lease_owner, rows[urgent.pk].attempts) == ("rival", 1)
     assert (rows[named.pk].lease_owner, rows[named.pk].attempts) == ("w1", 1)

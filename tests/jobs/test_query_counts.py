@@ -57,10 +57,10 @@ def trace(fn):
 #   SAVEPOINT                                      -- get_or_create's create
 #   INSERT jobs_job
 #   RELEASE SAVEPOINT
-#   NOTIFY the queue's channel                     -- where the jobs table is the queue on
-#                                                   PostgreSQL (a message broker: INSERT
-#                                                   django_q_ormq; SQLite: nothing, it polls)
-#   SELECT next_attempt_at, enqueued_for           -- written by the server's clock (issue 10)
+#   NOTIFY the queue's channel                     -- PostgreSQL: the jobs table is the queue
+#                                                   (no django_q_ormq row; SQLite: nothing,
+#                                                   an idle cluster polls)
+#   SELECT next_attempt_at                         -- written by the server's clock (issue 10)
 #   COMMIT
 REQUEST_JOB = {"postgresql": (8, 1), "sqlite": (7, 1)}
 
@@ -87,19 +87,19 @@ RUN_DELIVERY = {"postgresql": (4, 2), "sqlite": (17, 2)}
 # (the job still held)), so it costs no round trip more than test.steps (issue 29: 4 → 3).
 MINIMAL_DELIVERY = {"postgresql": (4, 2), "sqlite": (17, 2)}
 
-# A second delivery of a finished job by a message (a message broker): recorded, nothing
-# else happens. PostgreSQL: the one-statement claim of the named job picks nothing (an
-# autocommit statement that changes nothing), then the engine's claim of a named job
-# records why: BEGIN; SET LOCAL fences; SELECT jobs_job (the named job and its queue's
-# candidates); INSERT jobs_attempt (duplicate_delivery); COMMIT. SQLite: the latter alone,
-# without fences.
-DUPLICATE_DELIVERY = {"postgresql": (6, 2), "sqlite": (4, 1)}
+# A second delivery of a finished job by name (``run_delivery``: django-q2's ``sync``, a
+# drill, a message left by an older version): recorded, nothing else happens. The named
+# claim reads the one job and records why: BEGIN; SET LOCAL fences (PostgreSQL); SELECT
+# jobs_job (that job alone, ``named_claim._read``); INSERT jobs_attempt
+# (duplicate_delivery); COMMIT. (Before issue 41 PostgreSQL first ran a one-statement
+# claim of the named job that picked nothing: 6 round trips, 2 commits.)
+DUPLICATE_DELIVERY = {"postgresql": (6, 1), "sqlite": (4, 1)}
 
 
 def deliver(job: Job):
-    """One job's way through a worker, as its database's broker hands it: where the jobs
-    table is the queue, the pusher's claim and the worker's adoption (``run_adopted``);
-    elsewhere the message's delivery (``run_delivery``)."""
+    """One job's way through a worker, as its database's broker hands it: on PostgreSQL the
+    pusher's claim and the worker's adoption (``run_adopted``); on SQLite the delivery by
+    name (``run_delivery``: the ORM claim, as the counts above list it)."""
     if connection.vendor != "postgresql":
         return run_delivery(job.pk, worker="w1")
     claim = pgclaim.claim_next(job.queue, "w1", lease=30.0, bound=conf.tenant_concurrency())
@@ -201,15 +201,25 @@ def test_delivery__every_engine_statement_stays_in_psycopgs_parse_cache(make_use
 
 
 @pytest.mark.postgres
-def test_orm_claim_first_read__reads_a_handful_of_rows_however_deep_the_queue():
-    """The ORM claim's one read (the named job and its queue's two candidates; the claim
-    on SQLite and the PostgreSQL claim's fallback) is index scans too: with 2,000 jobs
-    queued, no scan of the job table hands up more than a few rows."""
+def test_orm_claims__read_a_handful_of_rows_however_deep_the_queue():
+    """The ORM's reads (the next-job claim's two candidates, ``named_claim._candidates``:
+    the queue's best due job by priority and its longest waiting one; the named claim's
+    one-row read, ``named_claim._read``) are index scans too: with 2,000 jobs queued, no
+    scan of the job table hands up more than a few rows."""
+    from jobs import rules
     from jobs.engine import named_claim
 
     last = _queue_of(2000)
-    scans = scans_of(*named_claim._first_read(last).query.sql_with_params())
-    assert scans and max(rows for _, _, rows in scans) <= 5, scans
+    due = Job.objects.filter(rules.to_q(rules.CLAIMABLE), queue="default")
+    reads = {
+        "by_priority": due.order_by(*named_claim._BY_PRIORITY)[:1],
+        "by_wait": due.order_by(*named_claim._BY_WAIT)[:1],
+        "named": named_claim._read(last),
+    }
+    for name, read in reads.items():
+        scans = scans_of(*read.query.sql_with_params())
+        assert scans and max(rows for _, _, rows in scans) <= 5, (name, scans)
+    assert [j.pk for j in named_claim._candidates("default", exclude=set())]
 
 
 @pytest.mark.postgres

@@ -1,11 +1,11 @@
-"""Routed queues (docs/app/scheduling.md): a job's messages go to its queue's django-q2
-list, a worker started with ``--queue`` takes only those lists, the dispatcher re-drives
-each job on its own queue, and a ``queue:<name>`` flow rule holds at every claim."""
+"""Routed queues (docs/app/scheduling.md): a job's row names its queue, a worker started
+with ``--queue`` claims only those queues' jobs (the jobs table is the queue: no message),
+a due retry is claimed on its own queue, and a ``queue:<name>`` flow rule holds at every
+claim."""
 
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -13,20 +13,14 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django_q.conf import Conf
 from django_q.models import OrmQ
-from django_q.signing import SignedPackage
 
 import jobs
 from jobs import flow, queue, rules
-from jobs.broker import OrmQueues
 from jobs.delivery import runner
-from jobs.dispatch import dispatch_once
 from jobs.models import Job
 from jobs.registry import kinds, register_kind
 from jobs.supervisor import Options, Supervisor
-from tests.jobs.helpers import make_due
-
-# These promises are about queue messages (jobs.queue, jobs.bulk, jobs.dispatch).
-pytestmark = pytest.mark.usefixtures("message_broker")
+from tests.jobs.helpers import claim_next, make_due
 
 KIND = "test.queues"
 
@@ -40,73 +34,49 @@ def ask(name: str, **options) -> Job:
     return jobs.request(KIND, ("queues", name), **options).job
 
 
-def messages() -> list[tuple[str, int]]:
-    """(list key, job id) of every job message, oldest first."""
+def claimed_from(queue_name: str, worker: str = "w1") -> list[int]:
+    """Every job ``queue_name``'s next-job claim takes, in order, until none is due."""
     out = []
-    for m in OrmQ.objects.order_by("id"):
-        task = SignedPackage.loads(m.payload)
-        if task.get("func") == "jobs.tasks.run_job":
-            out.append((m.key, task["args"][0]))
+    while (claim := claim_next(queue_name, worker)) is not None:
+        assert claim.won, claim.status
+        out.append(claim.job.pk)
     return out
 
 
 @pytest.mark.django_db
-def test_a_jobs_message_goes_to_its_queues_list():
+def test_queue__a_job_names_its_queue_on_its_row_and_has_no_message():
     report = ask("r1")  # the kind's queue
     plain = ask("p1", queue="default")
     other = ask("o1", queue="fast.lane")
-    assert report.queue == "reports"
-    assert messages() == [
-        (REPORTS, report.pk),
-        (Conf.CLUSTER_NAME, plain.pk),
-        (f"{Conf.PREFIX}.fast.lane", other.pk),
-    ]
+    assert [j.queue for j in (report, plain, other)] == ["reports", "default", "fast.lane"]
+    assert not OrmQ.objects.exists(), "the jobs table is the queue: no django_q_ormq row"
     assert queue.list_key("default") is None  # django-q2's own list, as before queues
+    assert queue.list_key("reports") == REPORTS
     assert queue.serving_keys(["reports", "default", "reports"]) == [REPORTS, Conf.CLUSTER_NAME]
 
 
 @pytest.mark.django_db
-def test_the_dispatcher_redrives_each_job_on_its_own_queue():
+def test_queue__a_due_retry_is_claimed_on_its_own_queue_only():
     report = ask("r2")
     plain = ask("p2", queue="default")
-    OrmQ.objects.all().delete()  # the messages were lost
     for job in (report, plain):
         Job.objects.filter(pk=job.pk).update(state=Job.State.RETRY_WAIT)
         make_due(job)
-    sent = dispatch_once()
-    assert sent["due_jobs"] == 2
-    assert sorted(messages()) == sorted([(REPORTS, report.pk), (Conf.CLUSTER_NAME, plain.pk)])
+    assert claimed_from("other") == []
+    assert claimed_from("default") == [plain.pk]
+    assert claimed_from("reports") == [report.pk]
+    assert not OrmQ.objects.exists()
 
 
 @pytest.mark.django_db
-def test_a_worker_for_some_queues_takes_only_their_messages(settings):
+def test_queue__a_worker_for_some_queues_claims_only_their_jobs(settings):
+    settings.JOBS_LEASE_SECONDS = 60  # claimed and not run
     report, plain, other = ask("r3"), ask("p3", queue="default"), ask("o3", queue="other")
-    served = OrmQueues(list_key=REPORTS, keys=[REPORTS, Conf.CLUSTER_NAME])
-    taken = []
-    while batch := served.dequeue():
-        taken += [SignedPackage.loads(payload)["args"][0] for _, payload in batch]
+    taken = claimed_from("reports") + claimed_from("default")
     assert sorted(taken) == sorted([report.pk, plain.pk])
-    assert other.pk not in taken
-    assert served.queue_size() == 0 and served.lock_size() == 2
-
-
-@pytest.mark.postgres
-@pytest.mark.django_db(transaction=True)  # the broker reads now(): its own transaction's
-def test_the_postgres_broker_serves_several_lists():
-    from jobs.broker import PostgresBroker
-
-    report, plain, other = ask("r4"), ask("p4", queue="default"), ask("o4", queue="other")
-    served = PostgresBroker(list_key=REPORTS, keys=[REPORTS, Conf.CLUSTER_NAME])
-    taken: list[int] = []
-    for _ in range(100):  # bulk may be 1 a take; the server's clock passes each lock
-        taken += [SignedPackage.loads(payload)["args"][0] for _, payload in served._take()]
-        if len(taken) >= 2:
-            break
-        time.sleep(0.02)
-    assert sorted(taken) == sorted([report.pk, plain.pk]), taken
-    assert not served._take(), "nothing of another list"
-    assert other.pk not in taken
-    assert served.lock_size() == 2
+    assert Job.objects.get(pk=other.pk).state == Job.State.QUEUED, "another queue's: left"
+    assert claimed_from("other") == [other.pk]
+    assert not OrmQ.objects.exists()
 
 
 def test_jobs_worker_queue_option():
