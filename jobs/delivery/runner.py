@@ -141,10 +141,16 @@ class JobContext:
         """Extend the lease between stages of healthy work; raise LeaseLost if it is gone.
 
         A lease less than a third spent is left alone: the write would buy nothing,
-        and the publish CAS fences a worker that lost its job anyway. ``JobTimeout``
-        when the attempt ran past its kind's timeout.
+        and the publish CAS fences a worker that lost its job anyway. Progress kept
+        for a second or more is written instead (that write extends the lease too).
+        ``JobTimeout`` when the attempt ran past its kind's timeout.
         """
         self._check_time()
+        if self._progress is not None and (
+            time.monotonic() - self._progress_written_at >= PROGRESS_INTERVAL
+        ):
+            self._write_progress()  # kept progress is due: its write is the heartbeat
+            return
         self._extend_lease()
 
     def _extend_lease(self) -> None:

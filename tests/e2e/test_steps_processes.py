@@ -159,13 +159,17 @@ def test_steps__a_worker_frozen_inside_step_2_after_its_call_cannot_record_or_pu
     assert job.state == Job.State.SUCCEEDED
     assert job.version == done.version, "the resumed worker wrote to the job"
     assert refused in _log(frozen), "the resumed worker was not refused at its step record"
-    assert counts["render_fn_runs"] == 1, f"step 1's fn ran more than once: {runs}"
     if lookup:
+        # Step 2's begun record (before its call) carried step 1's along: reused.
+        assert counts["render_fn_runs"] == 1, f"step 1's fn ran more than once: {runs}"
         # The reclaim found step 2 begun, asked the provider, and recorded its answer.
         assert counts["send_fn_runs"] == 1, runs
         assert counts["lookup_fn_runs"] >= 1 and counts["provider_lookups_for_key"] >= 1
         assert counts["provider_statuses"] == [201], "one POST for the key: no second send"
     else:
+        # Quick step 1 waited for the next fenced write (jobs.delivery.steps.RIDE_SECONDS),
+        # which the frozen worker never made: the reclaim ran it again (the record is once).
+        assert counts["render_fn_runs"] in (1, 2), runs
         assert counts["send_fn_runs"] >= 2, runs  # the frozen worker's call and the reclaim's
         assert counts["provider_lookups_for_key"] == 0
         statuses = counts["provider_statuses"]
@@ -173,7 +177,8 @@ def test_steps__a_worker_frozen_inside_step_2_after_its_call_cannot_record_or_pu
     assert len(calls) == counts["send_fn_runs"], "one provider request per run of step 2's fn"
     assert len(applied) == 1, f"the provider applied the step's key {len(applied)} times"
     assert set(steps) == {"render", "send"}
-    assert steps["render"].worker == stale.worker  # recorded before the freeze
+    if lookup:  # recorded before the freeze, with step 2's begun record
+        assert steps["render"].worker == stale.worker
     assert steps["send"].worker != stale.worker  # the frozen worker's output was refused
     winner = next(a for a in attempts if a.outcome == Attempt.Outcome.SUCCEEDED)
     assert steps["send"].worker == winner.worker
