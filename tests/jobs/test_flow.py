@@ -389,6 +389,16 @@ def test_next_claim__a_racing_claim_of_a_rated_job__takes_no_start_and_passes(ma
     assert _next(job, "w1").job.pk == job.pk
 
 
+def _a_lock_waited_for_here() -> bool:
+    """Whether a session of this database waits for a lock (other tests run beside)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+            " WHERE NOT l.granted AND a.datname = current_database()"
+        )
+        return bool(cursor.fetchone()[0])
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize(
     "lock_class, key, rule",
@@ -417,7 +427,12 @@ def test_next_claim__a_scope_lock_held__waits_for_it_then_decides(make_user, loc
     with advisory_lock_held(lock_class, key):
         waiting = threading.Thread(target=claim)
         waiting.start()
-        waiting.join(1.0)
+        # Released as soon as the claim waits for it (the claim waits at most its lock
+        # timeout, a second in the suite: a fixed hold raced it on a loaded machine).
+        deadline = time.monotonic() + 30
+        while not _a_lock_waited_for_here():
+            assert time.monotonic() < deadline and not got, "the claim never waited"
+            time.sleep(0.01)
         assert waiting.is_alive() and not got, "the claim did not wait for the scope's lock"
     waiting.join(30)
     assert [(g.status, g.job.pk) for g in got] == [("claimed", job.pk)]
