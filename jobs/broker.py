@@ -49,13 +49,18 @@ import time
 import uuid
 from typing import Any
 
-import psycopg
 from django.db import DatabaseError, InterfaceError, connections
 from django.utils import timezone
 from django_q.brokers import Broker
 from django_q.brokers.orm import ORM
 from django_q.conf import Conf
-from psycopg import sql
+
+try:  # the PostgreSQL broker's own connection; off PostgreSQL (SQLite, no psycopg) the
+    # claiming broker there uses only this module's names (OrmQueues, channel_for)
+    import psycopg
+    from psycopg import sql
+except ImportError:  # pragma: no cover - a project without psycopg
+    psycopg = sql = None
 
 log = logging.getLogger("jobs.broker")
 

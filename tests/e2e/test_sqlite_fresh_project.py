@@ -45,8 +45,8 @@ THREADS, PER_THREAD = 4, 50
 
 APP_SETTINGS = """
 INSTALLED_APPS += ["django_q", "jobs", "shop"]
-Q_CLUSTER = {"name": "shop", "orm": "default", "workers": 2, "timeout": 30, "retry": 45,
-             "poll": 0.2}
+import jobs  # noqa: E402
+Q_CLUSTER = jobs.q_cluster(DATABASES, name="shop", workers=2, timeout=30, retry=45, poll=0.2)
 JOBS_LEASE_SECONDS = 20
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},

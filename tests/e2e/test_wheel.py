@@ -434,7 +434,8 @@ EXAMPLE_IMPORT = (
 EXAMPLE_RETURN = 'return [jobs.EffectSpec("welcome-mail", "email", str(users[0].pk))]'
 SHOP_SETTINGS = """
 INSTALLED_APPS += ["django_q", "jobs", "shop"]
-Q_CLUSTER = {"name": "shop", "orm": "default", "timeout": 120, "retry": 180}
+import jobs  # noqa: E402
+Q_CLUSTER = jobs.q_cluster(DATABASES, name="shop", timeout=120, retry=180)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
@@ -615,8 +616,7 @@ def test_release__the_wheel_in_a_fresh_project_on_every_supported_pair(released,
 
 ASYNC_SETTINGS = """
 JOBS_LEASE_SECONDS = 3  # a killed worker's job is claimable again 3 s after its claim
-Q_CLUSTER = {"name": "shop", "orm": "default", "workers": 1, "timeout": 30, "retry": 45,
-             "poll": 0.2}
+Q_CLUSTER = jobs.q_cluster(DATABASES, name="shop", workers=1, timeout=30, retry=45, poll=0.2)
 """
 ASYNC_KINDS = """
 import asyncio
@@ -746,5 +746,7 @@ def test_async_kind__a_real_qcluster_runs_it_once_and_survives_a_sigkill_mid_han
     assert seen[hanging][1] >= 2, "the killed attempt counts"
     assert "succeeded" in seen[hanging][4] and len(seen[hanging][4]) >= 2, seen
     assert seen["notices"] == 2
-    assert runs.count(f"step {hanging}") == 1, "the step's output was reused, not run again"
+    # A quick step waits for the next fenced write (jobs.delivery.steps.RIDE_SECONDS): the
+    # worker killed before one runs it again; the record is once either way.
+    assert runs.count(f"step {hanging}") in (1, 2), runs
     assert len([r for r in runs if r.startswith(f"run {calm} ")]) == 1

@@ -41,8 +41,8 @@ DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3",
                          "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20,
                                      "init_command": "PRAGMA journal_mode=WAL;"}}}
 USE_TZ = True
-Q_CLUSTER = {"name": "shop", "orm": "default", "workers": 1, "timeout": 30, "retry": 45,
-             "poll": 0.2}
+import jobs  # noqa: E402
+Q_CLUSTER = jobs.q_cluster(DATABASES, name="shop", workers=1, timeout=30, retry=45, poll=0.2)
 JOBS_LEASE_SECONDS = 20
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},

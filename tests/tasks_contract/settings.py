@@ -53,6 +53,7 @@ JOBS_BACKOFF_CAP_SECONDS = 1.0
 Q_CLUSTER = {
     "name": "tasks_contract",
     "orm": "default",
+    "broker_class": "jobs.claiming.ClaimingBroker",  # the jobs table is the queue
     "workers": 2,
     "timeout": 8,
     "retry": 10,
