@@ -82,6 +82,7 @@ def notify_queues(queues: Iterable[str]) -> None:
     if connections[alias].vendor != "postgresql":
         return  # no LISTEN there: an idle cluster looks every Q_CLUSTER["poll"] seconds
     from jobs.broker import channel_for  # psycopg: only where PostgreSQL is
+
     channels = sorted({channel_for(list_key(q) or Conf.CLUSTER_NAME) for q in queues})
     with connections[alias].cursor() as cursor:
         for channel in channels:
