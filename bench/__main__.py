@@ -22,7 +22,9 @@ Sections, all sequential (the machine has 2 cores):
     django-q2's ORM broker and on ``jobs.broker.PostgresBroker`` (LISTEN/NOTIFY): idle
     singles, a burst of 83, a quiet cluster's transactions/s (``bench.broker``);
 11. scheduling: the claim's throughput with priorities and two queues in use against
-    without, per executor, in process (``bench.scheduling``).
+    without, per executor, in process (``bench.scheduling``);
+12. before -> after (only with ``--before REF``): REF's same-work ratios measured beside
+    this tree's, each round both trees in turn (``bench.compare``).
 
 Figures move 10-40% between runs on a shared machine; ratios measured in one
 run (each round pairs the kinds back to back) hold much better. The summary
@@ -63,6 +65,13 @@ def _args(argv):
     p.add_argument("--quick", action="store_true", help="smoke run: 1 round, small N, no 1M")
     p.add_argument("--keep-ledger", action="store_true", help="keep the bench_ledger database")
     p.add_argument("--json", default="var/bench/results.json", help="where to write all figures")
+    p.add_argument(
+        "--before",
+        action="append",
+        default=[],
+        metavar="REF",
+        help="also measure REF's same-work ratios beside this tree's, in turn (bench.compare)",
+    )
     return p.parse_args(argv)
 
 
@@ -318,12 +327,26 @@ def main(argv=None) -> int:
         if not args.keep_ledger:
             infra.drop_database(infra.LEDGER_DB)
 
+    if args.before:
+        from bench import compare
+
+        say(f"before -> after: {', '.join(args.before)} beside this tree (bench.compare)")
+        results["compare"] = compare.run(
+            args.before,
+            n_minimal=min(n_summary, 1500),
+            n_report=min(n_report, 360),
+            rounds=args.rounds,
+            workers=workers,
+        )
+
     results["wall_s"] = time.monotonic() - started
     text = report(results, workers)  # also adds the derived same-work figures to ``results``
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1, default=str))
     print(text)
+    for line in results.get("compare", {}).get("lines", []):
+        print(line)
     return 0
 
 
