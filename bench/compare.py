@@ -6,7 +6,9 @@ changes do. Each round runs every tree once, in turn (the order rotates per roun
 worktree of each ``REF`` under ``var/bench/trees/`` and this tree. Each tree runs its
 own code, migrations and ``bench`` package (its ``bench.e2e.run``: empty tables, ``N``
 queued jobs, a real ``qcluster`` drain, the same settings as its ``make bench``) under
-this tree's virtualenv, against a ``bench_e2e`` database it creates afresh. A tree's
+this tree's virtualenv, against a ``bench_e2e`` database it creates afresh; it drains
+60 jobs of each kind unmeasured first, then each pair, plain task first in even rounds and
+engine kind first in odd ones (so use an even number of rounds). A tree's
 ratio is engine kind / plain task doing the same work on django-q2's ORM broker, as
 ``make bench`` measures it; the summary gives each ratio's median over the rounds and
 after / before.
@@ -31,6 +33,11 @@ TREES = ROOT / "var" / "bench" / "trees"
 # (plain task, engine kind): the pairs of make bench's same-work ratios.
 PAIRS = (("plain_minimal", "summary"), ("plain_report", "report"))
 HERE = "this tree"
+# What this process's own bench run put in its environment (bench.infra.start_django,
+# bench.settings): each tree sets its own (under make bench, the artifact root was this
+# tree's, so the other trees' plain tasks wrote where their checks did not count).
+_OURS = ("PYTHONPATH", "ARTIFACT_ROOT", "DJANGO_SETTINGS_MODULE", "BENCH_DB", "SECRET_KEY", "DEBUG")
+WARM_UP = 60  # jobs of each kind drained, unmeasured, before a tree's measured runs
 
 # Runs inside a tree (its own bench package: this module may not exist there). It uses
 # only what every tree's bench has had since before issue 41: infra.start_django,
@@ -44,6 +51,8 @@ from bench import e2e, workloads
 plan = json.loads(sys.argv[1])
 user_id = workloads.prepare_database()
 out = {"jobs_module": jobs.__file__, "runs": {}}
+for kind, n in plan["kinds"]:
+    e2e.run(kind, plan["warm_up"], plan["workers"], user_id, round=plan["round"])
 for kind, n in plan["kinds"]:
     run = e2e.run(kind, n, plan["workers"], user_id, round=plan["round"])
     out["runs"][kind] = {"rate": run.rate, "ok": bool(run.ok)}
@@ -88,8 +97,13 @@ def checkout(ref: str) -> Tree:
 
 
 def _run_tree(tree: Tree, kinds: list[tuple[str, int]], workers: int, rnd: int) -> None:
-    plan = json.dumps({"kinds": kinds, "workers": workers, "round": rnd})
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    """One turn of a tree: a short unmeasured run of every kind first (a fresh database,
+    a fresh tree's bytecode and the page cache would otherwise cost the first kind), then
+    the pairs, plain task first in even rounds and engine first in odd ones."""
+    if rnd % 2:
+        kinds = [k for pair in zip(kinds[1::2], kinds[::2], strict=True) for k in pair]
+    plan = json.dumps({"kinds": kinds, "workers": workers, "round": rnd, "warm_up": WARM_UP})
+    env = {k: v for k, v in os.environ.items() if k not in _OURS}
     proc = subprocess.run(
         (sys.executable, "-c", _CHILD, plan),
         cwd=tree.path,
@@ -179,7 +193,7 @@ def summarize(trees: list[Tree], **args: int) -> dict:
 def _args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__)
     p.add_argument("refs", nargs="+", help="commits to measure beside this tree")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--n-minimal", type=int, default=1500, help="jobs per minimal run")
     p.add_argument("--n-report", type=int, default=360, help="jobs per report run")
