@@ -131,16 +131,23 @@ def _run_tree(tree: Tree, kinds: list[tuple[str, int]], workers: int, rnd: int) 
     )
 
 
-def run(refs: list[str], *, n_minimal: int, n_report: int, rounds: int, workers: int) -> dict:
+def run(
+    refs: list[str],
+    *,
+    n_minimal: int,
+    n_report: int,
+    rounds: int,
+    workers: int,
+    pairs: tuple[str, ...] = ("minimal", "report"),
+) -> dict:
     """Every tree once a round, rotating the order; the figures and the summary lines."""
     trees = [checkout(ref) for ref in refs]
     trees.append(Tree(label=HERE, path=ROOT, commit=_git("rev-parse", "HEAD")))
-    kinds = [
-        ("plain_minimal", n_minimal),
-        ("summary", n_minimal),
-        ("plain_report", n_report),
-        ("report", n_report),
-    ]
+    kinds: list[tuple[str, int]] = []
+    if "minimal" in pairs:
+        kinds += [("plain_minimal", n_minimal), ("summary", n_minimal)]
+    if "report" in pairs:
+        kinds += [("plain_report", n_report), ("report", n_report)]
     for rnd in range(rounds):
         order = trees[rnd % len(trees) :] + trees[: rnd % len(trees)]
         for tree in order:
@@ -197,6 +204,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--n-minimal", type=int, default=1500, help="jobs per minimal run")
     p.add_argument("--n-report", type=int, default=360, help="jobs per report run")
+    p.add_argument("--pairs", default="minimal,report", help="minimal, report or both")
     p.add_argument("--json", default="var/bench/compare.json")
     return p.parse_args(argv)
 
@@ -209,6 +217,7 @@ def main(argv: list[str]) -> int:
         n_report=args.n_report,
         rounds=args.rounds,
         workers=args.workers,
+        pairs=tuple(args.pairs.split(",")),
     )
     path = ROOT / args.json
     path.parent.mkdir(parents=True, exist_ok=True)

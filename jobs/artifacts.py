@@ -78,7 +78,7 @@ class AtomicFileSystemStorage(FileSystemStorage):
                 continue
             os.chmod(path, mode)
 
-    def _write_temp(self, name: str, data: bytes) -> tuple[str, str]:
+    def _write_temp(self, name: str, data: bytes, identity: bytes | None = None) -> tuple[str, str]:
         path = self.path(name)
         folder = os.path.dirname(path)
         self._make_folder(folder)
@@ -87,19 +87,22 @@ class AtomicFileSystemStorage(FileSystemStorage):
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
                 fh.flush()
+                if identity is not None:  # inode metadata: the fsync below covers it
+                    os.setxattr(fh.fileno(), manifests.XATTR, identity)
                 os.fsync(fh.fileno())
         except BaseException:
             os.unlink(tmp)
             raise
         return path, tmp
 
-    def create_exclusive(self, name: str, data: bytes) -> bool:
+    def create_exclusive(self, name: str, data: bytes, identity: bytes | None = None) -> bool:
         """Store ``data`` under exactly ``name``; False if the name already exists.
 
+        ``identity`` (``attaches_identity``) goes with the file as its extended attribute.
         The folder is fsynced after the link: the new name is on disk before the
         publish names it (a crash after the publish cannot lose a published file's name).
         """
-        path, tmp = self._write_temp(name, data)
+        path, tmp = self._write_temp(name, data, identity)
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -108,6 +111,21 @@ class AtomicFileSystemStorage(FileSystemStorage):
             os.unlink(tmp)
         _fsync_folder(os.path.dirname(path))
         return True
+
+    def attaches_identity(self) -> bool:
+        """Whether this folder's filesystem keeps a file's user extended attributes
+        (ext4, xfs, btrfs, tmpfs on Linux do; probed once a storage, on a scratch file)."""
+        known = getattr(self, "_attaches", None)
+        if known is None:
+            known = self._attaches = _keeps_xattrs(self.location)
+        return known
+
+    def read_identity(self, name: str) -> bytes | None:
+        """The identity the file carries, or None (none, or no such file)."""
+        try:
+            return os.getxattr(self.path(name), manifests.XATTR)
+        except (OSError, AttributeError):  # no attribute, no file, no xattr support
+            return None
 
     def replace(self, name: str, data: bytes) -> None:
         """Atomically put ``data`` under ``name``.
@@ -118,6 +136,18 @@ class AtomicFileSystemStorage(FileSystemStorage):
         path, tmp = self._write_temp(name, data)
         os.replace(tmp, path)
         _fsync_folder(os.path.dirname(path))
+
+
+def _keeps_xattrs(location: str | os.PathLike[str]) -> bool:
+    if not hasattr(os, "setxattr"):
+        return False
+    try:
+        os.makedirs(location, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=location, prefix=".tmp-xattr-") as fh:
+            os.setxattr(fh.fileno(), manifests.XATTR, b"{}")
+            return os.getxattr(fh.fileno(), manifests.XATTR) == b"{}"
+    except OSError:
+        return False
 
 
 def _fsync_folder(folder: str) -> None:
@@ -225,7 +255,7 @@ def _digest_of(storage: Storage, name: str) -> str | None:
     return _copy_hashed(storage, name, None)
 
 
-def _create(storage: Storage, name: str, data: bytes) -> bool:
+def _create(storage: Storage, name: str, data: bytes, identity: bytes | None = None) -> bool:
     """Create ``name`` exclusively; False if the name is taken (nothing is overwritten).
 
     A storage that cannot be written now (a disk error, a stale NFS handle, a
@@ -234,7 +264,7 @@ def _create(storage: Storage, name: str, data: bytes) -> bool:
     table names it by errno: ``storage_enospc``, an outage as well).
     """
     try:
-        return _create_now(storage, name, data)
+        return _create_now(storage, name, data, identity)
     except OSError as exc:
         unavailable = _unavailable(exc, "write")
         if unavailable is None:
@@ -242,7 +272,9 @@ def _create(storage: Storage, name: str, data: bytes) -> bool:
         raise unavailable from exc
 
 
-def _create_now(storage: Storage, name: str, data: bytes) -> bool:
+def _create_now(storage: Storage, name: str, data: bytes, identity: bytes | None) -> bool:
+    if identity is not None:  # only where ``_attaches`` said the storage carries one
+        return storage.create_exclusive(name, data, identity=identity)  # type: ignore[attr-defined]
     if hasattr(storage, "create_exclusive"):
         return storage.create_exclusive(name, data)
     # A generic Storage offers exists-then-save; ``save`` never overwrites (it renames),
@@ -256,7 +288,15 @@ def _create_now(storage: Storage, name: str, data: bytes) -> bool:
     return True
 
 
-def _put(storage: Storage, name: str, data: bytes, digest: str, job: Job, ext: str) -> tuple:
+def _put(
+    storage: Storage,
+    name: str,
+    data: bytes,
+    digest: str,
+    job: Job,
+    ext: str,
+    identity: bytes | None = None,
+) -> tuple:
     """Create ``data`` exclusively under ``name``, or reuse an identical file there.
 
     A file under that name with other bytes (a torn write, a collision of the short
@@ -264,13 +304,27 @@ def _put(storage: Storage, name: str, data: bytes, digest: str, job: Job, ext: s
     ``(name, reused)``.
     """
     for _ in range(8):
-        if _create(storage, name, data):
+        if _create(storage, name, data, identity):
             return name, False
         if _digest_of(storage, name) == digest:
             return name, True  # identical bytes: not rewritten
         log.warning("job=%s name=%s holds other bytes; writing under another name", job.pk, name)
         name = storage_name_for(job, ext, digest, suffix=secrets.token_hex(3))
     raise OSError(f"job {job.pk}: no free artifact name after 8 tries")  # pragma: no cover
+
+
+def _attaches(storage: Storage, identity: bytes | None) -> bool:
+    """Whether ``storage`` carries ``identity`` on the object itself (``jobs.manifests``)."""
+    attaches = getattr(storage, "attaches_identity", None)
+    return (
+        bool(identity) and len(identity) <= manifests.ATTACHED_MAX and bool(attaches and attaches())
+    )
+
+
+def read_identity(storage: Storage, name: str) -> bytes | None:
+    """The identity an object carries (``jobs.manifests``), or None."""
+    read = getattr(storage, "read_identity", None)
+    return read(name) if read is not None else None
 
 
 @dataclass
@@ -290,11 +344,15 @@ def store(job: Job, data: bytes, *, content_type: str, extension: str) -> Stored
     """
     digest = sha256_hex(data)
     storage = get_storage()
-    # First the job's identity (issue 47): any object of it in the storage can then be
-    # asked for again after a failover lost its row (``jobs.manifests``, once per job).
-    _create(storage, manifests.name_for(job), manifests.body_for(job))
+    # The job's identity goes with its object (issue 47): any object of it in the storage
+    # can then be asked for again after a failover lost its row (``jobs.manifests``).
+    # Carried by the object itself where the storage can, else a manifest file first.
+    identity: bytes | None = manifests.body_for(job)
+    if not _attaches(storage, identity):
+        _create(storage, manifests.name_for(job), identity)
+        identity = None
     name, reused = _put(
-        storage, storage_name_for(job, extension, digest), data, digest, job, extension
+        storage, storage_name_for(job, extension, digest), data, digest, job, extension, identity
     )
     replica = get_replica_storage()
     if (

@@ -13,6 +13,14 @@ the job asked for again under its uid writes the same bytes under the same name 
 exclusive create that finds it there is done). ``jobs.reconcile`` reads them; pruning
 (``jobs.retention``) removes those of finished jobs after the orphan grace, like orphans.
 
+Where the storage can carry it, the same bytes ride on the artifact object itself instead
+of a file of their own: a user extended attribute (``XATTR``) of the file, set before its
+fsync, on a filesystem that keeps them; the object's user metadata (``METADATA``) in the
+same PUT on S3. The identity is then stored atomically with the object (no window with an
+object and no identity) and costs no write, fsync or PUT of its own: a manifest file cost
+the minimal kind a quarter of its throughput (two more fsyncs a job, docs/benchmarks.md).
+A storage that cannot, or an identity over ``ATTACHED_MAX`` bytes, keeps the file.
+
 This module imports nothing from the app but ``identity``: ``artifacts`` writes through
 it, ``reconcile`` and ``retention`` read through it.
 """
@@ -28,6 +36,11 @@ from jobs import identity
 
 FOLDER = "jobs/.identity"  # under the artifact storage's folder (``artifacts.FOLDER``)
 VERSION = 1
+XATTR = "user.jobs.identity"  # the file's extended attribute holding the identity
+METADATA = "jobs-identity"  # the S3 object's user metadata key (base64 of the identity)
+# An identity larger than this goes to a manifest file: S3 allows 2 KB of user metadata
+# an object (base64 adds a third), and ext4 keeps extended attributes in one block.
+ATTACHED_MAX = 1024
 _NAME = re.compile(
     rf"^{re.escape(FOLDER)}/job-(?P<job>[0-9a-f-]{{36}}|\d+)-rev-(?P<rev>\d+)\.json$"
 )
@@ -96,6 +109,14 @@ def parse(name: str, data: bytes) -> Manifest | None:
     found = _NAME.match(name)
     if found is None:
         return None
+    return parse_attached(data, found["job"], int(found["rev"]))
+
+
+def parse_attached(data: bytes | None, uid: str, revision: int) -> Manifest | None:
+    """An identity carried by an object of job ``uid``'s ``revision``, or None when there is
+    none, this version does not read it, or it names another job (a copied object)."""
+    if not data:
+        return None
     try:
         d = json.loads(data)
         m = Manifest(
@@ -111,6 +132,6 @@ def parse(name: str, data: bytes) -> Manifest | None:
         )
     except (ValueError, KeyError, TypeError):
         return None
-    if d.get("v") != VERSION or (m.uid, m.revision) != (found["job"], int(found["rev"])):
+    if d.get("v") != VERSION or (m.uid, m.revision) != (uid, revision):
         return None
     return m

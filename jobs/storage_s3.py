@@ -40,7 +40,7 @@ from storages.backends.s3 import S3Storage as _S3Storage
 from storages.utils import clean_name
 from urllib3.exceptions import HTTPError as Urllib3Error
 
-from jobs import conf
+from jobs import conf, manifests
 from jobs.exceptions import StorageUnavailable
 
 PROBE_FOLDER = "jobs/.probe"
@@ -117,10 +117,12 @@ class S3Storage(_S3Storage):
     def client(self):
         return self.connection.meta.client
 
-    def _put(self, name: str, data: bytes, **conditions) -> None:
+    def _put(self, name: str, data: bytes, metadata: dict | None = None, **conditions) -> None:
         digest = base64.b64encode(hashlib.sha256(data).digest()).decode()
         params = dict(self.get_object_parameters(name))
         params.setdefault("ContentType", mimetypes.guess_type(name)[0] or self.default_content_type)
+        if metadata:  # beside the project's own (AWS_S3_OBJECT_PARAMETERS)
+            params["Metadata"] = {**(params.get("Metadata") or {}), **metadata}
         self.client.put_object(
             Bucket=self.bucket_name,
             Key=self._key(name),
@@ -131,10 +133,16 @@ class S3Storage(_S3Storage):
             **params,
         )
 
-    def create_exclusive(self, name: str, data: bytes) -> bool:
-        """Store ``data`` under exactly ``name``; False if an object has that name already."""
+    def create_exclusive(self, name: str, data: bytes, identity: bytes | None = None) -> bool:
+        """Store ``data`` under exactly ``name``; False if an object has that name already.
+
+        ``identity`` (``jobs.manifests``) rides in the same PUT as the object's user metadata.
+        """
+        metadata = None
+        if identity is not None:
+            metadata = {manifests.METADATA: base64.b64encode(identity).decode()}
         try:
-            self._put(name, data, IfNoneMatch="*")
+            self._put(name, data, metadata=metadata, IfNoneMatch="*")
         except ClientError as exc:
             if _error_code(exc) in _TAKEN or _status(exc) in (409, 412):
                 return False
@@ -162,6 +170,19 @@ class S3Storage(_S3Storage):
             raise _unavailable(exc, "read") from exc
         except _AWAY as exc:
             raise _unavailable(exc, "read") from exc
+
+    def attaches_identity(self) -> bool:
+        """An object's user metadata carries its job's identity (2 KB a PUT)."""
+        return True
+
+    def read_identity(self, name: str) -> bytes | None:
+        """The identity the object carries, or None (none, no such object, unreadable)."""
+        try:
+            head = self.client.head_object(Bucket=self.bucket_name, Key=self._key(name))
+            value = (head.get("Metadata") or {}).get(manifests.METADATA)
+            return base64.b64decode(value) if value else None
+        except (ClientError, ValueError, *_AWAY):
+            return None
 
     def stored_sha256(self, name: str) -> str | None:
         """The SHA-256 the store recorded at upload (hex), or None if it has none.

@@ -2,8 +2,9 @@
 
 An object's name carries its job's uid (``jobs.identity``), so an object whose uid no job
 row has is a lost job's: nothing else makes one (job rows are never deleted,
-``jobs.retention``). Its identity manifest (``jobs.manifests``, written before its first
-object) says what the job was about, so it can be asked for again. Each lost job is
+``jobs.retention``). Its identity (``jobs.manifests``: carried by the object itself, or a
+manifest file written before its first object) says what the job was about, so it can be
+asked for again. Each lost job is
 reported once, with its kind, revision and, from the UUIDv7, when it was asked for.
 """
 
@@ -29,7 +30,7 @@ class LostJob:
     revision: int
     made_at: datetime | None  # from the uid (UUIDv7); None for an id
     objects: tuple[str, ...] = field(default=())  # its artifact objects (not the manifest)
-    manifest: Manifest | None = None  # its identity, when its manifest is stored and reads
+    manifest: Manifest | None = None  # its identity, when an object or manifest carries it
 
     def as_dict(self) -> dict:
         return {
@@ -77,10 +78,13 @@ def lost_jobs(names: list[str] | None = None, *, found: Scan | None = None) -> l
     lost = []
     for token in found.tokens() - known:
         objects = sorted(found.objects.get(token, []))
-        manifest = _read_manifest(found.manifests.get(token))
         first = objects[0] if objects else found.manifests[token]
         key = identity.KEY_IN_NAME.search(first)
         assert key is not None
+        revision = int(key.group("revision"))
+        manifest = _read_manifest(found.manifests.get(token)) or _read_attached(
+            objects, token, revision
+        )
         within = first.removeprefix(f"{artifacts.FOLDER}/")
         folder = within.split("/", 1)[0] if "/" in within and objects else ""
         if manifest is not None and not folder:
@@ -89,7 +93,7 @@ def lost_jobs(names: list[str] | None = None, *, found: Scan | None = None) -> l
             LostJob(
                 job=token,
                 kind_folder=folder,
-                revision=int(key.group("revision")),
+                revision=revision,
                 made_at=None if token.isdigit() else identity.made_at(uuid.UUID(token)),
                 objects=tuple(objects),
                 manifest=manifest,
@@ -106,6 +110,16 @@ def _read_manifest(name: str | None) -> Manifest | None:
             return manifests.parse(name, fh.read())
     except (FileNotFoundError, OSError):
         return None
+
+
+def _read_attached(objects: list[str], token: str, revision: int) -> Manifest | None:
+    """The identity one of the lost job's objects carries (the first that reads)."""
+    storage = artifacts.get_storage()
+    for name in objects:
+        found = manifests.parse_attached(artifacts.read_identity(storage, name), token, revision)
+        if found is not None:
+            return found
+    return None
 
 
 def known_tokens(tokens: set[str]) -> set[str]:

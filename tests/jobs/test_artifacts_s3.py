@@ -116,6 +116,19 @@ def test_store__identical_bytes_reused_other_bytes_never_overwrite(s3_server, bu
 
 
 @pytest.mark.django_db
+def test_store__the_jobs_identity_rides_in_the_objects_put_no_manifest_object(s3_server, bucket):
+    job = new_job(kind="test.steps")
+    stored = artifacts.store(job, b"one", content_type="text/plain", extension="txt")
+    storage = artifacts.get_storage()
+    data = artifacts.read_identity(storage, stored.artifact.storage_name)
+    assert data == manifests.body_for(job)
+    assert manifests.parse_attached(data, str(job.uid), job.output_revision).kind == "test.steps"
+    keys = {o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket).get("Contents", [])}
+    assert not any(manifests.is_manifest(k) for k in keys), "one PUT a job, not two"
+    assert artifacts.read_identity(storage, "jobs/no-such-object") is None
+
+
+@pytest.mark.django_db
 def test_open_verified__streams_large_object_through_a_spool(bucket):
     job = new_job(kind="test.steps")
     data = secrets.token_bytes(3 * artifacts.SPOOL_MEMORY + 17)

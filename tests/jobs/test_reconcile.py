@@ -94,7 +94,52 @@ def test_unknown_keys__a_key_the_provider_accepted_for_a_lost_job(make_user, tmp
 # --- identity manifests: what a lost job is asked for again with ---------------------
 
 
-def test_manifest__stored_beside_the_first_object_ids_only(make_user):
+@pytest.fixture
+def no_xattrs(monkeypatch):
+    """A filesystem that keeps no user extended attributes (the probe says so)."""
+    monkeypatch.setattr(artifacts.AtomicFileSystemStorage, "attaches_identity", lambda s: False)
+
+
+def test_identity__carried_by_the_artifact_itself_ids_only_no_file_of_its_own(make_user):
+    job = new_job(make_user())
+    assert run_delivery(job.pk, worker="w1").outcome == "succeeded"
+    storage = artifacts.get_storage()
+    assert storage.attaches_identity(), "this machine's filesystem keeps user xattrs"
+    (row,) = Artifact.objects.filter(job=job)
+    data = artifacts.read_identity(storage, row.storage_name)
+    assert data == manifests.body_for(Job.objects.get(pk=job.pk)), "a pure function of it"
+    found = manifests.parse_attached(data, str(job.uid), 1)
+    assert (found.kind, found.subject_type, found.subject_id) == (
+        "test.steps",
+        "auth.user",
+        job.subject_id,
+    )
+    assert not storage.exists(manifests.name_for(job)), "no manifest file, no fsync of its own"
+    assert manifests.parse_attached(data, str(job.uid), 2) is None, "another revision's"
+    assert manifests.parse_attached(b"not json", str(job.uid), 1) is None
+
+
+def test_identity__a_lost_jobs_object_tells_it_without_a_manifest_file(make_user):
+    job = new_job(make_user())
+    assert run_delivery(job.pk, worker="w1").outcome == "succeeded"
+    lose_job(job)
+    (lost,) = reconcile.lost_jobs()
+    assert lost.job == str(job.uid)
+    assert lost.manifest is not None and lost.manifest.kind == "test.steps"
+    assert lost.manifest.subject_id == str(job.subject_id)
+
+
+def test_identity__too_large_for_the_object_goes_to_a_manifest_file(make_user, monkeypatch):
+    monkeypatch.setattr(manifests, "ATTACHED_MAX", 10)
+    job = new_job(make_user())
+    assert run_delivery(job.pk, worker="w1").outcome == "succeeded"
+    storage = artifacts.get_storage()
+    (row,) = Artifact.objects.filter(job=job)
+    assert artifacts.read_identity(storage, row.storage_name) is None
+    assert storage.exists(manifests.name_for(job))
+
+
+def test_manifest__without_xattrs_stored_beside_the_first_object_ids_only(make_user, no_xattrs):
     job = new_job(make_user())
     assert run_delivery(job.pk, worker="w1").outcome == "succeeded"
     name = manifests.name_for(job)
@@ -110,10 +155,12 @@ def test_manifest__stored_beside_the_first_object_ids_only(make_user):
     )
     assert name not in retention.orphans(), "an identity, not an orphan"
     assert manifests.parse(name.replace("rev-1", "rev-2"), data) is None, "name and body differ"
+    (row,) = Artifact.objects.filter(job=job)
+    assert artifacts.read_identity(artifacts.get_storage(), row.storage_name) is None
 
 
 def test_prune_manifests__a_finished_jobs_goes_after_the_grace_a_lost_jobs_stays(
-    make_user, settings
+    make_user, settings, no_xattrs
 ):
     settings.JOBS_ORPHAN_GRACE_SECONDS = 0
     kept, lost = new_job(make_user()), new_job(make_user())
