@@ -27,8 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Max
-from django.db.models.functions import Coalesce, Now
+from django.db import IntegrityError, transaction
+from django.db.models import F, Max, Value
+from django.db.models.functions import Coalesce, Greatest, Now
 from django.utils import timezone
 
 from jobs import conf, rules
@@ -223,8 +224,9 @@ def _full(tenant_key: str, bound: int) -> bool:
     return live.count() >= cap
 
 
-def ranked(queue: str, *, exclude: set[int], bound: int) -> list[Ranked]:
-    """The band's tenants in the claim's order (``picking_sql``'s ``ranked``)."""
+def ranked(queue: str, v: float, *, exclude: set[int], bound: int) -> list[Ranked]:
+    """The band's tenants in the claim's order (``picking_sql``'s ``ranked``); ``v``: the
+    queue's virtual time."""
     waiting = Job.objects.filter(rules.to_q(rules.all_of(rules.WAITING, rules.NOT_HELD)))
     tenants = waiting.filter(queue=queue).values_list("tenant_key", flat=True)
     base = _claimable(queue, exclude).annotate(db_now=Now())
@@ -243,7 +245,6 @@ def ranked(queue: str, *, exclude: set[int], bound: int) -> list[Ranked]:
         heads.values(),
         key=lambda j: (-rules.effective_priority(j, j.db_now, aging), rules.waiting_since(j), j.pk),
     ).priority
-    v = virtual_time(queue)
     finish = dict(TenantShare.objects.filter(queue=queue).values_list("tenant_key", "finish"))
     out = []
     for head in heads.values():
@@ -255,33 +256,43 @@ def ranked(queue: str, *, exclude: set[int], bound: int) -> list[Ranked]:
     return sorted(out, key=lambda r: r.key)
 
 
-def pick(queue: str, *, exclude: set[int], bound: int) -> Job | None:
-    """The job the fair order takes next (not locked: the ORM claim takes its claim lock)."""
-    base = _claimable(queue, exclude)
-    for place in ranked(queue, exclude=exclude, bound=bound):
+def pick(queue: str, *, exclude: set[int], bound: int) -> tuple[Job | None, float]:
+    """The job the fair order takes next (not locked: the ORM claim takes its claim lock)
+    and the virtual time it was chosen at (``charge`` takes it)."""
+    base, v = _claimable(queue, exclude), virtual_time(queue)
+    for place in ranked(queue, v, exclude=exclude, bound=bound):
         rows = base.filter(tenant_key=place.tenant_key, priority=place.priority)
         job = rows.annotate(flow_ruled=rules.flow_ruled_q(), db_now=Now()).order_by(*_BY_WAIT)
         found = job.first()
         if found is not None:
-            return found
-    return None
+            return found, v
+    return None, v
 
 
-def charge(queue: str, tenant_key: str) -> None:
-    """Charge the tenant one claim (``charge_sql``): inside the claim's transaction."""
-    v, weight = virtual_time(queue), weight_of(tenant_key)
-    row, created = TenantShare.objects.select_for_update().get_or_create(
-        queue=queue,
-        tenant_key=tenant_key,
-        defaults={"start": v, "finish": v + 1.0 / weight, "weight": weight, "claims": 1},
-    )
-    if created:
+def charge(queue: str, tenant_key: str, v: float) -> None:
+    """Charge the tenant one claim at virtual time ``v`` (``charge_sql``): inside the
+    claim's transaction. One UPDATE of its row, or its first row inserted."""
+    weight = weight_of(tenant_key)
+    start = Greatest(F("finish"), Value(v - LAG))
+    row = TenantShare.objects.filter(queue=queue, tenant_key=tenant_key)
+    changes = {
+        "start": start,
+        "finish": start + Value(1.0 / weight),
+        "weight": weight,
+        "claims": F("claims") + 1,
+        "updated_at": timezone.now(),
+    }
+    if row.update(**changes):
         return
-    start = max(row.finish, v - LAG)
-    TenantShare.objects.filter(pk=row.pk).update(
-        start=start,
-        finish=start + 1.0 / weight,
-        weight=weight,
-        claims=row.claims + 1,
-        updated_at=timezone.now(),
-    )
+    try:
+        with transaction.atomic():  # a savepoint: a concurrent first claim may insert it
+            TenantShare.objects.create(
+                queue=queue,
+                tenant_key=tenant_key,
+                start=v,
+                finish=v + 1.0 / weight,
+                weight=weight,
+                claims=1,
+            )
+    except IntegrityError:
+        row.update(**changes)
