@@ -504,7 +504,7 @@ def set_rule(
         weight = weight if weight is _UNSET else fairness.check_weight(weight)
         fairness.check_weight_scope(
             scope,
-            weighted=weight is not _UNSET,
+            weighted=weight not in (_UNSET, None),
             other=any(v is not _UNSET for v in (rate, period_seconds, concurrency, paused)),
         )
     except ValueError as exc:

@@ -210,3 +210,58 @@ def test_claim__reads_each_waiting_tenant_once_not_its_backlog(settings):
     scans = scans_of(*pgclaim.next_statement("default", "w1", lease=30, bound=4))
     assert scans and max(rows for _, _, rows in scans) <= 5, scans
     assert sum(rows for _, _, rows in scans) <= 30, scans
+
+
+# --- weights as flow rules: jobs_limits, the admin form, the checks -----------------------
+
+
+def test_jobs_limits__set_weight__live_audited_and_shown():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from jobs.models import FlowRule, FlowRuleChange
+
+    out = StringIO()
+    call_command("jobs_limits", "set", "tenant:acme", "--weight", "3", "--actor", "ops", stdout=out)
+    assert "weight 3" in out.getvalue()
+    assert FlowRule.objects.get(scope="tenant:acme").weight == 3
+    change = FlowRuleChange.objects.get(scope="tenant:acme")
+    assert (change.action, change.actor, change.after) == ("set", "ops", "weight 3")
+    call_command("jobs_limits", "set", "tenant:*", "--weight", "2", stdout=StringIO())
+    shown = StringIO()
+    call_command("jobs_limits", "show", stdout=shown)
+    lines = {line.split()[0]: line for line in shown.getvalue().splitlines()}
+    assert " 3 " in lines["tenant:acme"] and " 2 " in lines["tenant:*"]
+    call_command("jobs_limits", "set", "tenant:acme", "--weight", "default", stdout=StringIO())
+    assert FlowRule.objects.get(scope="tenant:acme").weight is None
+
+
+@pytest.mark.parametrize(
+    ("scope", "changes", "words"),
+    [
+        ("kind:billing", {"weight": 2}, "a weight is a tenant's"),
+        ("tenant:acme", {"weight": 0}, "from 1 to"),
+        ("tenant:acme", {"weight": "many"}, "whole number"),
+        ("tenant:*", {"concurrency": 2}, "only the default weight"),
+    ],
+)
+def test_set_rule__a_weight_outside_its_scope_or_bounds_is_refused(scope, changes, words):
+    with pytest.raises(flow.FlowError, match=words):
+        flow.set_rule(scope, actor="test", **changes)
+
+
+def test_admin_form__edits_a_weight_with_the_same_checks():
+    from jobs.ops.admin_flow import FlowRuleForm
+
+    ok = FlowRuleForm(data={"scope": "tenant:acme", "weight": 3, "period_seconds": 1.0})
+    assert ok.is_valid(), ok.errors
+    refused = FlowRuleForm(data={"scope": "kind:billing", "weight": 3, "period_seconds": 1.0})
+    assert not refused.is_valid()
+    assert "a weight is a tenant's" in refused.errors["__all__"][0]
+
+
+def test_set_rule__no_weight_on_another_scope_is_no_change(settings):
+    """The admin's form always sends the weight field: empty on a kind's rule is fine."""
+    rule = flow.set_rule("kind:billing", actor="test", concurrency=2, weight=None)
+    assert (rule.concurrency, rule.weight) == (2, None)
