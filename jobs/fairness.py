@@ -114,79 +114,129 @@ def _full_sql(bound: str) -> str:
     )
 
 
-def picking_sql(t_now: str) -> str:
-    """The fair claim's ``picked`` CTE (``id``, ``tenant_key``) and the CTEs before it.
+PICK_FUNCTION = "jobs_fair_pick_v1"
+CHARGE_FUNCTION = "jobs_fair_charge_v1"
 
-    Parameters, in order: the queue five times, the aging seconds, the
-    tenant bound, the queue twice (``picking_params``).
-    The tenants are walked by a skip scan of ``jobs_job_claim_tenant_idx`` (one probe per
-    waiting tenant, never a tenant's whole backlog); only the job taken is locked, ``FOR
-    UPDATE SKIP LOCKED``: a head another claim holds passes to that tenant's next job.
-    """
+
+def _picking_query() -> str:
+    """The fair order's pick in SQL, on ``p_queue`` at ``p_now`` (``pick_function_sql``)."""
     waiting = _waiting_literal()
-    cand = rules.literal_sql(rules.CLAIMABLE, Job, alias="j", quote=_q, now=t_now)
-    eff = f"(h.priority + EXTRACT(EPOCH FROM ({t_now} - h.since)) / %s::float8)"
-    return f"""tenants AS (
-            (SELECT j.tenant_key AS k FROM {_JOB} j WHERE j.queue = %s AND {waiting}
-             ORDER BY j.tenant_key LIMIT 1)
-            UNION ALL
-            SELECT (SELECT j.tenant_key FROM {_JOB} j WHERE j.queue = %s AND {waiting}
-                AND j.tenant_key > w.k ORDER BY j.tenant_key LIMIT 1)
-            FROM tenants w WHERE w.k IS NOT NULL
-        ), vt AS MATERIALIZED (
-            SELECT COALESCE(max(s.start), 0)::float8 AS v FROM {_SHARE} s WHERE s.queue = %s
-        ), heads AS MATERIALIZED (
-            SELECT h.* FROM tenants w CROSS JOIN LATERAL (
-                SELECT j.id, j.tenant_key, j.priority, {_SINCE} AS since FROM {_JOB} j
-                WHERE j.queue = %s AND j.tenant_key = w.k AND {cand}
-                ORDER BY j.priority DESC, {_SINCE}, j.id LIMIT 1
-            ) h WHERE w.k IS NOT NULL
-            UNION
-            (SELECT j.id, j.tenant_key, j.priority, {_SINCE} FROM {_JOB} j
-             WHERE j.queue = %s AND {cand} ORDER BY {_SINCE}, j.id LIMIT 1)
-        ), band AS MATERIALIZED (
-            SELECT h.priority FROM heads h ORDER BY {eff} DESC, h.since, h.id LIMIT 1
-        ), ranked AS MATERIALIZED (
-            SELECT h.tenant_key, h.priority, row_number() OVER (ORDER BY {_full_sql("%s")},
-                GREATEST(COALESCE(s.finish, vt.v), vt.v - {LAG}), h.since, h.id) AS rank
-            FROM heads h CROSS JOIN vt
-            LEFT JOIN {_SHARE} s ON s.queue = %s AND s.tenant_key = h.tenant_key
-            WHERE h.priority = (SELECT priority FROM band)
-        ), picked AS MATERIALIZED (
-            SELECT p.id, p.tenant_key FROM (SELECT * FROM ranked ORDER BY rank) r
-            CROSS JOIN LATERAL (
-                SELECT j.id, j.tenant_key FROM {_JOB} j
-                WHERE j.queue = %s AND j.tenant_key = r.tenant_key AND j.priority = r.priority
-                  AND {cand}
-                ORDER BY {_SINCE}, j.id LIMIT 1 FOR UPDATE SKIP LOCKED
-            ) p LIMIT 1
+    cand = rules.literal_sql(rules.CLAIMABLE, Job, alias="j", quote=_q, now="p_now")
+    eff = "(h.priority + EXTRACT(EPOCH FROM (p_now - h.since)) / p_aging)"
+    return f"""WITH RECURSIVE tenants AS (
+        (SELECT j.tenant_key AS k FROM {_JOB} j WHERE j.queue = p_queue AND {waiting}
+         ORDER BY j.tenant_key LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.tenant_key FROM {_JOB} j WHERE j.queue = p_queue AND {waiting}
+            AND j.tenant_key > w.k ORDER BY j.tenant_key LIMIT 1)
+        FROM tenants w WHERE w.k IS NOT NULL
+    ), vt AS MATERIALIZED (
+        SELECT COALESCE(max(s.start), 0)::float8 AS v FROM {_SHARE} s WHERE s.queue = p_queue
+    ), heads AS MATERIALIZED (
+        SELECT h.* FROM tenants w CROSS JOIN LATERAL (
+            SELECT j.id, j.tenant_key, j.priority, {_SINCE} AS since FROM {_JOB} j
+            WHERE j.queue = p_queue AND j.tenant_key = w.k AND {cand}
+            ORDER BY j.priority DESC, {_SINCE}, j.id LIMIT 1
+        ) h WHERE w.k IS NOT NULL
+        UNION
+        (SELECT j.id, j.tenant_key, j.priority, {_SINCE} FROM {_JOB} j
+         WHERE j.queue = p_queue AND {cand} ORDER BY {_SINCE}, j.id LIMIT 1)
+    ), band AS MATERIALIZED (
+        SELECT h.priority FROM heads h ORDER BY {eff} DESC, h.since, h.id LIMIT 1
+    ), ranked AS MATERIALIZED (
+        SELECT h.tenant_key, h.priority, row_number() OVER (ORDER BY {_full_sql("p_bound")},
+            GREATEST(COALESCE(s.finish, vt.v), vt.v - {LAG}), h.since, h.id) AS rank
+        FROM heads h CROSS JOIN vt
+        LEFT JOIN {_SHARE} s ON s.queue = p_queue AND s.tenant_key = h.tenant_key
+        WHERE h.priority = (SELECT priority FROM band)
+    )
+    SELECT p.id INTO v_id FROM (SELECT * FROM ranked ORDER BY rank) r
+    CROSS JOIN LATERAL (
+        SELECT j.id FROM {_JOB} j
+        WHERE j.queue = p_queue AND j.tenant_key = r.tenant_key AND j.priority = r.priority
+          AND {cand}
+        ORDER BY {_SINCE}, j.id LIMIT 1 FOR UPDATE SKIP LOCKED
+    ) p LIMIT 1;"""
+
+
+def pick_function_sql() -> str:
+    """``jobs_fair_pick_v1``: the id of the job the fair order takes next, its row locked
+    (None: none due, or every one held by another claim).
+
+    The tenants are walked by a skip scan of ``jobs_job_claim_tenant_idx`` (one probe per
+    waiting tenant, never a tenant's backlog); only the job taken is locked, ``FOR UPDATE
+    SKIP LOCKED``, in the ranked tenants' order: a head another claim holds passes to that
+    tenant's next job, then to the next tenant. A function so that its plans are kept per
+    connection and the claim statement stays within psycopg's parse cache (4 KiB). The
+    text is frozen in migration 0030; ``tests/jobs/test_fairness.py`` fails if they drift.
+    """
+    return f"""
+CREATE OR REPLACE FUNCTION {PICK_FUNCTION}(
+    p_queue varchar, p_now timestamptz, p_aging float8, p_bound integer
+) RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_id bigint;
+BEGIN
+    {_picking_query()}
+    RETURN v_id;
+END $$;
+"""
+
+
+def charge_function_sql() -> str:
+    """``jobs_fair_charge_v1``: charge a tenant one claim (``charge``'s rule): its share row
+    upserted at the queue's virtual time, by its weight (its rule's, ``tenant:*``'s, else
+    ``p_weight``, the setting); returns the new finish tag. Frozen in migration 0030."""
+    weight = (
+        f"COALESCE((SELECT f.weight FROM {_RULE} f WHERE f.scope = "
+        f"'{rules.FLOW_TENANT_PREFIX}' || p_tenant AND f.weight IS NOT NULL), "
+        f"(SELECT f.weight FROM {_RULE} f WHERE f.scope = '{DEFAULT_SCOPE}' "
+        "AND f.weight IS NOT NULL), p_weight)::float8"
+    )
+    return f"""
+CREATE OR REPLACE FUNCTION {CHARGE_FUNCTION}(
+    p_queue varchar, p_tenant varchar, p_weight float8
+) RETURNS float8 LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_top float8;
+    v_weight float8;
+    v_finish float8;
+BEGIN
+    SELECT COALESCE(max(s.start), 0)::float8 INTO v_top FROM {_SHARE} s WHERE s.queue = p_queue;
+    v_weight := {weight};
+    INSERT INTO {_SHARE} AS s (queue, tenant_key, start, finish, weight, claims, updated_at)
+    VALUES (p_queue, p_tenant, v_top, v_top + 1.0 / v_weight, v_weight, 1, clock_timestamp())
+    ON CONFLICT (queue, tenant_key) DO UPDATE SET
+        start = GREATEST(s.finish, EXCLUDED.start - {LAG}),
+        finish = GREATEST(s.finish, EXCLUDED.start - {LAG}) + 1.0 / EXCLUDED.weight,
+        weight = EXCLUDED.weight, claims = s.claims + 1, updated_at = EXCLUDED.updated_at
+    RETURNING s.finish INTO v_finish;
+    RETURN v_finish;
+END $$;
+"""
+
+
+def picking_sql(t_now: str) -> str:
+    """The fair claim's ``picked`` CTE (``id``, ``tenant_key``): the job ``jobs_fair_pick_v1``
+    locked, read by its id. Parameters: the queue, the aging seconds, the tenant bound."""
+    return f"""picked AS MATERIALIZED (
+            SELECT j.id, j.tenant_key
+            FROM (SELECT {PICK_FUNCTION}(%s, {t_now}, %s::float8, %s::integer) AS id) f
+            JOIN {_JOB} j ON j.id = f.id
         )"""
 
 
 def picking_params(queue: str, *, aging: float, bound: int) -> list:
     """``picking_sql``'s parameters, in their order."""
-    return [queue, queue, queue, queue, queue, aging, bound, queue, queue]
+    return [queue, aging, bound]
 
 
-def charge_sql(now: str) -> str:
-    """The CTE charging the claimed job's tenant (``claimed``): one upsert of its share
-    row. One parameter: the setting's weight (``JOBS_TENANT_WEIGHT``)."""
-    weight = (
-        f"COALESCE((SELECT f.weight FROM {_RULE} f WHERE f.scope = "
-        f"'{rules.FLOW_TENANT_PREFIX}' || c.tenant_key AND f.weight IS NOT NULL), "
-        f"(SELECT f.weight FROM {_RULE} f WHERE f.scope = '{DEFAULT_SCOPE}' "
-        "AND f.weight IS NOT NULL), %s)::float8"
-    )
-    return f"""charged AS (
-            INSERT INTO {_SHARE} AS s
-                (queue, tenant_key, start, finish, weight, claims, updated_at)
-            SELECT c.queue, c.tenant_key, vt.v, vt.v + 1.0 / w.weight, w.weight, 1, {now}
-            FROM claimed c CROSS JOIN vt CROSS JOIN LATERAL (SELECT {weight} AS weight) w
-            ON CONFLICT (queue, tenant_key) DO UPDATE SET
-                start = GREATEST(s.finish, EXCLUDED.start - {LAG}),
-                finish = GREATEST(s.finish, EXCLUDED.start - {LAG}) + 1.0 / EXCLUDED.weight,
-                weight = EXCLUDED.weight, claims = s.claims + 1, updated_at = EXCLUDED.updated_at
-            RETURNING s.id
+def charge_sql() -> str:
+    """The CTE charging the claimed job's tenant (``claimed``) by ``jobs_fair_charge_v1``;
+    the statement must read it (a CTE without writes runs only when read). One parameter:
+    the setting's weight (``JOBS_TENANT_WEIGHT``)."""
+    return f"""charged AS MATERIALIZED (
+            SELECT {CHARGE_FUNCTION}(c.queue, c.tenant_key, %s::float8) AS finish FROM claimed c
         )"""
 
 
@@ -256,23 +306,22 @@ def ranked(queue: str, v: float, *, exclude: set[int], bound: int) -> list[Ranke
     return sorted(out, key=lambda r: r.key)
 
 
-def pick(queue: str, *, exclude: set[int], bound: int) -> tuple[Job | None, float]:
-    """The job the fair order takes next (not locked: the ORM claim takes its claim lock)
-    and the virtual time it was chosen at (``charge`` takes it)."""
+def pick(queue: str, *, exclude: set[int], bound: int) -> Job | None:
+    """The job the fair order takes next (not locked: the ORM claim takes its claim lock)."""
     base, v = _claimable(queue, exclude), virtual_time(queue)
     for place in ranked(queue, v, exclude=exclude, bound=bound):
         rows = base.filter(tenant_key=place.tenant_key, priority=place.priority)
         job = rows.annotate(flow_ruled=rules.flow_ruled_q(), db_now=Now()).order_by(*_BY_WAIT)
         found = job.first()
         if found is not None:
-            return found, v
-    return None, v
+            return found
+    return None
 
 
-def charge(queue: str, tenant_key: str, v: float) -> None:
-    """Charge the tenant one claim at virtual time ``v`` (``charge_sql``): inside the
-    claim's transaction. One UPDATE of its row, or its first row inserted."""
-    weight = weight_of(tenant_key)
+def charge(queue: str, tenant_key: str) -> None:
+    """Charge the tenant one claim (``jobs_fair_charge_v1``'s rule): inside the claim's
+    transaction. One UPDATE of its row, or its first row inserted."""
+    v, weight = virtual_time(queue), weight_of(tenant_key)
     start = Greatest(F("finish"), Value(v - LAG))
     row = TenantShare.objects.filter(queue=queue, tenant_key=tenant_key)
     changes = {

@@ -70,7 +70,7 @@ def _claim_next_fair(queue: str, worker: str, *, lease: float, bound: int) -> Cl
     passed: set[int] = set()
     with clock.worker_transaction():
         for _ in range(named_claim.PASS_RACES + 1):
-            best, v = fairness.pick(queue, exclude=passed, bound=bound)
+            best = fairness.pick(queue, exclude=passed, bound=bound)
             if best is None:
                 return Claim("passed") if passed else None
             job = named_claim._take_candidate(best)
@@ -80,7 +80,7 @@ def _claim_next_fair(queue: str, worker: str, *, lease: float, bound: int) -> Cl
                 )
                 if decided is not None:
                     if decided.won:
-                        fairness.charge(queue, job.tenant_key, v)
+                        fairness.charge(queue, job.tenant_key)
                     return decided
             passed.add(best.pk)
     return Claim("passed")

@@ -39,9 +39,10 @@ def _statement(picking: str, *, fair: bool = False) -> str:
     """The claim's statement around its ``picked`` CTE (``id``, ``tenant_key``): the job
     picked under its row lock, then its claim lock, verdict, start and attempt
     (``start_ctes``), the fair share's charge (``fair``), and the verdict read back."""
-    charge = f", {fairness.charge_sql(NOW)}" if fair else ""
+    charge = f", {fairness.charge_sql()}" if fair else ""
+    charged = " CROSS JOIN charged" if fair else ""
     text = f"""
-        WITH {"RECURSIVE " if fair else ""}t AS MATERIALIZED (
+        WITH t AS MATERIALIZED (
             SELECT {NOW} AS now,
                 CASE WHEN %s THEN set_config('synchronous_commit', 'off', true)
                     || set_config('lock_timeout', %s, true) END AS alone
@@ -49,7 +50,7 @@ def _statement(picking: str, *, fair: bool = False) -> str:
         SELECT claimed.*, attempt.id, attempt.started_at, (SELECT id FROM picked),
             (SELECT (v).scope FROM judged), (SELECT (v).reason FROM judged),
             (SELECT (v).delay FROM judged)
-        FROM (SELECT 1) one LEFT JOIN (claimed CROSS JOIN attempt) ON true
+        FROM (SELECT 1) one LEFT JOIN (claimed CROSS JOIN attempt{charged}) ON true
     """
     return _compact(text)
 

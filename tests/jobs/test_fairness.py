@@ -194,10 +194,24 @@ def test_alone__a_tenant_alone_gets_every_slot_and_full_throughput(settings):
     assert with_fair >= 0.9 * without, (with_fair, without)
 
 
+def pick_query(queue: str = "default", *, aging: float = 60.0, bound: int = 4) -> str:
+    """``jobs_fair_pick_v1``'s query as a statement of its own (for ``EXPLAIN``)."""
+    from jobs import fairness
+
+    text = fairness._picking_query().replace("SELECT p.id INTO v_id FROM", "SELECT p.id FROM")
+    for name, value in (
+        ("p_queue", f"'{queue}'"),
+        ("p_now", "clock_timestamp()"),
+        ("p_aging", f"{aging}::float8"),
+        ("p_bound", str(bound)),
+    ):
+        text = text.replace(name, value)
+    return text.rstrip(";")
+
+
 def test_claim__reads_each_waiting_tenant_once_not_its_backlog(settings):
-    """The fair statement walks the tenants by the index (one probe each) and reads a
-    tenant's head, never a flood of 1,000 rows."""
-    from jobs.executors import pgclaim
+    """The fair pick walks the tenants by the index (one probe each) and reads a tenant's
+    head, never a flood of 1,000 rows, nor the 3,000 finished jobs beside them."""
     from tests.jobs.helpers import scans_of
 
     flood("history", 3000)
@@ -206,10 +220,15 @@ def test_claim__reads_each_waiting_tenant_once_not_its_backlog(settings):
     flood("b", 1)
     flood("c", 1)
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE jobs_job")
-    scans = scans_of(*pgclaim.next_statement("default", "w1", lease=30, bound=4))
+        cursor.execute("VACUUM ANALYZE jobs_job")
+    scans = scans_of(pick_query(), [])
     assert scans and max(rows for _, _, rows in scans) <= 5, scans
     assert sum(rows for _, _, rows in scans) <= 30, scans
+    assert {index for _, index, _ in scans} <= {
+        "jobs_job_claim_tenant_idx",
+        "jobs_job_claim_wait_idx",
+        "jobs_job_tenant_state_idx",  # a tenant's live running jobs, for its bound
+    }, scans
 
 
 # --- weights as flow rules: jobs_limits, the admin form, the checks -----------------------
@@ -265,3 +284,14 @@ def test_set_rule__no_weight_on_another_scope_is_no_change(settings):
     """The admin's form always sends the weight field: empty on a kind's rule is fine."""
     rule = flow.set_rule("kind:billing", actor="test", concurrency=2, weight=None)
     assert (rule.concurrency, rule.weight) == (2, None)
+
+
+def test_functions__frozen_text_is_what_the_fair_order_generates():
+    import importlib
+
+    from jobs import fairness
+
+    migration = importlib.import_module("jobs.migrations.0030_fair_share_functions")
+    message = "jobs.fairness changed: add a migration with jobs_fair_pick_v2 / _charge_v2"
+    assert fairness.pick_function_sql() == "\n" + migration.PICK, message
+    assert fairness.charge_function_sql() == "\n" + migration.CHARGE, message
