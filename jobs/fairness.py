@@ -85,7 +85,7 @@ def weight_of(tenant_key: str) -> float:
     return float(conf.tenant_weight())
 
 
-# --- the PostgreSQL claim's CTEs (jobs.executors.pgclaim) ---------------------------------
+# --- the PostgreSQL claim's functions (jobs.executors.pgclaim) -----------------------------
 
 
 def _q(name: str) -> str:
@@ -275,8 +275,8 @@ def _full(tenant_key: str, bound: int) -> bool:
 
 
 def ranked(queue: str, v: float, *, exclude: set[int], bound: int) -> list[Ranked]:
-    """The band's tenants in the claim's order (``picking_sql``'s ``ranked``); ``v``: the
-    queue's virtual time."""
+    """The band's tenants in the claim's order (``jobs_fair_pick_v1``'s ``ranked``); ``v``:
+    the queue's virtual time."""
     waiting = Job.objects.filter(rules.to_q(rules.all_of(rules.WAITING, rules.NOT_HELD)))
     tenants = waiting.filter(queue=queue).values_list("tenant_key", flat=True)
     base = _claimable(queue, exclude).annotate(db_now=Now())
@@ -295,7 +295,10 @@ def ranked(queue: str, v: float, *, exclude: set[int], bound: int) -> list[Ranke
         heads.values(),
         key=lambda j: (-rules.effective_priority(j, j.db_now, aging), rules.waiting_since(j), j.pk),
     ).priority
-    finish = dict(TenantShare.objects.filter(queue=queue).values_list("tenant_key", "finish"))
+    tags = TenantShare.objects.filter(
+        queue=queue, tenant_key__in={h.tenant_key for h in heads.values()}
+    )
+    finish = dict(tags.values_list("tenant_key", "finish"))
     out = []
     for head in heads.values():
         if head.priority != band:
