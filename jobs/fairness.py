@@ -219,10 +219,10 @@ END $$;
 def picking_sql(t_now: str) -> str:
     """The fair claim's ``picked`` CTE (``id``, ``tenant_key``): the job ``jobs_fair_pick_v1``
     locked, read by its id. Parameters: the queue, the aging seconds, the tenant bound."""
+    # A scalar subquery: the function runs once (an InitPlan), its id an index condition.
     return f"""picked AS MATERIALIZED (
-            SELECT j.id, j.tenant_key
-            FROM (SELECT {PICK_FUNCTION}(%s, {t_now}, %s::float8, %s::integer) AS id) f
-            JOIN {_JOB} j ON j.id = f.id
+            SELECT j.id, j.tenant_key FROM {_JOB} j
+            WHERE j.id = (SELECT {PICK_FUNCTION}(%s, {t_now}, %s::float8, %s::integer))
         )"""
 
 
