@@ -304,8 +304,8 @@ def ranked(queue: str, v: float, *, exclude: set[int], bound: int) -> list[Ranke
         if head.priority != band:
             continue
         tag = max(finish.get(head.tenant_key, v), v - LAG)
-        key = (_full(head.tenant_key, bound), tag, rules.waiting_since(head), head.pk)
-        out.append(Ranked(head.tenant_key, band, key))
+        order = (_full(head.tenant_key, bound), tag, rules.waiting_since(head), head.pk)
+        out.append(Ranked(head.tenant_key, band, order))
     return sorted(out, key=lambda r: r.key)
 
 
