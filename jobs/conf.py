@@ -67,6 +67,17 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("JOBS_TENANT_CONCURRENCY", 4, "Most jobs of one tenant running at once."),
     Setting(
+        "JOBS_FAIR_SHARE",
+        True,
+        "The next-job claim shares each priority band among a queue's tenants by weight "
+        "(start-time fair queueing, docs/app/fairness.md); False: due order across tenants.",
+    ),
+    Setting(
+        "JOBS_TENANT_WEIGHT",
+        1,
+        "A tenant's weight in the fair share where neither its rule nor tenant:* sets one.",
+    ),
+    Setting(
         "JOBS_TENANT_DEFER_SECONDS",
         1.0,
         "Delay (jittered up to twice) before a job held back by its tenant's bound is due again.",
@@ -311,6 +322,14 @@ def follow_on_seconds() -> float:
 
 def tenant_concurrency() -> int:
     return int(get("JOBS_TENANT_CONCURRENCY"))
+
+
+def fair_share() -> bool:
+    return bool(get("JOBS_FAIR_SHARE"))
+
+
+def tenant_weight() -> int:
+    return max(1, int(get("JOBS_TENANT_WEIGHT")))
 
 
 def effect_max_attempts() -> int:

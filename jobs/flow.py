@@ -55,7 +55,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs import clock, conf, rules
+from jobs import clock, conf, fairness, rules
 from jobs.engine import held
 from jobs.engine.admission import paused_delay, spread, take
 from jobs.engine.plan import Hold
@@ -72,7 +72,7 @@ _NAME = r"[A-Za-z0-9_.@:-]+"
 # and no name has whitespace, so "kind:x\n" is no phantom twin of "kind:x".
 QUEUE_PREFIX = getattr(rules, "FLOW_QUEUE_PREFIX", "queue:")
 SCOPE_RE = re.compile(
-    rf"provider:[A-Za-z0-9_.-]+(/tenant:{_NAME})?|tenant:{_NAME}|kind:{_NAME}"
+    rf"provider:[A-Za-z0-9_.-]+(/tenant:{_NAME})?|tenant:{_NAME}|tenant:\*|kind:{_NAME}"
     rf"|{re.escape(QUEUE_PREFIX)}{QUEUE_NAME.pattern}"
 )
 SCOPE_FORMS = (
@@ -494,11 +494,21 @@ def set_rule(
     period_seconds=_UNSET,
     concurrency=_UNSET,
     paused=_UNSET,
+    weight=_UNSET,
     note: str = "",
 ) -> FlowRule:
     """Create or change the rule of ``scope``; the change and its audit row commit together."""
     check_scope(scope)
     note = check_note(note)
+    try:
+        weight = weight if weight is _UNSET else fairness.check_weight(weight)
+        fairness.check_weight_scope(
+            scope,
+            weighted=weight not in (_UNSET, None),
+            other=any(v is not _UNSET for v in (rate, period_seconds, concurrency, paused)),
+        )
+    except ValueError as exc:
+        raise FlowError(str(exc)) from None
     if concurrency is not _UNSET:
         concurrency = check_concurrency(concurrency)
     if rate is not _UNSET:
@@ -517,6 +527,8 @@ def set_rule(
             rule.period_seconds = float(period_seconds)
         if concurrency is not _UNSET:
             rule.concurrency = concurrency
+        if weight is not _UNSET:
+            rule.weight = weight
         if paused is not _UNSET:
             rule.paused = bool(paused)
             if rule.paused:
@@ -526,7 +538,7 @@ def set_rule(
         rule.updated_at = timezone.now()
         rule.updated_by = actor[:200]
         rule.save()
-        only_pause = rate is _UNSET and concurrency is _UNSET and period_seconds is _UNSET
+        only_pause = all(v is _UNSET for v in (rate, concurrency, period_seconds, weight))
         action = ("pause" if paused else "resume") if only_pause and paused is not _UNSET else "set"
         FlowRuleChange.objects.create(
             scope=scope,
@@ -570,7 +582,7 @@ def defaults() -> dict[str, str]:
     """What applies where no row says otherwise (the settings)."""
     from jobs import registry
 
-    out = {"tenant:*": f"concurrency {conf.tenant_concurrency()}"}
+    out = {"tenant:*": f"concurrency {conf.tenant_concurrency()}, weight {conf.tenant_weight()}"}
     for name, provider in sorted(registry.providers().items()):
         if provider.transactional:
             continue

@@ -1,7 +1,7 @@
-"""The maintenance round's bookkeeping between rounds: a periodic kind's newest tick and the
-database timeline last reconciled after. Each row is moved forward by compare-and-swap;
-the identities they guard (a tick's job, a reconcile's re-requests) are what make the
-outcome once, so a round that read a row stale only asks again. Part of ``jobs.models``.
+"""Bookkeeping rows: a periodic kind's newest tick, the database timeline last reconciled
+after (each moved forward by compare-and-swap; the identities they guard, a tick's job, a
+reconcile's re-requests, are what make the outcome once, so a round that read a row stale
+only asks again), and each tenant's place in its queue's fair share. Part of ``jobs.models``.
 """
 
 from __future__ import annotations
@@ -44,3 +44,29 @@ class ReconcileMark(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}: timeline {self.timeline}"
+
+
+class TenantShare(models.Model):
+    """A tenant's place in its queue's fair share (``jobs.fairness``): start-time fair queueing.
+
+    ``start`` is the virtual start tag of the tenant's last claim and ``finish`` that tag
+    plus ``1 / weight``; the queue's virtual time is the largest ``start`` of its rows.
+    Written by the next-job claim that starts one of the tenant's jobs, in its transaction."""
+
+    queue = models.CharField(max_length=64)
+    tenant_key = models.CharField(max_length=64, blank=True, default="")
+    start = models.FloatField(default=0.0)
+    finish = models.FloatField(default=0.0)
+    weight = models.FloatField(default=1.0, help_text="the weight its last claim was charged at")
+    claims = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["queue", "tenant_key"]
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "tenant_key"], name="jobs_share_queue_tenant"),
+        ]
+        indexes = [models.Index(fields=["queue", "start"], name="jobs_share_vtime_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.queue}/{self.tenant_key or '-'}: finish {self.finish:g}"

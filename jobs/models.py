@@ -525,6 +525,10 @@ class FlowRule(models.Model):
     )
     period_seconds = models.FloatField(default=1.0)
     paused = models.BooleanField(default=False)
+    # A tenant's share of the claims (docs/app/fairness.md): holds nothing back.
+    weight = models.PositiveIntegerField(
+        null=True, blank=True, help_text="tenant: its weight in the fair share (empty: default)"
+    )
     next_free_at = models.DateTimeField(
         null=True, blank=True, help_text="GCRA: when the next start may happen (server clock)"
     )
@@ -565,6 +569,8 @@ class FlowRule(models.Model):
             parts.append(f"concurrency {self.concurrency}")
         if self.rate:
             parts.append(f"rate {self.rate}/{self.period_seconds:g}s")
+        if self.weight is not None:
+            parts.append(f"weight {self.weight}")
         return ", ".join(parts) or "no limit (defaults)"
 
 
@@ -588,4 +594,4 @@ class FlowRuleChange(models.Model):
 
 # The maintenance round's own bookkeeping lives beside (Django registers models a models
 # module imports): ScheduleState (jobs.schedules), ReconcileMark (jobs.reconcile).
-from jobs.marks import ReconcileMark, ScheduleState  # noqa: E402, F401
+from jobs.marks import ReconcileMark, ScheduleState, TenantShare  # noqa: E402, F401

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from django.db.models.functions import Coalesce, Now
 
-from jobs import clock, rules
+from jobs import clock, conf, fairness, rules
 from jobs.engine import named_claim, verdict
 from jobs.engine.plan import Claim
 from jobs.models import Effect, Job
@@ -25,7 +25,10 @@ def claim_next(queue: str, worker: str, *, lease: float, bound: int) -> Claim | 
 
     A job another claim or an operator's open transaction holds (PostgreSQL: its claim
     lock or its row, ``verdict.decide``) is passed over and the next chosen, as the
-    statement's ``SKIP LOCKED`` does; ``passed`` when every look met one."""
+    statement's ``SKIP LOCKED`` does; ``passed`` when every look met one. With
+    ``JOBS_FAIR_SHARE`` the candidates are ordered as the statement's (``jobs.fairness``)."""
+    if conf.fair_share():
+        return _claim_next_fair(queue, worker, lease=lease, bound=bound)
     if not named_claim._candidates(queue, exclude=set()):
         return None  # a read first: an idle cluster's look takes no write lock
     passed: set[int] = set()
@@ -54,6 +57,30 @@ def claim_next(queue: str, worker: str, *, lease: float, bound: int) -> Claim | 
             if job is not None:
                 decided = verdict.decide(job, worker, now, lease=lease, bound=bound, swapped=True)
                 if decided is not None:
+                    return decided
+            passed.add(best.pk)
+    return Claim("passed")
+
+
+def _claim_next_fair(queue: str, worker: str, *, lease: float, bound: int) -> Claim | None:
+    """``claim_next`` in the fair share's order; the claim that starts a job charges its
+    tenant in the same transaction (``fairness.charge``)."""
+    if not Job.objects.filter(rules.to_q(rules.CLAIMABLE), queue=queue).exists():
+        return None  # a read first: an idle cluster's look takes no write lock
+    passed: set[int] = set()
+    with clock.worker_transaction():
+        for _ in range(named_claim.PASS_RACES + 1):
+            best = fairness.pick(queue, exclude=passed, bound=bound)
+            if best is None:
+                return Claim("passed") if passed else None
+            job = named_claim._take_candidate(best)
+            if job is not None:
+                decided = verdict.decide(
+                    job, worker, best.db_now, lease=lease, bound=bound, swapped=True
+                )
+                if decided is not None:
+                    if decided.won:
+                        fairness.charge(queue, job.tenant_key)
                     return decided
             passed.add(best.pk)
     return Claim("passed")

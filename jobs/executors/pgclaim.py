@@ -25,7 +25,7 @@ from contextlib import nullcontext
 from django.db import DatabaseError, connection, transaction
 from django.db.models.functions import Now
 
-from jobs import clock, conf, rules
+from jobs import clock, conf, fairness, rules
 from jobs.engine import admission, job_machine, verdict
 from jobs.engine.plan import Claim
 from jobs.engine.refusals import refusal
@@ -35,20 +35,22 @@ from jobs.models import Attempt, Effect, Job
 log = logging.getLogger("jobs.executors")
 
 
-def _statement(picking: str) -> str:
+def _statement(picking: str, *, fair: bool = False) -> str:
     """The claim's statement around its ``picked`` CTE (``id``, ``tenant_key``): the job
     picked under its row lock, then its claim lock, verdict, start and attempt
-    (``start_ctes``), and the verdict read back."""
+    (``start_ctes``), the fair share's charge (``fair``), and the verdict read back."""
+    charge = f", {fairness.charge_sql()}" if fair else ""
+    charged = " CROSS JOIN charged" if fair else ""
     text = f"""
         WITH t AS MATERIALIZED (
             SELECT {NOW} AS now,
                 CASE WHEN %s THEN set_config('synchronous_commit', 'off', true)
                     || set_config('lock_timeout', %s, true) END AS alone
-        ), {picking}, {start_ctes("picked")}
+        ), {picking}, {start_ctes("picked")}{charge}
         SELECT claimed.*, attempt.id, attempt.started_at, (SELECT id FROM picked),
             (SELECT (v).scope FROM judged), (SELECT (v).reason FROM judged),
             (SELECT (v).delay FROM judged)
-        FROM (SELECT 1) one LEFT JOIN (claimed CROSS JOIN attempt) ON true
+        FROM (SELECT 1) one LEFT JOIN (claimed CROSS JOIN attempt{charged}) ON true
     """
     return _compact(text)
 
@@ -83,11 +85,22 @@ def _next_statement() -> str:
     )
 
 
+@functools.cache
+def _fair_statement() -> str:
+    return _statement(fairness.picking_sql("(SELECT now FROM t)"), fair=True)
+
+
 def next_statement(queue: str, worker: str, *, lease: float, bound: int) -> tuple[str, list]:
-    """The statement claiming ``queue``'s next job for ``worker``, and its parameters."""
+    """The statement claiming ``queue``'s next job for ``worker``, and its parameters: in
+    the fair share's order across tenants (``jobs.fairness``) unless ``JOBS_FAIR_SHARE``
+    is off, then by effective priority and due time alone."""
     aging = rules.aging_seconds()
+    start = start_params(worker, lease=lease, bound=bound)
+    if conf.fair_share():
+        picking = fairness.picking_params(queue, aging=aging, bound=bound)
+        return _fair_statement(), [*_head(), *picking, *start, conf.tenant_weight()]
     params = [*_head(), aging, queue, aging, queue]
-    return _next_statement(), params + start_params(worker, lease=lease, bound=bound)
+    return _next_statement(), params + start
 
 
 # The longest a claim waits for a scope's lock (held for one claim statement, or by a

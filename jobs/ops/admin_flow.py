@@ -18,7 +18,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.views.decorators.http import require_POST
 
-from jobs import flow
+from jobs import fairness, flow
 from jobs.models import FlowRule, FlowRuleChange
 from jobs.ops import flowview
 
@@ -43,6 +43,11 @@ class FlowRuleForm(forms.ModelForm):
         required=False,
         help_text=f"most starts per period, 1 to {flow.RATE_MAX:,} (empty: no rate limit)",
     )
+    weight = forms.IntegerField(
+        required=False,
+        help_text="tenant:<key> or tenant:* (the default): its share of the claims, 1 to "
+        f"{fairness.WEIGHT_MAX:,} (empty: the default weight)",
+    )
     period_seconds = forms.FloatField(
         initial=1.0,
         help_text=f"the rate's period in seconds, more than 0 and at most "
@@ -51,7 +56,7 @@ class FlowRuleForm(forms.ModelForm):
 
     class Meta:
         model = FlowRule
-        fields = ("scope", "concurrency", "rate", "period_seconds", "paused")
+        fields = ("scope", "concurrency", "rate", "period_seconds", "paused", "weight")
 
     def _checked(self, name: str, check):
         try:
@@ -67,6 +72,25 @@ class FlowRuleForm(forms.ModelForm):
 
     def clean_rate(self):
         return self._checked("rate", flow.check_rate)
+
+    def clean_weight(self):
+        try:
+            return fairness.check_weight(self.cleaned_data["weight"])
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from exc
+
+    def clean(self):
+        data = super().clean()
+        scope = data.get("scope") or getattr(self.instance, "scope", "")
+        if scope and (data.get("weight") is not None or scope == fairness.DEFAULT_SCOPE):
+            other = any(data.get(n) for n in ("concurrency", "rate", "paused"))
+            try:
+                fairness.check_weight_scope(
+                    scope, weighted=data.get("weight") is not None, other=other
+                )
+            except ValueError as exc:
+                raise forms.ValidationError(str(exc)) from exc
+        return data
 
     def clean_period_seconds(self):
         return self._checked("period_seconds", flow.check_period)
@@ -122,9 +146,16 @@ class FlowRuleAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         data = form.cleaned_data
+        scope = data.get("scope") or obj.scope
+        if scope == fairness.DEFAULT_SCOPE:  # only a weight: the rest are the settings'
+            saved = flow.set_rule(scope, actor=_actor(request), weight=data.get("weight"))
+            obj.pk = saved.pk
+            obj.refresh_from_db()
+            return
         saved = flow.set_rule(
-            data.get("scope") or obj.scope,
+            scope,
             actor=_actor(request),
+            weight=data.get("weight"),
             concurrency=data.get("concurrency"),
             rate=data.get("rate"),
             period_seconds=data.get("period_seconds") or 1.0,

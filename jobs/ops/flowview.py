@@ -38,6 +38,15 @@ class ScopeView:
         return f"{self.rule.rate}/{self.rule.period_seconds:g}s"
 
     @property
+    def weight(self) -> str:
+        """A tenant's fair-share weight (its rule's; ``(default)`` when the default applies)."""
+        if not self.scope.startswith(rules.FLOW_TENANT_PREFIX):
+            return ""
+        if self.rule is not None and self.rule.weight is not None:
+            return str(self.rule.weight)
+        return "(default)"
+
+    @property
     def circuit(self) -> str:
         parts = rules.scope_provider(self.scope)
         if parts is None or parts[1]:  # the circuit is the whole provider's, not a partition's

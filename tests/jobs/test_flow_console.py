@@ -29,6 +29,23 @@ def test_console__flow_section_lists_rules_and_defaults(client, admin_user):
     assert 'id="flow-rules"' in live
 
 
+def test_console__a_tenants_weight_is_shown_with_its_rule(client, admin_user):
+    flow.set_rule("tenant:acme", actor="test", weight=3)
+    client.force_login(admin_user)
+    body = client.get("/admin/jobs/job/dashboard/").content.decode()
+    assert "tenant:acme" in body and "weight 3 (its share of the claims)" in body
+
+
+def test_admin__a_weight_is_edited_in_the_rule_form_and_audited(client, admin_user):
+    client.force_login(admin_user)
+    form = {"scope": "tenant:acme", "weight": "2", "period_seconds": "1.0"}
+    answer = client.post("/admin/jobs/flowrule/add/", form)
+    assert answer.status_code == 302, answer.content.decode()[:2000]
+    assert FlowRule.objects.get(scope="tenant:acme").weight == 2
+    change = FlowRuleChange.objects.get(scope="tenant:acme")
+    assert change.actor == f"operator:{admin_user.username}" and "weight 2" in change.after
+
+
 def test_console__pause_and_resume_buttons__audited_with_the_operator(client, admin_user):
     client.force_login(admin_user)
     url = "/admin/jobs/flowrule/toggle/"

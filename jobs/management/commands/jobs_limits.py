@@ -13,7 +13,7 @@ from jobs.ops import flowview
 class Command(BaseCommand):
     help = (
         f"Flow control per scope ({flow.SCOPE_FORMS}): show, set --rate N/s|N/m "
-        f"--concurrency N (rate 1..{flow.RATE_MAX:,} per period of at most one day, "
+        f"--concurrency N --weight N (rate 1..{flow.RATE_MAX:,} per period of at most one day, "
         f"concurrency 1..{flow.CONCURRENCY_MAX:,}), pause, resume, delete. Takes effect in "
         "every worker within 2 seconds, no restart."
     )
@@ -25,6 +25,10 @@ class Command(BaseCommand):
         s.add_argument("scope")
         s.add_argument("--rate", help="N/s, N/m, N/h, N/<seconds>s, or off")
         s.add_argument("--concurrency", help="most at once; 'default' for the settings' value")
+        s.add_argument(
+            "--weight",
+            help="tenant:<key> (or tenant:*, the default): its share of the claims; 'default'",
+        )
         for name in ("pause", "resume", "delete"):
             p = sub.add_parser(name, help=f"{name} a scope")
             p.add_argument("scope")
@@ -48,8 +52,11 @@ class Command(BaseCommand):
                     changes["concurrency"] = (
                         None if text in ("default", "none") else flow.check_concurrency(text)
                     )
+                if options["weight"] is not None:
+                    text = options["weight"].strip().lower()
+                    changes["weight"] = None if text in ("default", "none") else text
                 if not changes:
-                    raise CommandError("set needs --rate and/or --concurrency")
+                    raise CommandError("set needs --rate, --concurrency and/or --weight")
                 rule = flow.set_rule(scope, actor=actor, note=options["note"], **changes)
             elif action == "pause":
                 rule = flow.pause(scope, actor=actor)
@@ -66,8 +73,8 @@ class Command(BaseCommand):
     def show(self):
         w = self.stdout.write
         w(
-            f"{'scope':<34}{'paused':<8}{'rate':<10}{'concurrency':<14}{'in flight':>10}"
-            f"{'starts/min':>11}{'waiting':>9}  circuit"
+            f"{'scope':<34}{'paused':<8}{'rate':<10}{'concurrency':<14}{'weight':<11}"
+            f"{'in flight':>10}{'starts/min':>11}{'waiting':>9}  circuit"
         )
         for v in flowview.scope_views():
             bound = "-" if v.concurrency is None else str(v.concurrency)
@@ -75,7 +82,8 @@ class Command(BaseCommand):
                 bound += " (default)"
             w(
                 f"{v.scope:<34}{'yes' if v.paused else 'no':<8}{v.rate or '-':<10}{bound:<14}"
-                f"{v.in_flight:>10}{v.started_last_minute:>11}{v.waiting:>9}  {v.circuit or '-'}"
+                f"{v.weight or '-':<11}{v.in_flight:>10}{v.started_last_minute:>11}"
+                f"{v.waiting:>9}  {v.circuit or '-'}"
             )
         for scope, text in flow.defaults().items():
             w(f"default {scope}: {text} (settings)")

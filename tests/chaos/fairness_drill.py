@@ -1,0 +1,292 @@
+"""The fairness drill: ``python -m tests.chaos.fairness_drill`` (issue 42, part 1).
+
+Three "hosts" on one machine (each its own ``manage.py jobs_worker`` with its own host
+name), one PostgreSQL scratch database. ``test.steps`` jobs (an artifact stored each):
+
+1. **flood**: tenant ``a`` asks for 1,000 jobs; after 20 claims, ``b`` and ``c`` ask for
+   one each. Each must be claimed within K = 2 x hosts x workers claims of its request
+   (claims counted by attempt id, the order the claims were written).
+2. **weights**: ``tenant:a --weight 3``; ``a`` and ``b`` both flood; of the first 400
+   claims the shares must be within 10% of 3:1.
+3. **alone**: ``a`` alone, 300 jobs: its throughput, with the fair order and (``--compare``,
+   the hosts restarted with ``JOBS_FAIR_SHARE`` off) without; with ``--compare`` the flood
+   is run without it too (positions printed: the cap-only claim's, for comparison).
+
+The last line is ``fairness: PASS ...`` or ``fairness: FAIL ...``; exit 1 on FAIL, 2 when
+the drill could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from jobs.testing import scratchdb
+from jobs.testing.processes import Processes
+
+ROOT = Path(__file__).resolve().parents[2]
+SETTINGS_MODULE = "tests.chaos.fairness_settings"
+KIND = "test.steps"
+PARAMS = {"stages": 0}
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _ask(tenant: str, count: int, tag: str) -> None:
+    import jobs
+
+    jobs.request_many(
+        [
+            {
+                "kind": KIND,
+                "subject": ("fair", f"{tag}-{tenant}-{i}"),
+                "tenant": tenant,
+                "params": PARAMS,
+            }
+            for i in range(count)
+        ]
+    )
+
+
+def _last_attempt() -> int:
+    from django.db.models import Max
+
+    from jobs.models import Attempt
+
+    return Attempt.objects.filter(number__gt=0).aggregate(m=Max("id"))["m"] or 0
+
+
+def _claims_after(since: int):
+    """Attempts of claims (not deferrals) after attempt id ``since``, in claim order."""
+    from jobs.models import Attempt
+
+    rows = Attempt.objects.filter(id__gt=since).exclude(
+        outcome__in=[Attempt.Outcome.DEFERRED, Attempt.Outcome.DUPLICATE_DELIVERY]
+    )
+    return rows.order_by("id").values_list("id", "job__tenant_key", "job__subject_id")
+
+
+def _wait(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _drain() -> None:
+    """End the waiting work of a phase (the scratch database's own rows)."""
+    from django.db.models import F
+
+    from jobs.models import Job
+
+    waiting = Job.objects.filter(state__in=[Job.State.QUEUED, Job.State.RETRY_WAIT])
+    waiting.update(state=Job.State.CANCELLED, version=F("version") + 1)
+    _wait(lambda: not Job.objects.filter(state=Job.State.RUNNING).exists(), 30)
+
+
+def flood(tag: str, k: int) -> dict[str, int | None]:
+    """Phase 1: the positions of ``b``'s and ``c``'s jobs after ``a``'s flood."""
+    _ask("a", 1000, tag)
+    start = _last_attempt()
+    _wait(lambda: len(_claims_after(start)) >= 20, 60)
+    asked = {}
+    for tenant in ("b", "c"):
+        _ask(tenant, 1, tag)
+        asked[tenant] = _last_attempt()
+    from jobs.models import Attempt
+
+    seen: dict[str, int | None] = {}
+    for tenant in ("b", "c"):
+        mine = Attempt.objects.filter(job__tenant_key=tenant, job__subject_id__startswith=tag)
+        _wait(mine.exists, 4 * k + 30)
+        first = mine.order_by("id").values_list("id", flat=True).first()
+        # Claims of other jobs written between the request and this claim (a claim whose
+        # attempt id was drawn before the request committed counts as none).
+        seen[tenant] = (
+            None
+            if first is None
+            else Attempt.objects.filter(id__gt=asked[tenant], id__lt=first).count()
+        )
+    _drain()
+    return seen
+
+
+def weights(tag: str) -> Counter:
+    """Phase 2: the shares of the first 400 claims, ``a`` at weight 3, both flooding."""
+    from jobs import flow
+
+    flow.set_rule("tenant:a", actor="drill", weight=3)
+    _ask("a", 600, tag)
+    _ask("b", 600, tag)
+    start = _last_attempt()  # from both floods waiting (a alone before b's commit is not shared)
+    _wait(lambda: len(_claims_after(start)) >= 400, 240)
+    shares = Counter(row[1] for row in list(_claims_after(start))[:400])
+    _drain()
+    flow.delete_rule("tenant:a", actor="drill")
+    return shares
+
+
+def alone(tag: str) -> float:
+    """Phase 3: ``a`` alone: jobs per second from the request to the last one ended."""
+    from jobs.models import Job
+
+    began = time.monotonic()
+    _ask("a", 300, tag)
+    done = Job.objects.filter(subject_id__startswith=f"{tag}-a-", state=Job.State.SUCCEEDED)
+    _wait(lambda: done.count() >= 300, 240)
+    return done.count() / (time.monotonic() - began)
+
+
+def _hosts(procs: Processes, env: dict, work: Path, n: int, *, fair: bool) -> list:
+    started = []
+    for i in range(n):
+        name = f"host-{'abcdefgh'[i]}"
+        folder = work / f"{name}-{'fair' if fair else 'off'}"
+        (folder / "tmp").mkdir(parents=True)
+        host_env = {
+            **env,
+            "JOBS_HOST_NAME": name,
+            "TMPDIR": str(folder / "tmp"),
+            "FAIR_DRILL_FAIR_SHARE": "1" if fair else "0",
+        }
+        started.append(
+            procs.start(
+                f"{name}.{'fair' if fair else 'off'}",
+                "jobs_worker",
+                "--stop-timeout=5",
+                "--stall-seconds=25",
+                env=host_env,
+            )
+        )
+    from tests.chaos.scaleout import CLUSTER_RUNNING
+
+    ok = _wait(
+        lambda: all(
+            CLUSTER_RUNNING.search(p.log_path.read_text(errors="replace")) for p in started
+        ),
+        90,
+    )
+    if not ok:
+        raise RuntimeError("the hosts' clusters did not start")
+    return started
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        url = scratchdb.server_url(purpose="the fairness drill")
+    except scratchdb.NotPostgres as exc:
+        _say(f"fairness: cannot run: {exc}")
+        return 2
+    name = f"fairness_{secrets.token_hex(5)}"
+    work = ROOT / "var" / "fairness" / name
+    (work / "logs").mkdir(parents=True)
+    k = 2 * args.hosts * args.workers
+    procs = None
+    verdict = "fairness: FAIL interrupted"
+    try:
+        scratch = scratchdb.create(url, name)
+        env = {
+            k_: v
+            for k_, v in os.environ.items()
+            if k_ not in ("TEST_DATABASE_NAME", "DJANGO_SETTINGS_MODULE")
+        }
+        env.update(
+            DJANGO_SETTINGS_MODULE=SETTINGS_MODULE,
+            DATABASE_URL=scratch,
+            PYTHONPATH=str(ROOT),
+            PYTHONUNBUFFERED="1",
+            Q_LOG_LEVEL="INFO",  # the hosts say when their cluster runs
+            LOG_LEVEL="WARNING",
+            SOAK_Q_WORKERS=str(args.workers),
+            JOBS_TENANT_CONCURRENCY=str(args.hosts * args.workers),
+            ARTIFACT_ROOT=str(work / "artifacts"),
+        )
+        subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v0"],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            timeout=300,
+        )
+        os.environ.update({k_: v for k_, v in env.items() if k_ != "PYTHONPATH"})
+        os.environ.update(Q_LOG_LEVEL="WARNING")
+        sys.path.insert(0, str(ROOT))
+        import django
+
+        django.setup()
+        procs = Processes(
+            env, work / "logs", command=(sys.executable, str(ROOT / "manage.py")), cwd=ROOT
+        )
+        hosts = _hosts(procs, env, work, args.hosts, fair=True)
+        _say(f"fairness {name}: {args.hosts} hosts x {args.workers} workers, K = {k}")
+        seen = flood("f1", k)
+        _say(f"  flood: claims between each request and its claim {seen} (K = {k})")
+        shares = weights("f2")
+        ratio = shares["a"] / max(1, shares["b"])
+        _say(f"  weights 3:1: first 400 claims {dict(shares)}, ratio {ratio:.2f}")
+        rate_fair = alone("f3")
+        _say(f"  alone: {rate_fair:.1f} jobs/s with the fair order")
+        failures = []
+        if not all(p is not None and p <= k for p in seen.values()):
+            failures.append(f"flood positions {seen} over K = {k}")
+        if not 2.7 <= ratio <= 3.3:
+            failures.append(f"weights ratio {ratio:.2f} outside 3:1 +-10%")
+        summary = f"K={k} positions={seen} shares={dict(shares)} alone={rate_fair:.1f}/s"
+        if args.compare:
+            procs.stop_all(hosts)
+            _drain()
+            hosts = _hosts(procs, env, work, args.hosts, fair=False)
+            off = flood("o1", k)
+            rate_off = alone("o3")
+            _say(f"  without the fair order: flood positions {off}, alone {rate_off:.1f} jobs/s")
+            summary += f" off_positions={off} alone_off={rate_off:.1f}/s"
+            if rate_fair < 0.95 * rate_off:
+                failures.append(f"alone {rate_fair:.1f}/s under 0.95 x {rate_off:.1f}/s")
+        for failure in failures:
+            _say(f"  check failed: {failure}")
+        verdict = f"fairness: {'FAIL' if failures else 'PASS'} {summary}"
+        return 1 if failures else 0
+    except Exception as exc:
+        if procs is not None:
+            _say(procs.logs(tail=20))
+        verdict = f"fairness: FAIL the drill could not run: {type(exc).__name__}: {exc}"
+        return 2
+    finally:
+        if procs is not None:
+            procs.stop_all()
+        from contextlib import suppress
+
+        with suppress(Exception):
+            from django.db import connections
+
+            connections.close_all()
+        with suppress(Exception):
+            scratchdb.drop(url, name)
+        if verdict.startswith("fairness: PASS"):
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            _say(f"kept {work}")
+        _say(verdict)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2, help="per host")
+    parser.add_argument("--compare", action="store_true", help="also without the fair order")
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
