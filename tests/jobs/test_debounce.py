@@ -199,7 +199,7 @@ def _in_thread(target, *args):
     def run():
         try:
             box["result"] = target(*args)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
+        except BaseException as exc:  # reported by the test
             box["error"] = exc
         finally:
             connections.close_all()
