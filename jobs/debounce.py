@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
-from django.db.models.functions import Greatest, Least
+from django.db.models.functions import Coalesce, Greatest, Least
 
 from jobs import clock
 from jobs.engine.cas import compare_and_swap
@@ -134,7 +134,7 @@ def _replace(job_kind: JobKind, job: Job, params: dict, moved: dict[str, Any]) -
         params=params,
         debounce_replaced=F("debounce_replaced") + 1,
         # Never earlier than it was (a flow rule's deferral may have pushed it further).
-        next_attempt_at=Greatest(F("next_attempt_at"), pushed),
+        next_attempt_at=Greatest(Coalesce(F("next_attempt_at"), pushed), pushed),
         **moved,
     )
     if won:

@@ -259,3 +259,29 @@ def test_request__concurrent_requests_for_one_key_make_one_waiting_job():
     job = Job.objects.get()
     last = max(results, key=lambda r: r[1])
     assert job.debounce_replaced == 7 and job.params == {"n": last[2]}
+
+
+@pytest.mark.postgres
+def test_claim__passes_over_a_window_a_replacement_holds_then_takes_its_latest_params():
+    """The queue's claim statement (``FOR UPDATE SKIP LOCKED``) meets a replacement's row
+    lock: it passes the job over instead of waiting or taking the params being replaced,
+    and once the replacement committed it takes the job with the latest params."""
+    first = jobs.request(DEBOUNCED, SUBJECT, params={"n": 1}).job
+    _make_due(first)
+    lease, bound = conf.lease_seconds(), conf.tenant_concurrency()
+    with transaction.atomic():  # a replacement in flight: its lock, its CAS
+        Job.objects.select_for_update().get(pk=first.pk)
+        Job.objects.filter(pk=first.pk, version=first.version).update(
+            params={"n": 2}, debounce_replaced=1, version=first.version + 1
+        )
+        thread, box = _in_thread(
+            lambda: claiming.claims().claim_next("default", "w-2", lease=lease, bound=bound)
+        )
+        thread.join(10)
+        assert not thread.is_alive(), "the claim must not wait for the replacement's lock"
+        assert "error" not in box, box
+        assert box["result"] is None or not box["result"].won
+    _claim_and_run()
+    job = Job.objects.get(pk=first.pk)
+    assert job.state == Job.State.SUCCEEDED and job.attempts == 1
+    assert jobs.JobHandle(job).result == {"params": {"n": 2}, "revision": 1}
