@@ -102,7 +102,9 @@ def _land(
     own = locked.filter(_OPEN, **identity).first()
     if own is not None:  # the identity's own window is open: replaced
         return (own, "replaced") if _replace(job_kind, own, params, {}) else None
-    closed = Job.objects.filter(**identity).first()
+    # Read as closed: a window another request opened since the look above is open, and
+    # is found below (its key's) or by the next look (another key's).
+    closed = Job.objects.filter(**identity).exclude(_OPEN).first()
     if closed is not None:  # claimed or finished: identity wins, as for every kind
         return closed, "existing"
     window = locked.filter(_OPEN, debounce_key=key).first()
