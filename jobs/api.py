@@ -27,6 +27,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from jobs import conf, failures, registry, telemetry
+from jobs import debounce as debouncing
 from jobs.engine import job_machine
 from jobs.exceptions import JobError, PayloadInvalid
 from jobs.models import Artifact, Effect, Job
@@ -67,6 +68,9 @@ def kind(
     catch_up: str = "latest",
     on_child_failure: str = "fail",
     labels: dict[str, str] | None = None,
+    debounce: float | None = None,
+    debounce_max: float | None = None,
+    debounce_key: Callable[[dict, tuple[str, str]], str] | None = None,
 ) -> Callable[[H], H]:
     """Register the decorated function as the handler of job kind ``name``.
 
@@ -81,7 +85,9 @@ def kind(
     ``on_child_failure`` (``"fail"``, ``"skip"`` or ``"run"``): what a group's child that
     did not succeed does to this kind's join (docs/app/chains.md). ``labels`` names its
     job, result, effect and job states in the project's words for the console
-    (docs/app/console.md).
+    (docs/app/console.md). ``debounce`` (seconds): requests under one key (the subject, or
+    ``debounce_key(params, subject)``) until the job's first claim make one job, with the
+    last one's params, due at most ``debounce_max`` after the first (docs/app/debounce.md).
     """
 
     def register(handler: H) -> H:
@@ -105,6 +111,9 @@ def kind(
             catch_up=catch_up,
             on_child_failure=on_child_failure,
             labels=labels,
+            debounce=debounce,
+            debounce_max=debounce_max,
+            debounce_key=debounce_key,
         )
         return handler
 
@@ -171,22 +180,30 @@ def _obtain(
     if run_after is not None and timezone.is_naive(run_after):
         raise ValueError("run_after must be an aware datetime")
     now = timezone.now()  # shown to people; due times are the server's clock
+    identity = {
+        "kind": kind,
+        "subject_type": subject_type,
+        "subject_id": str(subject_id),
+        "output_revision": output_revision,
+    }
+    defaults = {
+        "tenant_key": tenant_key,
+        "max_attempts": max_attempts or job_kind.max_attempts or conf.max_attempts(),
+        "priority": priority,
+        "queue": queue,
+        "created_at": now,
+        "updated_at": now,
+        "trace_context": telemetry.request_traceparent(),
+    }
+    if job_kind.debounce is not None:
+        return _debounced(job_kind, identity, stored, run_after, defaults)
     with transaction.atomic():
         job, created = Job.objects.get_or_create(
-            kind=kind,
-            subject_type=subject_type,
-            subject_id=str(subject_id),
-            output_revision=output_revision,
+            **identity,
             defaults={
-                "tenant_key": tenant_key,
+                **defaults,
                 "params": stored,
-                "max_attempts": max_attempts or job_kind.max_attempts or conf.max_attempts(),
-                "priority": priority,
-                "queue": queue,
                 "next_attempt_at": Now() if run_after is None else run_after,
-                "created_at": now,
-                "updated_at": now,
-                "trace_context": telemetry.request_traceparent(),
             },
         )
         if created:
@@ -196,6 +213,19 @@ def _obtain(
     if not created and job.params != stored:
         raise _conflict(job, stored)
     return job, created
+
+
+def _debounced(
+    job_kind: registry.JobKind, identity: dict, stored: dict, run_after, defaults: dict
+) -> tuple[Job, bool]:
+    """``_obtain`` for a debounced kind (``jobs.debounce``): created only by the request
+    that opened a window; a closed job of this identity with other params conflicts."""
+    if run_after is not None:
+        raise ValueError(f"{job_kind.name} is debounced: its jobs are due when their window ends")
+    job, landed = debouncing.obtain(job_kind, identity, stored, defaults)
+    if landed == "existing" and job.params != stored:
+        raise _conflict(job, stored)
+    return job, landed == "created"
 
 
 def _conflict(job: Job, stored: dict) -> JobConflict:
@@ -446,6 +476,8 @@ class _Asked:
 def _prepared(r: JobRequest) -> _Asked:
     """The checks ``_obtain`` makes, before anything is written."""
     job_kind = registry.get_kind(r.kind)
+    if job_kind.debounce is not None:
+        raise ValueError(f"{r.kind} is debounced: ask for its jobs with jobs.request, one a call")
     subject_type, subject_id = subject_reference(r.subject)
     if r.run_after is not None and timezone.is_naive(r.run_after):
         raise ValueError("run_after must be an aware datetime")

@@ -19,6 +19,10 @@ from jobs import identity
 
 JOB_STATES = ["queued", "running", "retry_wait", "succeeded", "failed", "dead", "cancelled"]
 EFFECT_STATES = ["pending", "sending", "applied", "unknown", "withheld", "failed", "needs_review"]
+# A debounced job's window is open while it waits for its first claim: never claimed
+# (a claim counts an attempt, which nothing takes back) and still queued. Written once,
+# for the unique index and for ``jobs.debounce``.
+DEBOUNCE_OPEN = Q(state="queued", attempts=0)
 
 
 class Job(models.Model):
@@ -146,6 +150,23 @@ class Job(models.Model):
         help_text="jobs_reconcile found the outside world may have its effects: looked up first",
     )
 
+    # Debounce (docs/app/debounce.md): while the job waits for its first claim, a request
+    # under the same key replaces its params and pushes its due time, never past
+    # ``debounce_until`` (the window's first request plus the kind's ``debounce_max``).
+    debounce_key = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="the debounce window this job belongs to; empty when not debounced",
+    )
+    debounce_until = models.DateTimeField(
+        null=True, blank=True, help_text="the latest due time requests may push it to"
+    )
+    debounce_replaced = models.PositiveIntegerField(
+        default=0, db_default=0, help_text="requests whose params replaced the waiting job's"
+    )
+
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -166,6 +187,12 @@ class Job(models.Model):
             # A claim past the budget is impossible, so no job runs forever.
             models.CheckConstraint(
                 condition=Q(attempts__lte=F("max_attempts")), name="jobs_job_attempts_bounded"
+            ),
+            # One open debounce window per key: concurrent requests cannot make a second.
+            models.UniqueConstraint(
+                fields=["debounce_key"],
+                condition=DEBOUNCE_OPEN & ~Q(debounce_key=""),
+                name="jobs_job_one_open_debounce_window",
             ),
         ]
         indexes = [
@@ -256,57 +283,6 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} of job {self.job_id} by {self.actor}"
-
-
-class JobGroup(models.Model):
-    """N child jobs and the one join job requested when the last of them ended.
-
-    Born with the parent's publish, with the join's request resolved then (kind, params,
-    scheduling, the join kind's rule for a child that did not succeed). Each child's end
-    bumps ``ended`` by a compare-and-swap on ``version`` in that end's own transaction
-    (``jobs.engine.groups``); the swap that makes ``ended == size`` requests the join.
-    """
-
-    class Rule(models.TextChoices):
-        FAIL = "fail", "fail the join"  # the join is born failed: it never runs
-        SKIP = "skip", "skip the join"  # the join is born cancelled: it never runs
-        RUN = "run", "run the join"  # the join runs and reads each child's outcome
-
-    parent = models.ForeignKey(
-        Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="groups"
-    )
-    name = models.CharField(max_length=40)
-    size = models.PositiveIntegerField()
-    ended = models.PositiveIntegerField(default=0)
-    not_succeeded = models.PositiveIntegerField(default=0)
-    version = models.PositiveBigIntegerField(default=0)
-    rule = models.CharField(max_length=8, choices=Rule.choices, default=Rule.FAIL)
-    join_kind = models.CharField(max_length=64)
-    join_params = models.JSONField(default=dict, blank=True)
-    join_priority = models.SmallIntegerField(default=0)
-    join_queue = models.CharField(max_length=64, default="default")
-    join_max_attempts = models.PositiveIntegerField(default=5)
-    tenant_key = models.CharField(max_length=64, default="", blank=True)
-    join = models.OneToOneField(
-        Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="joined_group"
-    )
-    created_at = models.DateTimeField(default=timezone.now)
-    joined_at = models.DateTimeField(null=True, blank=True)
-    cancelled_at = models.DateTimeField(
-        null=True, blank=True, help_text="its parent was cancelled: the join does not run"
-    )
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["parent", "name"], name="jobs_group_one_per_name"),
-            models.CheckConstraint(
-                condition=Q(ended__lte=F("size")), name="jobs_group_ended_bounded"
-            ),
-        ]
-        ordering = ["-id"]
-
-    def __str__(self) -> str:
-        return f"group {self.name} of job {self.parent_id}: {self.ended}/{self.size} ended"
 
 
 class JobStep(models.Model):
@@ -593,5 +569,7 @@ class FlowRuleChange(models.Model):
 
 
 # The maintenance round's own bookkeeping lives beside (Django registers models a models
-# module imports): ScheduleState (jobs.schedules), ReconcileMark (jobs.reconcile).
+# module imports): ScheduleState (jobs.schedules), ReconcileMark (jobs.reconcile),
+# TenantShare (jobs.fairness); so do a group's rows (JobGroup, jobs.jobgroups).
+from jobs.jobgroups import JobGroup  # noqa: E402, F401
 from jobs.marks import ReconcileMark, ScheduleState, TenantShare  # noqa: E402, F401

@@ -268,6 +268,12 @@ class JobKind:
     # What people call its job, result and effects, and its job states (``LABEL_KEYS``):
     # the console and the project's own pages read them (``jobs.ops.words``).
     labels: dict[str, str] = field(default_factory=dict)
+    # Debounce (docs/app/debounce.md): seconds a request waits for a later one to replace
+    # it, the most seconds after a window's first request, and the key of requests that
+    # share a window (None: the kind and the subject).
+    debounce: float | None = None
+    debounce_max: float | None = None
+    debounce_key: Callable[[dict, tuple[str, str]], str] | None = None
 
 
 def declared_result(handler: object) -> type | None:
@@ -364,6 +370,39 @@ def check_queue(queue: object) -> str:
     return queue
 
 
+# A debounced kind without ``debounce_max``: its window's first request waits at most
+# this many windows.
+DEBOUNCE_MAX_WINDOWS = 10
+
+
+def check_debounce(
+    debounce: object, debounce_max: object, key: object, schedule: object
+) -> tuple[float | None, float | None]:
+    """(window, cap) in seconds, or ValueError: a window needs a cap it fits in, or it
+    could push a busy key's job back forever."""
+    if debounce is None:
+        if debounce_max is not None or key is not None:
+            raise ValueError("debounce_max and debounce_key need debounce (the window)")
+        return None, None
+    if isinstance(debounce, bool) or not isinstance(debounce, int | float) or debounce <= 0:
+        raise ValueError(f"debounce must be a positive number of seconds, not {debounce!r}")
+    if debounce_max is None:
+        debounce_max = DEBOUNCE_MAX_WINDOWS * debounce
+    if (
+        isinstance(debounce_max, bool)
+        or not isinstance(debounce_max, int | float)
+        or debounce_max < debounce
+    ):
+        raise ValueError(
+            f"debounce_max must be a number of seconds at least debounce's, not {debounce_max!r}"
+        )
+    if key is not None and not callable(key):
+        raise ValueError("debounce_key must be a function of (params, subject)")
+    if schedule is not None:
+        raise ValueError("a periodic kind is not debounced: each tick is its own job")
+    return float(debounce), float(debounce_max)
+
+
 _kinds: dict[str, JobKind] = {}
 _providers: dict[str, Provider] = {}
 
@@ -383,6 +422,9 @@ def register_kind(
     catch_up: str = "latest",
     on_child_failure: str = "fail",
     labels: dict[str, str] | None = None,
+    debounce: float | None = None,
+    debounce_max: float | None = None,
+    debounce_key: Callable[[dict, tuple[str, str]], str] | None = None,
 ) -> JobKind:
     """Register a job kind (idempotent, so ``ready()`` may run twice in tests).
 
@@ -396,6 +438,7 @@ def register_kind(
     people call its job, result and effect, and its job states (``LABEL_KEYS``), e.g.
     ``{"job": "invoice", "effect": "receipt", "succeeded": "Sent"}``; the console and the
     project's pages show them (``jobs.ops.words``), the engine never reads them.
+    ``debounce``/``debounce_max``/``debounce_key``: latest wins (``check_debounce``).
     """
     asyncctx.refuse_unrunnable(name, handler)
     checked_labels = check_labels(labels)
@@ -416,6 +459,7 @@ def register_kind(
         )
     if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    debounce, debounce_max = check_debounce(debounce, debounce_max, debounce_key, schedule)
     kind = JobKind(
         name,
         handler,
@@ -431,6 +475,9 @@ def register_kind(
         on_child_failure=on_child_failure,
         result_type=result_type,
         labels=checked_labels,
+        debounce=debounce,
+        debounce_max=debounce_max,
+        debounce_key=debounce_key,
     )
     _kinds[name] = kind
     return kind

@@ -428,6 +428,9 @@ def requeue(job: Job, *, actor: str = "operator", note: str = "") -> bool:
         next_attempt_at=Now(),
         finished_at=None,
         lease_expires_at=None,
+        # Out of its debounce window for good (docs/app/debounce.md): one failed before
+        # its first claim would otherwise reopen a window its key may have again.
+        debounce_key="",
     )
 
 

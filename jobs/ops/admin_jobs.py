@@ -243,6 +243,7 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
     readonly_fields = (
         "subject",
         "progress",
+        "debounced",
         "chain",
         "tries",
         "state_word",
@@ -266,6 +267,7 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
                     ("queue", "priority"),
                     "tries",
                     "progress",
+                    "debounced",
                     "chain",
                 )
             },
@@ -297,6 +299,9 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
                     "output_revision",
                     "tenant_key",
                     "params",
+                    "debounce_key",
+                    "debounce_until",
+                    "debounce_replaced",
                     "version",
                     "attempts",
                     "max_attempts",
@@ -328,8 +333,14 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
             elif name == "Engine detail" and not (detail and obj and not kind_redacts(obj.kind)):
                 kept = tuple(f for f in options["fields"] if f != "last_error_detail")
                 options = {**options, "fields": kept}
-            elif name is None and not (obj and self._in_a_chain(obj)):
-                options = {**options, "fields": tuple(f for f in options["fields"] if f != "chain")}
+            elif name is None:
+                hidden = {"chain"} if not (obj and self._in_a_chain(obj)) else set()
+                if not (obj and (obj.debounce_key or obj.debounce_replaced)):
+                    hidden.add("debounced")
+                options = {
+                    **options,
+                    "fields": tuple(f for f in options["fields"] if f not in hidden),
+                }
             shown.append((name, options))
         return shown
 
@@ -410,6 +421,16 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
         if obj.progress_at is None:
             return "—"
         return f"{words.job_progress(obj)}, at {shown_time(obj.progress_at)}"
+
+    @admin.display(description="debounced")
+    def debounced(self, obj):
+        """How many requests replaced this debounced job's params before its first claim
+        (latest wins), and, while its window is open, when it is due at the latest."""
+        replaced = obj.debounce_replaced
+        said = f"{replaced} earlier request{'s' if replaced != 1 else ''} replaced (latest wins)"
+        if obj.state == Job.State.QUEUED and obj.attempts == 0 and obj.debounce_until:
+            said += f"; window open, due by {shown_time(obj.debounce_until)} at the latest"
+        return said
 
     @admin.display(description="progress")
     def progress_column(self, obj):

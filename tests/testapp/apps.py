@@ -12,6 +12,7 @@ class TestAppConfig(AppConfig):
         kinds.register()
         kinds.register_durable_steps()
         kinds.register_chains()
+        kinds.register_debounced()
         if getattr(settings, "SOAK_RELEASE_CHECK_FAULTS", False):
             from tests.chaos.faults import install_release_check_faults
 

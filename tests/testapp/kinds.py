@@ -10,7 +10,7 @@ import urllib.request
 
 from jobs.delivery.runner import JobContext
 from jobs.exceptions import NotAuthorized, PayloadInvalid, TemporaryFailure
-from jobs.registry import EffectSpec, register_kind
+from jobs.registry import EffectSpec, ResultSpec, register_kind
 
 
 def _error(mode: str) -> Exception:
@@ -226,3 +226,22 @@ def register_chains() -> None:
     register_kind(CHAIN_CHILD, chain_child, max_attempts=6)
     register_kind(CHAIN_DYING_CHILD, chain_child, max_attempts=2)
     register_kind(CHAIN_JOIN, chain_join, max_attempts=6)  # on_child_failure "fail"
+
+
+# Debounced kinds (docs/app/debounce.md): the result is the params the job ran with.
+DEBOUNCED, DEBOUNCED_BY_KEY = "test.debounced", "test.debounced_by_key"
+
+
+def debounced(ctx: JobContext) -> list:
+    return [ResultSpec({"params": dict(ctx.params), "revision": ctx.job.output_revision})]
+
+
+def register_debounced() -> None:
+    register_kind(DEBOUNCED, debounced, debounce=1, debounce_max=5)
+    register_kind(
+        DEBOUNCED_BY_KEY,
+        debounced,
+        debounce=1,
+        debounce_max=5,
+        debounce_key=lambda params, subject: f"customer:{params.get('customer')}",
+    )
