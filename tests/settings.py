@@ -47,6 +47,9 @@ JOBS_BACKOFF_CAP_SECONDS = 2.0
 JOBS_EFFECT_LEASE_SECONDS = float(os.environ.get("JOBS_EFFECT_LEASE_SECONDS", "2"))
 JOBS_EFFECT_MAX_ATTEMPTS = int(os.environ.get("JOBS_EFFECT_MAX_ATTEMPTS", "8"))
 JOBS_TENANT_DEFER_SECONDS = 0.2
+# The suite runs the fair claim, opt-in for projects (docs/app/fairness.md); the tests of
+# the due order across tenants turn it off themselves.
+JOBS_FAIR_SHARE = True
 # django.tasks through the engine (jobs.backends); "once" gives a task a single attempt.
 TASKS = {
     "default": {"BACKEND": "jobs.backends.JobsBackend"},
