@@ -175,7 +175,9 @@ def test_admin__the_job_page_shows_how_many_requests_were_replaced(admin_client)
     assert "3 earlier requests replaced (latest wins); window open" in page
 
 
-@pytest.mark.skipif("connection.vendor != 'sqlite'")
+@pytest.mark.skipif(
+    "connection.vendor != 'sqlite'", reason="the SQLite leg's test (it runs there in CI)"
+)
 def test_request__on_sqlite_one_window_a_key_and_the_claim_closes_it():
     """SQLite's leg (the ORM claim): a transaction's write lock from its start does what
     PostgreSQL's row locks do."""
