@@ -30,7 +30,7 @@ from django.utils import timezone
 import jobs
 from bench import infra, workloads
 from bench.latency import BURST, Series, pct
-from jobs.models import Job, Notice
+from jobs.models import Attempt, Job, Notice
 from jobs.testing import scratchdb
 
 ORM, PG, JOBS = "orm", "postgres", "jobs"
@@ -51,6 +51,10 @@ class BrokerRun:
     # The ORM broker only: 83 plain tasks doing the minimal kind's work (``bench.plain``),
     # enqueue commit → each one's notice written; the bar the jobs table's burst is held to.
     plain_burst_ms: list[float] = field(default_factory=list)
+    # The engine's idle singles split at the claim (the attempt's start): enqueue commit →
+    # claimed (the wake and the claim) and claimed → succeeded (the work and the publish).
+    idle_claim_ms: list[float] = field(default_factory=list)
+    idle_work_ms: list[float] = field(default_factory=list)
     quiet_xacts_s: float = float("nan")
     quiet_window_s: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -171,7 +175,11 @@ def run_one(
             if engine:
                 [pk], at = _enqueue(1, user_id, f"single{k}")
                 _wait("a single job", lambda pk=pk: _succeeded([pk]), c)
-                idle.values_ms.append(_ms(Job.objects.get(pk=pk).finished_at, at))
+                done = Job.objects.get(pk=pk)
+                claimed = Attempt.objects.filter(job=done).order_by("number").first()
+                idle.values_ms.append(_ms(done.finished_at, at))
+                out.idle_claim_ms.append(_ms(claimed.started_at, at))
+                out.idle_work_ms.append(_ms(done.finished_at, claimed.started_at))
             else:
                 idle.values_ms += _plain_burst_ms(user_id, c, n=1)
         progress(f"broker {broker}: idle single p50 {idle.p(50):.0f} ms")
@@ -223,6 +231,8 @@ def as_json(runs: dict[str, BrokerRun]) -> dict:
     return {
         b: {
             "idle_ms": r.idle.values_ms,
+            "idle_claim_ms": r.idle_claim_ms,
+            "idle_work_ms": r.idle_work_ms,
             "burst_ms": r.burst.values_ms,
             "noop_burst_ms": r.noop_burst_ms,
             "plain_burst_ms": r.plain_burst_ms,
@@ -232,6 +242,17 @@ def as_json(runs: dict[str, BrokerRun]) -> dict:
         }
         for b, r in runs.items()
     }
+
+
+def _split_line(label: str, total: list, claim: list, work: list) -> str:
+    """Where the idle singles' time went: enqueue → claimed and claimed → succeeded, as
+    p50 and max, and the slowest single's two parts (its outlier's phase)."""
+    slowest = max(range(len(total)), key=total.__getitem__)
+    return (
+        f"  {label:36} idle split     enqueue→claimed p50 {pct(claim, 50):.0f} max "
+        f"{max(claim):.0f}; claimed→succeeded p50 {pct(work, 50):.0f} max {max(work):.0f}; "
+        f"slowest {total[slowest]:.0f} = {claim[slowest]:.0f} + {work[slowest]:.0f} ms"
+    )
 
 
 def report_lines(res: dict, poll: float) -> tuple[list[str], list[str]]:
@@ -255,6 +276,9 @@ def report_lines(res: dict, poll: float) -> tuple[list[str], list[str]]:
                 f"  {LABELS[b]:36} {name:14} p50 {pct(v, 50):6.0f}  p95 {pct(v, 95):6.0f}  "
                 f"p99 {pct(v, 99):6.0f}  (n={len(v)})"
             )
+        if r.get("idle_claim_ms"):
+            split = (r["idle_ms"], r["idle_claim_ms"], r["idle_work_ms"])
+            lines.append(_split_line(LABELS[b], *split))
         lines.append(
             f"  {LABELS[b]:36} {BURST} bare no-ops drained in {r.get('noop_burst_ms', nan):.0f} ms "
             "(the floor under any burst on this cluster)"

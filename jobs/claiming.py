@@ -46,11 +46,14 @@ from django_q.signing import SignedPackage
 
 from jobs import conf, rules
 from jobs.broker import TABLE, TAKE, PostgresBroker
+from jobs.outages import reached_database
 
 log = logging.getLogger("jobs.claiming")
 
 RUN_CLAIMED = "jobs.tasks.run_claimed"
 RELEASE_CLAIMED = "jobs.tasks.release_claimed"
+# What a worker writes to the pusher's wake pipe when its task ended.
+CLAIMED_ENDED, PLAIN_ENDED = b"j", b"p"
 # The longest an idle pusher waits without looking at the table (``broker_heartbeat``):
 # a NOTIFY that never arrived (a listener reconnecting) is made up for by then. Each look
 # is one statement (``Claiming.dequeue``).
@@ -199,6 +202,8 @@ class Claiming:
     ``_wait_for_work`` and ``_close_django_connection``; its table's broker takes
     ``(list_key, keys=)``."""
 
+    remembers_empty = False  # a broker whose wait hears every cause of new work says True
+
     def __init__(self, list_key: str | None = None, *, keys: list[str] | None = None) -> None:
         super().__init__(list_key=list_key, keys=keys)
         _make_shared()
@@ -215,6 +220,10 @@ class Claiming:
         self._full_since = (-1, 0.0)  # (count, monotonic) while every worker is busy
         self._quiet_wake = False  # the last wait ended by its timeout, nothing else
         self.handed_early = False  # the last dequeue returned before filling every worker
+        # The last look for a job (a plain message) found none, and nothing since could
+        # have made one due: no NOTIFY, no claimed task ended, no due time came
+        # (``ClaimingBroker._wait_for_work`` forgets them). The next fill skips that look.
+        self._jobs_empty = self._plain_empty = False
 
     @property
     def queues(self) -> list[str]:
@@ -237,6 +246,7 @@ class Claiming:
             if idle and self._quiet_wake:
                 self._quiet_wake = False
                 due_in = self._next_due()
+                reached_database()  # a supervising jobs_worker need not ping it now
                 if due_in is None or due_in > 0:
                     self._wait_for_work(due_in)
                     return None
@@ -250,6 +260,7 @@ class Claiming:
             self._wait_for_work()
             return None
         except (DatabaseError, InterfaceError) as exc:
+            self._jobs_empty = self._plain_empty = False
             log.warning("queues %s: claim failed (%s); retrying", self.queues, type(exc).__name__)
             self._close_django_connection()
             time.sleep(max(Conf.POLL, 1.0))
@@ -268,7 +279,7 @@ class Claiming:
 
     def fail(self, task_id: int) -> None:
         """The pusher could not read a message: delete it; no worker runs it."""
-        _release(1)
+        _release(1, claimed=False)
         self.acknowledge(task_id)
 
     # --- the claim ----------------------------------------------------------------------
@@ -295,7 +306,7 @@ class Claiming:
     def _fill(self, idle: int) -> list[tuple[int, str]]:
         tasks: list[tuple[int, str]] = []
         self.handed_early = False
-        jobs_left, plain_left = True, True
+        jobs_left, plain_left = not self._jobs_empty, not self._plain_empty
         while len(tasks) < idle and (jobs_left or plain_left):
             self._turn += 1
             # Contested slots alternate; a cluster woken from idle looks for a job first
@@ -307,9 +318,11 @@ class Claiming:
                 if source == "job" and jobs_left:
                     got = self._claim_one()
                     jobs_left = got is not None
+                    self._jobs_empty = not jobs_left and self.remembers_empty
                 elif source == "plain" and plain_left:
                     got = self._take_plain()
                     plain_left = got is not None
+                    self._plain_empty = not plain_left and self.remembers_empty
                 if got is not None:
                     break
             if got is not None:
@@ -365,6 +378,10 @@ class ClaimingBroker(Claiming, PostgresBroker):
     """django-q2's broker over the jobs table on PostgreSQL: ``dequeue`` is the claim;
     plain messages as ``jobs.broker.PostgresBroker``'s; an idle pusher waits on LISTEN."""
 
+    # Its wait hears everything that makes work due (a NOTIFY, a claimed task's end, a
+    # due time): a look that found nothing is not repeated until one of them comes.
+    remembers_empty = True
+
     def info(self) -> str:
         if not self._info:
             self._info = f"jobs table (claim) + PostgreSQL LISTEN/NOTIFY {self.connection}"
@@ -402,8 +419,12 @@ class ClaimingBroker(Claiming, PostgresBroker):
             return
         # Only the heartbeat ended the wait (a due time it waited for is not quiet).
         self._quiet_wake = listening and not ready and wait >= heartbeat
-        if r in ready:
-            _drain(r)
+        ended = _drain(r) if r in ready else b""
+        if not ready or len(ready) > 1 or r not in ready or ended.replace(PLAIN_ENDED, b""):
+            # A NOTIFY, a due time, or a claimed job or send that ended (its publish may
+            # have freed a tenant's slot or queued sends): look again. Only plain
+            # messages that ended change nothing the last look saw.
+            self._jobs_empty = self._plain_empty = False
         if listening:
             self._drain_notifications()
 
@@ -459,30 +480,34 @@ def _option(name: str, default: Any) -> Any:
     return (getattr(settings, "Q_CLUSTER", None) or {}).get(name, default)
 
 
-def _drain(fd: int) -> None:
+def _drain(fd: int) -> bytes:
+    """Everything written to the wake pipe so far (a byte per ended task)."""
+    read = b""
     try:
-        while os.read(fd, 512):
-            pass
+        while chunk := os.read(fd, 512):
+            read += chunk
     except BlockingIOError:
         pass
     except OSError as exc:  # pragma: no cover - a closed pipe
         if exc.errno != errno.EBADF:
             raise
+    return read
 
 
-def _release(n: int) -> None:
-    """``n`` tasks ended: lower the count in hand and wake the pusher."""
+def _release(n: int, *, claimed: bool = True) -> None:
+    """``n`` tasks ended: lower the count in hand and wake the pusher, saying whether a
+    claimed job or send ended (``CLAIMED_ENDED``) or only a plain message."""
     if _shared is None:
         return
     in_hand, _r, w = _shared
     with in_hand.get_lock():
         in_hand.value = max(0, in_hand.value - n)
     with contextlib.suppress(OSError):  # the pipe is full: the pusher wakes anyway
-        os.write(w, b"x")
+        os.write(w, CLAIMED_ENDED if claimed else PLAIN_ENDED)
 
 
 @receiver(post_execute_in_worker, dispatch_uid="jobs.claiming.task_done")
 def _task_done(sender, task=None, **kwargs) -> None:
     """A worker finished a task the pusher handed it: one more idle worker."""
     if task is not None and not task.get("sync"):
-        _release(1)
+        _release(1, claimed=task.get("func") in (RUN_CLAIMED, RELEASE_CLAIMED))

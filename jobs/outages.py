@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import socket
 import threading
@@ -111,6 +112,20 @@ def _host() -> str:
         return conf.host_name()
     except Exception:  # settings unreadable: the system's name still says which host
         return socket.gethostname()
+
+
+# Set by ``jobs_worker``'s supervisor for its cluster: a file the cluster's broker touches
+# when its idle heartbeat look reached the database (``reached_database``). The supervisor
+# counts it as a look of its own: an idle cluster's database is then not pinged twice.
+REACHED_FILE_ENV = "JOBS_WORKER_REACHED_FILE"
+
+
+def reached_database() -> None:
+    """Tell a supervising ``jobs_worker`` that this cluster just reached the database."""
+    path = os.environ.get(REACHED_FILE_ENV)
+    if path:
+        with contextlib.suppress(OSError):
+            os.utime(path)
 
 
 # How long one look at the database may take before the database counts as away. A

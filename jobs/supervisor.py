@@ -33,6 +33,7 @@ from jobs.exceptions import DeliveryFailed
 from jobs.outages import (
     DATABASE_ERRORS,
     PING_TIMEOUT,
+    REACHED_FILE_ENV,
     Outage,
     close_connections,
     describe,
@@ -254,6 +255,8 @@ class Supervisor:
         self.progress = Path(
             tempfile.mkstemp(prefix="jobs-worker-", suffix=".progress")[1]
         )  # touched by every delivery of this supervisor's cluster
+        # Touched by the cluster's broker when its idle heartbeat reached the database.
+        self.reached = Path(tempfile.mkstemp(prefix="jobs-worker-", suffix=".reached")[1])
 
     # signals -----------------------------------------------------------------------
 
@@ -319,8 +322,9 @@ class Supervisor:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             close_connections()
-            with contextlib.suppress(OSError):
-                self.progress.unlink()
+            for path in (self.progress, self.reached):
+                with contextlib.suppress(OSError):
+                    path.unlink()
         log.info("jobs_worker: stopped after %d restart(s) of qcluster", self.restarts)
 
     def _check_connections(self) -> None:
@@ -343,7 +347,11 @@ class Supervisor:
         return serving_keys(list(self.options.queues))
 
     def _start(self) -> None:
-        env = {**os.environ, PROGRESS_FILE_ENV: str(self.progress)}
+        env = {
+            **os.environ,
+            PROGRESS_FILE_ENV: str(self.progress),
+            REACHED_FILE_ENV: str(self.reached),
+        }
         self.child = subprocess.Popen(
             self.command,
             env=env,
@@ -359,17 +367,20 @@ class Supervisor:
             extra={"child_pid": self.child.pid},
         )
 
-    def _touched(self) -> float:
-        """When a delivery of the cluster last began or ended (the progress file's mtime)."""
+    def _touched(self, path: Path | None = None) -> float:
+        """When a delivery of the cluster last began or ended (the progress file's mtime),
+        or the mtime of ``path``."""
         try:
-            return self.progress.stat().st_mtime
+            return (path or self.progress).stat().st_mtime
         except OSError:
             return 0.0
 
     def _quiet_seconds(self) -> float:
         """How long since the cluster last showed it reached the database (a delivery began
-        or ended), its start, or the database's return: no boot grace (a ping is cheap)."""
-        return time.time() - max(self._touched(), self.started_at, self.resumed_at)
+        or ended, its idle broker's heartbeat look), its start, or the database's return:
+        no boot grace (a ping is cheap). Not a sign of progress: a stall is still seen."""
+        shown = max(self._touched(), self._touched(self.reached))
+        return time.time() - max(shown, self.started_at, self.resumed_at)
 
     def _idle_seconds(self) -> float:
         """How long the cluster has made no progress (no delivery began or ended)."""

@@ -154,16 +154,13 @@ def _conf(server: Server, lines: list[str], *, auto: bool = False) -> None:
         fh.write("\n# the failover drill\n" + "\n".join(lines) + "\n")
 
 
-def make_pair(folder: Path, *, synchronous: bool) -> tuple[Server, Server]:
-    """initdb a primary, start it, pg_basebackup a standby from it, start the standby."""
-    port = free_port()
-    primary = Server("primary", folder / "primary", "127.0.0.1", port)
-    standby = Server("standby", folder / "standby", "127.0.0.2", port)
+def initdb(server: Server) -> None:
+    """A new data folder for ``server``: superuser ``ROLE``, trust auth, UTF8."""
     _run(
         [
             str(BIN / "initdb"),
             "-D",
-            str(primary.data),
+            str(server.data),
             "-U",
             ROLE,
             "--auth=trust",
@@ -172,6 +169,14 @@ def make_pair(folder: Path, *, synchronous: bool) -> tuple[Server, Server]:
             "--no-sync",
         ]
     )
+
+
+def make_pair(folder: Path, *, synchronous: bool) -> tuple[Server, Server]:
+    """initdb a primary, start it, pg_basebackup a standby from it, start the standby."""
+    port = free_port()
+    primary = Server("primary", folder / "primary", "127.0.0.1", port)
+    standby = Server("standby", folder / "standby", "127.0.0.2", port)
+    initdb(primary)
     _conf(
         primary,
         [

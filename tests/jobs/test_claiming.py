@@ -258,6 +258,31 @@ def test_claiming__woken_by_the_heartbeat_alone_an_idle_cluster_sends_one_statem
     assert task["args"][0] == job.pk
 
 
+def test_claiming__a_look_that_found_nothing_waits_for_something_that_could_change_it(db):
+    """An idle cluster looked and found nothing; a worker then finished a plain message
+    (the dispatcher's minute): nothing it could see changed, so it does not look for jobs
+    or messages again (its wait reads only the nearest due time). A claimed job's end (it
+    may have freed a tenant's slot or queued sends) makes it look again, and a job that
+    became due meanwhile is claimed (the claiming broker's wait also forgets on a NOTIFY
+    and at a due time)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    b = broker()
+    claiming._release(0, claimed=False)  # the wake: a plain message ended
+    assert b.dequeue() is None  # looks once: nothing
+    job = ask("after-the-look")  # its NOTIFY is not heard here (no LISTEN, no commit)
+    claiming._release(0, claimed=False)
+    with CaptureQueriesContext(connection) as queries:
+        assert b.dequeue() is None
+    looked = [q["sql"][:70] for q in queries]
+    assert len(looked) == 1 and "min(due)" in queries[0]["sql"], looked  # the due time only
+    claiming._release(0, claimed=True)  # a claimed job ended: the wait hears it,
+    assert b.dequeue() is None
+    [task] = take(b)  # and the next dequeue looks again and claims the job due on its row
+    assert task["args"][0] == job.pk
+
+
 def test_claiming__an_acknowledgement_that_meets_a_database_error_does_not_raise(db, monkeypatch):
     b = broker()
 
