@@ -120,12 +120,18 @@ def _host() -> str:
 REACHED_FILE_ENV = "JOBS_WORKER_REACHED_FILE"
 
 
-def reached_database() -> None:
-    """Tell a supervising ``jobs_worker`` that this cluster just reached the database."""
-    path = os.environ.get(REACHED_FILE_ENV)
+def touch_supervisor_file(env: str) -> None:
+    """Touch the file a supervising ``jobs_worker`` named in the environment variable
+    ``env`` (its mtime is the sign the supervisor reads); nothing when unsupervised."""
+    path = os.environ.get(env)
     if path:
         with contextlib.suppress(OSError):
             os.utime(path)
+
+
+def reached_database() -> None:
+    """Tell a supervising ``jobs_worker`` that this cluster just reached the database."""
+    touch_supervisor_file(REACHED_FILE_ENV)
 
 
 # How long one look at the database may take before the database counts as away. A

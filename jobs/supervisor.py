@@ -39,6 +39,7 @@ from jobs.outages import (
     describe,
     pause,
     ping_database,
+    touch_supervisor_file,
     wait_for_database,
     within,
 )
@@ -54,10 +55,7 @@ PROGRESS_FILE_ENV = "JOBS_WORKER_PROGRESS_FILE"
 
 
 def _touch_progress() -> None:
-    path = os.environ.get(PROGRESS_FILE_ENV)
-    if path:
-        with contextlib.suppress(OSError):
-            os.utime(path)
+    touch_supervisor_file(PROGRESS_FILE_ENV)
 
 
 @contextlib.contextmanager
