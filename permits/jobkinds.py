@@ -48,7 +48,7 @@ def register() -> None:
     from permits import digest, drill, letters, notices, reports
 
     register_kind("demo.summary", demo_summary)
-    reports.register()
+    reports.register(notices.telling_when_stopped(reports.build_report))
     notices.register()
     digest.register()
     letters.register()

@@ -26,13 +26,17 @@ transaction.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 
 from django.urls import reverse
 
 import jobs
-from jobs.exceptions import PayloadInvalid, TemporaryFailure
+from jobs.delivery.runner import JobContext
+from jobs.exceptions import LeaseLost, PayloadInvalid, TemporaryFailure
 from jobs.models import Attempt, Effect, Job, Notice
+from jobs.registry import EffectSpec
 from permits.models import PermitRequest, ReviewerAssignment
 
 log = logging.getLogger("permits.notices")
@@ -141,6 +145,27 @@ def may_stop(exc: BaseException, job: Job) -> bool:
     except Exception:  # never mask the failure the engine must see
         return True
     return not rule.retry or job.attempts >= job.max_attempts
+
+
+def telling_when_stopped(handler: Callable[[JobContext], list[EffectSpec]]):
+    """``handler`` (the report's), asking for the stop notice when it raises on what may be
+    the report's last try: the notice job tells the reviewers only if the engine then
+    stopped the report."""
+
+    @functools.wraps(handler)
+    def run(ctx: JobContext) -> list[EffectSpec]:
+        try:
+            return handler(ctx)
+        except LeaseLost:
+            raise  # another worker owns the job: this attempt decides nothing
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            if may_stop(exc, ctx.job):
+                ask_stopped_notice(ctx.job.pk)
+            raise
+
+    return run
 
 
 def ask_stopped_notice(report_id: int) -> None:

@@ -23,7 +23,7 @@ from reportlab.lib.units import mm
 from reportlab.platypus import Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
 
 from jobs.delivery.runner import JobContext
-from jobs.exceptions import JobError, LeaseLost, NotAuthorized, PayloadInvalid
+from jobs.exceptions import JobError, NotAuthorized, PayloadInvalid
 from jobs.models import Effect, Job
 from jobs.ops.causes import Cause, register_cause
 from jobs.registry import EffectSpec, register_kind
@@ -246,24 +246,6 @@ def reviewers_of(permit: PermitRequest):
     )
 
 
-def build_report(ctx: JobContext) -> list[EffectSpec]:
-    """The handler; when it raises on what may be the report's last try, the stop notice
-    is asked for (``permits.notices``: it tells the reviewers only if the engine then
-    stopped the report)."""
-    try:
-        return _build_report(ctx)
-    except LeaseLost:
-        raise  # another worker owns the job: this attempt decides nothing
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
-        from permits.notices import ask_stopped_notice, may_stop
-
-        if may_stop(exc, ctx.job):
-            ask_stopped_notice(ctx.job.pk)
-        raise
-
-
 STAGES = ("gather", "render", "store")
 
 
@@ -298,7 +280,7 @@ def _paced(ctx: JobContext) -> None:
         ctx.heartbeat()
 
 
-def _build_report(ctx: JobContext) -> list[EffectSpec]:
+def build_report(ctx: JobContext) -> list[EffectSpec]:
     """Fence, policy, then the durable steps gather → render → store with progress, then
     one notice per reviewer.
 
@@ -449,12 +431,14 @@ LABELS = {
 }
 
 
-def register() -> None:
+def register(handler: Callable[[JobContext], list[EffectSpec]] = build_report) -> None:
+    """Register the report kind; ``handler``: ``build_report``, as the site wraps it
+    (``permits.jobkinds``: a failure that may stop it asks for the stop notice)."""
     # The report reads applicant contacts: an exception's message could quote one, so its
     # failures keep class and frames only (DESIGN: no private field in an error field).
     register_kind(
         KIND,
-        build_report,
+        handler,
         authorize_release=authorize_release,
         redact_errors=True,
         labels=LABELS,
