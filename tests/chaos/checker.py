@@ -115,6 +115,7 @@ class Report:
                 or "none",
             ),
             ("chains", _chains_line(f.get("chains", {}))),
+            ("debounced", kv(f.get("debounce", {})) or "none"),
             (
                 "qclusters restarted by jobs_worker",
                 f"{f['cluster_restarts']['exited']} after exiting, "
@@ -489,7 +490,8 @@ def every_job_ends_as_expected(h: History, r: Report) -> None:
             )
     h.found["dead_by_kills"] = dead_by_kills
     r.check(
-        "jobs ended as expected (reports, summaries, deadlocks and chains succeeded, malformed "
+        "jobs ended as expected (reports, summaries, deadlocks, chains and debounced jobs "
+        "succeeded, malformed "
         "failed; "
         "dead only when kills spent the attempt budget)",
         not unexpected,
@@ -685,9 +687,9 @@ def each_job_asks_for_its_notices(h: History, r: Report) -> None:
             if have:
                 mismatch.append(f"job {pk} ({e.kind}, {job and job.state}) has effects")
             continue
-        if e.kind == "chain":  # its publish asks for follow-up jobs, no effect
+        if e.kind in ("chain", "debounced"):  # follow-up jobs or a result: no effect
             if have:
-                mismatch.append(f"job {pk} (chain): has effects {sorted(have)}")
+                mismatch.append(f"job {pk} ({e.kind}): has effects {sorted(have)}")
             continue
         if e.kind in ("deadlock", "summary"):
             want = {(reports.NOTICE, "inapp", str(u)) for u in e.recipients}
@@ -1404,6 +1406,49 @@ def chains_follow_up_once(h: History, r: Report) -> None:
     h.found["kills_mid_job_by_kind"] = dict(hit)
 
 
+def debounce_keeps_the_latest(h: History, r: Report) -> None:
+    """Issue 42: requests of one debounced key close together make one job, which runs
+    once with the params of the last request that reached it and counts the others it
+    replaced; a request refused (its job was claimed) changed nothing."""
+    from jobs.models import Job
+
+    reached: dict[int, list[int]] = defaultdict(list)  # job -> the seqs that reached it
+    refused = 0
+    for _key, seq, pk in h.inp.world.debounced:
+        if pk is None:
+            refused += 1
+        else:
+            reached[pk].append(seq)
+    wrong = []
+    for pk, seqs in sorted(reached.items()):
+        job = h.jobs.get(pk)
+        if job is None:
+            wrong.append(f"job {pk} missing")
+            continue
+        if job.state != Job.State.SUCCEEDED:
+            continue  # dead by kills or open: every_job_ends_as_expected says which
+        ran = (job.result or {}).get("seq")
+        succeeded = sum(1 for a in h.claimed[pk] if a.outcome == "succeeded")
+        if ran != max(seqs) or job.debounce_replaced != len(seqs) - 1 or succeeded != 1:
+            wrong.append(
+                f"job {pk}: ran seq {ran} (last {max(seqs)}), replaced "
+                f"{job.debounce_replaced} of {len(seqs)} requests, succeeded {succeeded}x"
+            )
+    h.found["debounce"] = {
+        "keys": len({key for key, _seq, _pk in h.inp.world.debounced}),
+        "requests": len(h.inp.world.debounced),
+        "jobs": len(reached),
+        "replaced": sum(h.jobs[pk].debounce_replaced for pk in reached if pk in h.jobs),
+        "refused": refused,
+    }
+    r.check(
+        "debounced requests: one job a window, run once with the last request's params, "
+        "the others counted as replaced",
+        bool(reached) and not wrong,
+        _few(wrong) or " ".join(f"{k}={v}" for k, v in h.found["debounce"].items()),
+    )
+
+
 PROMISES = (
     no_job_is_lost_or_made_twice,
     every_job_ends_as_expected,
@@ -1429,6 +1474,7 @@ PROMISES = (
     the_dispatcher_lives_through_outages,
     ticks_follow_their_schedule,
     chains_follow_up_once,
+    debounce_keeps_the_latest,
 )
 
 
@@ -1479,6 +1525,7 @@ def _figures(h: History, r: Report) -> None:
         },
         ticks=found.get("ticks", {}),
         chains=found.get("chains", {}),
+        debounce=found.get("debounce", {}),
         deliveries=figures["deliveries"],
         deliveries_by_outcome=figures["deliveries_by_outcome"],
         duplicate_deliveries=figures["duplicate_deliveries"],

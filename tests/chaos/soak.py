@@ -69,6 +69,8 @@ from tests.chaos.dbproxy import DatabaseProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS_MODULE = "tests.chaos.soak_settings"  # the soak's timers and its own kinds
+# A soak.debounced key's burst: requests this many seconds apart, well inside its window.
+DEBOUNCE_BURST, DEBOUNCE_GAP = 5, 0.15
 POSTGRES_SCHEMES = ("postgres", "postgresql", "pgsql")
 TENANTS = [
     # springfield and shelbyville first: drill.deadlock locks those two rows.
@@ -101,6 +103,8 @@ class Config:
     deadlock_fraction: float = 0.08
     summary_fraction: float = 0.1  # demo.summary jobs: in-app notice only
     chain_fraction: float = 1 / 15  # soak.chain jobs: a group of parts and a join each
+    # soak.debounced keys, each asked for in one burst of DEBOUNCE_BURST requests
+    debounce_fraction: float = 1 / 50
     malformed_fraction: float = 0.02
     revision_fraction: float = 0.15
     revoke_fraction: float = 0.04
@@ -589,6 +593,9 @@ class World:
     asked_again: int = 0
     again_mismatch: list[str] = field(default_factory=list)
     permits: dict[int, list[int]] = field(default_factory=dict)  # permit -> reviewers
+    # soak.debounced requests in the order made: (key, seq, the job it reached; None when
+    # it was refused: its identity's job was claimed already and kept its params)
+    debounced: list[tuple[int, int, int | None]] = field(default_factory=list)
 
 
 @dataclass(order=True)
@@ -678,6 +685,11 @@ def seed(cfg: Config, rng: random.Random) -> tuple[World, list[Action]]:
         # The engine requests the parts and the join: the soak asks only for the parent.
         tenant = rng.choice(tenants)
         plan.append(Action(when(), next(seq), "chain", (i, tenant.key, rng.choice((2, 3)))))
+    for key in range(max(2, round(cfg.jobs * cfg.debounce_fraction))):
+        # One burst a key, well inside the window: one job, the last request's params.
+        start, tenant = rng.uniform(0.2, cfg.arrival), rng.choice(tenants).key
+        for n in range(DEBOUNCE_BURST):
+            plan.append(Action(start + n * DEBOUNCE_GAP, next(seq), "debounce", (key, n, tenant)))
     for _ in range(max(1, round(first * cfg.revoke_fraction))):
         # The target is chosen when the time comes (see ``perform``).
         plan.append(Action(rng.uniform(1.0, cfg.arrival), next(seq), "revoke", ()))
@@ -726,6 +738,7 @@ def perform(action: Action, world: World, rng: random.Random) -> None:
     """Carry out one planned request, revocation or second ask."""
     from django.contrib.auth import get_user_model
 
+    import jobs
     from permits import reports
     from permits.drill import DEADLOCK_KIND
     from permits.models import PermitRequest
@@ -777,6 +790,22 @@ def perform(action: Action, world: World, rng: random.Random) -> None:
             params={"chain": i, "parts": parts},
         )
         world.expects[job.pk] = Expect(job.pk, "chain", tenant, None, 1, [], now)
+    elif action.kind == "debounce":
+        key, seq, tenant = action.arg
+        try:
+            handle = jobs.request(
+                soak_kinds.DEBOUNCED,
+                (soak_kinds.DEBOUNCE_SUBJECT, f"key-{key}"),
+                params={"seq": seq},
+                tenant=tenant,
+            )
+        except jobs.JobConflict:  # claimed already: it keeps the params it was claimed with
+            world.debounced.append((key, seq, None))
+            return
+        pk = handle.job.pk
+        world.debounced.append((key, seq, pk))
+        if pk not in world.expects:
+            world.expects[pk] = Expect(pk, "debounced", tenant, None, 1, [], now)
     elif action.kind == "deadlock":
         (i,) = action.arg
         job, _ = request_job(DEADLOCK_KIND, subject_type="drill", subject_id=f"deadlock-{i}")

@@ -16,6 +16,9 @@ child counted once, one join that saw every child's result).
   (heartbeated work, a ``jobs.result`` derived from their params) and a ``soak.join``
   that records what ``ctx.joined()`` showed it; its rule is ``run``, so a join runs
   (and is compared) even when kills spent a part's budget.
+- ``soak.debounced`` (issue 42) is debounced (1 s window, 4 s at most): the soak asks
+  for each of a few keys in bursts of requests 0.15 s apart; each job must run once,
+  with the params of the last request that reached it, and count the others it replaced.
 
 None of them stores an artifact or asks for an effect: the checker expects none.
 """
@@ -34,7 +37,9 @@ CHAIN, PART, JOIN = "soak.chain", "soak.part", "soak.join"
 CHAIN_SUBJECT = "soak.chain"
 GROUP_NAME = "parts"
 # Every kind here; the engine makes the jobs of these (ticks, parts, joins), not the soak.
-KINDS = (TICK, DIGEST, CHAIN, PART, JOIN)
+DEBOUNCED, DEBOUNCE_SUBJECT = "soak.debounced", "soak.debounce"
+DEBOUNCE_SECONDS, DEBOUNCE_MAX_SECONDS = 1.0, 4.0
+KINDS = (TICK, DIGEST, CHAIN, PART, JOIN, DEBOUNCED)
 ENGINE_MADE = (TICK, DIGEST, PART, JOIN)
 PART_SLICES, PART_SLICE_SECONDS = 5, 0.2  # about 1 s of work: kills land in it
 
@@ -88,6 +93,14 @@ def join(ctx: Any) -> list:
     return [jobs.result({"seen": seen, "total": total})]
 
 
+def debounced(ctx: Any) -> list:
+    """Fenced, then its own result: the request (``seq``) whose params it ran with."""
+    import jobs
+
+    ctx.check_owner()
+    return [jobs.result({"seq": ctx.params["seq"]})]
+
+
 def register() -> None:
     """Register the soak's kinds (idempotent)."""
     from jobs.registry import register_kind
@@ -97,6 +110,9 @@ def register() -> None:
     register_kind(CHAIN, chain)
     register_kind(PART, part)
     register_kind(JOIN, join, on_child_failure="run")
+    register_kind(
+        DEBOUNCED, debounced, debounce=DEBOUNCE_SECONDS, debounce_max=DEBOUNCE_MAX_SECONDS
+    )
 
 
 class SoakKindsConfig(AppConfig):
