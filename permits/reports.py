@@ -449,6 +449,11 @@ LABELS = {
 }
 
 
+def report_sequence(params: dict, subject: tuple[str, str]) -> str:
+    """The report's sequence key: its permit request (docs/app/sequences.md)."""
+    return f"permit:{subject[1]}"
+
+
 def register() -> None:
     # The report reads applicant contacts: an exception's message could quote one, so its
     # failures keep class and frames only (DESIGN: no private field in an error field).
@@ -458,6 +463,9 @@ def register() -> None:
         authorize_release=authorize_release,
         redact_errors=True,
         labels=LABELS,
+        # One sequence per permit request: a revision's report (and its notices) waits
+        # until the previous revision's report ended and its notices settled.
+        sequence=report_sequence,
     )
     for code, cause in CAUSES.items():
         register_cause(code, cause, kind=KIND)
