@@ -411,12 +411,14 @@ _kinds: dict[str, JobKind] = {}
 _providers: dict[str, Provider] = {}
 
 
-def check_on_failure(on_failure: object, sequence: object) -> bool:
+def check_on_failure(on_failure: object, sequence: object, debounce: object) -> bool:
     """A sequenced kind's ``on_failure``: "hold" (the default) or "skip"; True for skip."""
     if on_failure not in ("hold", "skip"):
         raise ValueError(f"on_failure must be 'hold' or 'skip', not {on_failure!r}")
     if sequence is not None and not callable(sequence):
         raise ValueError("sequence must be a function of (params, subject) returning a key")
+    if sequence is not None and debounce is not None:
+        raise ValueError("a debounced kind is not sequenced: its window's job has no place")
     return on_failure == "skip"
 
 
@@ -476,9 +478,7 @@ def register_kind(
     if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
     debounce, debounce_max = check_debounce(debounce, debounce_max, debounce_key, schedule)
-    sequence_skip = check_on_failure(on_failure, sequence)
-    if sequence is not None and debounce is not None:
-        raise ValueError("a debounced kind is not sequenced: its window's job has no place")
+    sequence_skip = check_on_failure(on_failure, sequence, debounce)
     kind = JobKind(
         name,
         handler,

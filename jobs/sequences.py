@@ -154,6 +154,8 @@ def blocked(limit: int = 100) -> list[Blocked]:
             break
         held = Job.objects.filter(sequence_key=key, **_HELD)
         head = held.order_by("pk").first()
+        if head is None:
+            continue  # released since the key was read
         holder = Job.objects.filter(sequence_key=key, pk__lt=head.pk).order_by("-pk").first()
         if holder is None:
             continue  # its release is due at the next look

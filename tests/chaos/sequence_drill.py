@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from collections import defaultdict
 from pathlib import Path
 
@@ -271,6 +272,23 @@ def _drive(chaos: Chaos, args, lease: float) -> tuple[bool, int, float]:
     return False, released, time.monotonic() - t0
 
 
+def _provider(procs: Processes, record: Path, error_seconds: float) -> str:
+    """The stand-in provider, answering 500 for ``error_seconds`` after 40 sends: its URL."""
+    provider = procs.start(
+        "provider",
+        "fake_provider",
+        "--port=0",
+        f"--record={record}",
+        "--error-after=40",
+        f"--error-seconds={error_seconds:g}",
+        stdout=subprocess.PIPE,
+    )
+    line = provider.popen.stdout.readline().decode()
+    if "listening on " not in line:
+        raise RuntimeError(f"the stand-in provider did not start: {line!r}")
+    return line.split("listening on ", 1)[1].split()[0]
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         url = scratchdb.server_url(purpose="the sequence drill")
@@ -295,19 +313,7 @@ def run(args: argparse.Namespace) -> int:
             env, work / "logs", command=(sys.executable, str(ROOT / "manage.py")), cwd=ROOT
         )
         record = work / "provider.sqlite3"
-        provider = procs.start(
-            "provider",
-            "fake_provider",
-            "--port=0",
-            f"--record={record}",
-            "--error-after=40",
-            f"--error-seconds={args.error_seconds:g}",
-            stdout=subprocess.PIPE,
-        )
-        line = provider.popen.stdout.readline().decode()
-        if "listening on " not in line:
-            raise RuntimeError(f"the stand-in provider did not start: {line!r}")
-        env["NOTICE_PROVIDER_URL"] = line.split("listening on ", 1)[1].split()[0]
+        env["NOTICE_PROVIDER_URL"] = _provider(procs, record, args.error_seconds)
         os.environ.update({k: v for k, v in env.items() if k != "PYTHONPATH"})
         os.environ.update(Q_LOG_LEVEL="WARNING")
         sys.path.insert(0, str(ROOT))
@@ -341,6 +347,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:
         if procs is not None:
             _say(procs.logs(tail=20))
+        traceback.print_exc()
         verdict = f"sequence: FAIL the drill could not run: {type(exc).__name__}: {exc}"
         return 2
     finally:
