@@ -12,15 +12,18 @@ notice and a webhook notice to its reviewer. Faults while they run:
   whatever it tries after is fenced;
 - the provider answers every send 500 for 20 s (after its first 40 sends): the webhook
   notices wait in ``pending``/``unknown``, and so must the next revisions;
-- a report that ends dead holds its key; the drill releases it as an operator would on
-  the console (``sequences.release``), and counts it.
+- the first request's reports die (its work type is outside the choices; tried to
+  their budget): each holds the key; the drill releases it as an operator would on the console
+  (``sequences.release``), and counts it. Any other report that ends failed or dead
+  is released the same way.
 
 The verdict reads the database and the provider's own record:
 
 - every job ended and every effect settled;
 - per key, the items started in request order (first attempts, by the server's clock);
 - no item started before the item before it ended, nor before each of its effects
-  settled (its last ledger event into a settled state);
+  settled (its last ledger event into a settled state), nor before its release;
+  every report of the failing key was released;
 - the provider applied no effect twice, one in-app notice per in-app effect.
 
 The last line is ``sequence: PASS ...`` or ``sequence: FAIL ...``; exit 1 on FAIL, 2
@@ -74,7 +77,9 @@ def seed(keys: int, items: int) -> None:
             reference=f"SEQ-{i:04d}",
             site_address=f"{i} Sequence Street",
             parcel=f"SQ-{i:04d}",
-            work_type=PermitRequest.WorkType.values[0],
+            # The first request's work type is outside the choices: each of its reports is
+            # tried to its budget, ends dead and holds its key until the drill releases it.
+            work_type="unknown-work" if i == 0 else PermitRequest.WorkType.values[0],
             description="Plans as submitted.",
             valuation=Decimal(10_000 + i),
             status=PermitRequest.Status.IN_REVIEW,
@@ -133,9 +138,10 @@ def _settled_at() -> dict[int, object]:
 
 def check_order() -> tuple[list[str], int]:
     """Problems with the keys' order, and how many starts were checked."""
-    from jobs.models import Job
+    from jobs.models import Job, JobEvent
 
     starts, settled = _starts(), _settled_at()
+    releases = dict(JobEvent.objects.filter(action="release_sequence").values_list("job_id", "at"))
     by_key = defaultdict(list)
     for pk, key, finished in Job.objects.order_by("pk").values_list(
         "pk", "sequence_key", "finished_at"
@@ -158,11 +164,14 @@ def check_order() -> tuple[list[str], int]:
                 problems.append(f"{key}: the job after {pk} started before {pk} ended")
             if pk in settled and next_start < settled[pk]:
                 problems.append(f"{key}: the job after {pk} started before its effects settled")
+            if pk in releases and next_start < releases[pk]:
+                problems.append(f"{key}: the job after {pk} started before its release")
     return problems, checked
 
 
-def check_effects(record_path: Path) -> tuple[list[str], int]:
-    """Problems with the effects (unsettled, applied twice), and the duplicate count."""
+def check_effects(record_path: Path) -> tuple[list[str], int, dict[str, int]]:
+    """Problems with the effects (unsettled, applied twice), the duplicate count and the
+    effects by state."""
     from django.db.models import Count
 
     from jobs.models import Effect, Job, Notice
@@ -179,7 +188,8 @@ def check_effects(record_path: Path) -> tuple[list[str], int]:
     twice = Notice.objects.values("effect_id").annotate(n=Count("id")).filter(n__gt=1).count()
     if twice:
         problems.append(f"{twice} in-app effects with two notices")
-    return problems, len(duplicates) + twice
+    states = Effect.objects.values_list("state").annotate(n=Count("id")).order_by("state")
+    return problems, len(duplicates) + twice, dict(states)
 
 
 class Chaos:
@@ -332,15 +342,17 @@ def run(args: argparse.Namespace) -> int:
 
         connections.close_all()
         order, checked = check_order()
-        effects, duplicates = check_effects(record)
+        effects, duplicates, states = check_effects(record)
         failures = ([] if settled else [f"not settled after {seconds:.0f}s"]) + order + effects
+        if released < args.items:
+            failures.append(f"{released} releases of the failing key's {args.items} reports")
         for failure in failures[:20]:
             _say(f"  check failed: {failure}")
         summary = (
             f"keys={args.keys} items={args.items} hosts={args.hosts} starts_checked={checked} "
             f"kills={chaos.kills} sigstops={chaos.stops} provider_500s={args.error_seconds:g}s "
             f"released_by_operator={released} duplicate_effects={duplicates} "
-            f"settled_in={seconds:.0f}s"
+            f"settled_in={seconds:.0f}s effects={states}"
         )
         verdict = f"sequence: {'FAIL' if failures else 'PASS'} {summary}"
         return 1 if failures else 0
