@@ -76,8 +76,11 @@ def obtain(
             **identity,
             defaults={**defaults, "sequence_key": key, "sequence_skip": skip, **_HELD},
         )
+        if created and not advance(key):
+            # Held. The job before it may end before this commits, its look missing this
+            # row: the NOTIFY wakes an idle cluster, whose claim looks at the heads.
+            queue.enqueue_jobs([job], due_now=False)
         if created:
-            advance(key)
             job.refresh_from_db(fields=["next_attempt_at", "held_by", "updated_at"])
     return job, created
 
