@@ -183,14 +183,18 @@ def check_effects(record_path: Path) -> tuple[list[str], int, dict[str, int]]:
     open_effects = Effect.objects.exclude(state__in=Effect.FINAL).count()
     if open_jobs or open_effects:
         problems.append(f"{open_jobs} jobs not ended, {open_effects} effects not settled")
-    duplicates = Record(record_path).duplicate_effects()
+    record = Record(record_path)
+    duplicates = record.duplicate_effects()
+    answered_500 = sum(1 for r in record.requests() if r["status"] == 500)
+    if not answered_500:
+        problems.append("the provider never answered 500: no error window")
     if duplicates:
         problems.append(f"effects applied twice: {list(duplicates)[:5]}")
     twice = Notice.objects.values("effect_id").annotate(n=Count("id")).filter(n__gt=1).count()
     if twice:
         problems.append(f"{twice} in-app effects with two notices")
     states = Effect.objects.values_list("state").annotate(n=Count("id")).order_by("state")
-    return problems, len(duplicates) + twice, dict(states)
+    return problems, len(duplicates) + twice, {**dict(states), "sends_answered_500": answered_500}
 
 
 class Chaos:
