@@ -225,3 +225,21 @@ def test_sequence__the_kinds_options_are_checked():
     with pytest.raises(ValueError, match="non-empty"):
         jobs.request(KIND, ("seq", "empty"), params={"key": ""})
     assert "test.seq.bad" not in kinds()
+
+
+def test_claim__without_sequences_a_claim_that_finds_a_job_sends_one_statement():
+    """The plain claim's cost: one statement when it finds a job (the statement has no
+    sequence in it); finding none, one more, the heads' look (an index probe)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs.executors import pgclaim
+
+    sql, _ = pgclaim.next_statement("default", "w1", lease=30.0, bound=4)
+    assert "sequence" not in sql
+    jobs.request("test.steps", ("seq", "plain"), params={"stages": 0})
+    with CaptureQueriesContext(connection) as found:
+        assert pgclaim.claim_next("default", "w1", lease=30.0, bound=4).won
+    with CaptureQueriesContext(connection) as empty:
+        assert pgclaim.claim_next("default", "w1", lease=30.0, bound=4) is None
+    assert (len(found), len(empty)) == (1, 2), [q["sql"][:60] for q in empty]
