@@ -26,10 +26,10 @@ from django.db import IntegrityError, models, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from jobs import conf, failures, registry, telemetry
+from jobs import conf, failures, registry, sequences, telemetry
 from jobs import debounce as debouncing
 from jobs.engine import job_machine
-from jobs.exceptions import JobError, PayloadInvalid
+from jobs.exceptions import JobConflict, JobError, PayloadInvalid
 from jobs.models import Artifact, Effect, Job
 from jobs.queue import enqueue_jobs
 
@@ -45,13 +45,6 @@ H = TypeVar("H", bound=Handler)  # the decorated handler, returned with its own 
 
 
 R = TypeVar("R")  # a kind's declared result (JobHandle.result_as)
-
-
-class JobConflict(JobError, ValueError):
-    """Raised when a job with this identity exists and was asked for with other params."""
-
-    error_class = "validation"
-    code = "identity_conflict"
 
 
 def kind(
@@ -71,6 +64,8 @@ def kind(
     debounce: float | None = None,
     debounce_max: float | None = None,
     debounce_key: Callable[[dict, tuple[str, str]], str] | None = None,
+    sequence: Callable[[dict, tuple[str, str]], str] | None = None,
+    on_failure: str = "hold",
 ) -> Callable[[H], H]:
     """Register the decorated function as the handler of job kind ``name``.
 
@@ -88,6 +83,9 @@ def kind(
     (docs/app/console.md). ``debounce`` (seconds): requests under one key (the subject, or
     ``debounce_key(params, subject)``) until the job's first claim make one job, with the
     last one's params, due at most ``debounce_max`` after the first (docs/app/debounce.md).
+    ``sequence(params, subject)``: its jobs of one key start one at a time in request order,
+    each once the one before ended and its effects settled; a failed one holds the key
+    (``on_failure="hold"``) or lets it go on (``"skip"``) (docs/app/sequences.md).
     """
 
     def register(handler: H) -> H:
@@ -114,6 +112,8 @@ def kind(
             debounce=debounce,
             debounce_max=debounce_max,
             debounce_key=debounce_key,
+            sequence=sequence,
+            on_failure=on_failure,
         )
         return handler
 
@@ -164,6 +164,7 @@ def _obtain(
     max_attempts: int | None = None,
     priority: int | None = None,
     queue: str | None = None,
+    sequence_key: str | None = None,
 ) -> tuple[Job, bool]:
     """The one job for (kind, subject, revision) and whether this call created it.
 
@@ -195,23 +196,25 @@ def _obtain(
         "updated_at": now,
         "trace_context": telemetry.request_traceparent(),
     }
+    key = sequences.key_of(
+        job_kind.sequence, sequence_key, stored, (subject_type, identity["subject_id"])
+    )
     if job_kind.debounce is not None:
+        if key:
+            raise ValueError(f"{kind} is debounced: its jobs are in no sequence")
         return _debounced(job_kind, identity, stored, run_after, defaults)
-    with transaction.atomic():
-        job, created = Job.objects.get_or_create(
-            **identity,
-            defaults={
-                **defaults,
-                "params": stored,
-                "next_attempt_at": Now() if run_after is None else run_after,
-            },
-        )
-        if created:
-            enqueue_jobs([job], due_now=run_after is None)
-            if run_after is None:
-                job.refresh_from_db(fields=["next_attempt_at"])  # Now() as the server wrote it
+    defaults.update(params=stored, next_attempt_at=Now() if run_after is None else run_after)
+    if key:  # docs/app/sequences.md: held until it is its key's head and may start
+        job, created = sequences.obtain(identity, defaults, key=key, skip=job_kind.sequence_skip)
+    else:
+        with transaction.atomic():
+            job, created = Job.objects.get_or_create(**identity, defaults=defaults)
+            if created:
+                enqueue_jobs([job], due_now=run_after is None)
+                if run_after is None:
+                    job.refresh_from_db(fields=["next_attempt_at"])  # Now() as the server wrote it
     if not created and job.params != stored:
-        raise _conflict(job, stored)
+        raise JobConflict.of(job, stored)
     return job, created
 
 
@@ -224,21 +227,8 @@ def _debounced(
         raise ValueError(f"{job_kind.name} is debounced: its jobs are due when their window ends")
     job, landed = debouncing.obtain(job_kind, identity, stored, defaults)
     if landed == "existing" and job.params != stored:
-        raise _conflict(job, stored)
+        raise JobConflict.of(job, stored)
     return job, landed == "created"
-
-
-def _conflict(job: Job, stored: dict) -> JobConflict:
-    """The existing ``job`` was asked for with other params: which keys differ, not values."""
-    gone = object()
-    keys = sorted(
-        k for k in {*job.params, *stored} if job.params.get(k, gone) != stored.get(k, gone)
-    )
-    return JobConflict(
-        f"job {job.pk} ({job.kind} {job.subject_type}:{job.subject_id} revision "
-        f"{job.output_revision}) exists with other params (keys differing: "
-        f"{', '.join(keys) or '-'}); ask for a new revision to get a new output"
-    )
 
 
 @dataclass(frozen=True)
@@ -398,6 +388,7 @@ def request(
     max_attempts: int | None = None,
     priority: int | None = None,
     queue: str | None = None,
+    sequence_key: str | None = None,
 ) -> JobHandle:
     """Ask for the one job of ``kind`` for ``subject`` at ``revision``; returns its handle.
 
@@ -405,7 +396,8 @@ def request(
     reads that when it runs. ``run_after`` delays the first attempt. ``tenant``
     groups jobs under ``JOBS_TENANT_CONCURRENCY``. ``max_attempts`` overrides the
     kind's budget (the ``django.tasks`` backend's ``MAX_ATTEMPTS``). ``priority``
-    (-100..100, higher first) and ``queue`` override the kind's. The one way to ask
+    (-100..100, higher first) and ``queue`` override the kind's; ``sequence_key`` puts
+    the job at the end of that key's sequence (docs/app/sequences.md). The one way to ask
     for a job: the site, the ``django.tasks`` backend and the drills all come here.
     """
     subject_type, subject_id = subject_reference(subject)
@@ -420,6 +412,7 @@ def request(
         max_attempts=max_attempts,
         priority=priority,
         queue=queue,
+        sequence_key=sequence_key,
     )
     return JobHandle(job, created=created)
 
@@ -476,8 +469,8 @@ class _Asked:
 def _prepared(r: JobRequest) -> _Asked:
     """The checks ``_obtain`` makes, before anything is written."""
     job_kind = registry.get_kind(r.kind)
-    if job_kind.debounce is not None:
-        raise ValueError(f"{r.kind} is debounced: ask for its jobs with jobs.request, one a call")
+    if job_kind.debounce is not None or job_kind.sequence is not None:
+        raise ValueError(f"{r.kind} is debounced or sequenced: ask with jobs.request, one a call")
     subject_type, subject_id = subject_reference(r.subject)
     if r.run_after is not None and timezone.is_naive(r.run_after):
         raise ValueError("run_after must be an aware datetime")
@@ -515,7 +508,7 @@ def _obtain_batch(batch: list[_Asked]) -> list[JobHandle]:
         existing = _existing(list(first))
         for key, job in existing.items():
             if job.params != first[key].params:
-                raise _conflict(job, first[key].params)
+                raise JobConflict.of(job, first[key].params)
         missing = [asked for key, asked in first.items() if key not in existing]
         if not missing:
             created = []

@@ -180,6 +180,8 @@ class Claimer:
         looked = self._own_verdict_at
         if looked == 0.0 or (busy and now - looked >= OWN_VERDICT_EVERY):
             self._own_verdict_at = now
+            # Busy queues seldom find nothing: the sequences' heads are looked at here too.
+            pgclaim.release_heads()
             for queue in self.queues:
                 claim = pgclaim.decide_own_verdict(queue, owner, lease=lease, bound=bound)
                 if claim is not None and claim.won:

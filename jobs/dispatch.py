@@ -29,6 +29,11 @@ def dispatch_once() -> dict[str, int]:
     done = {"ticks": sum(handle.created for handle in schedules.fire_due())}
     done["group_ends"] = groups.sweep()
     done["pruned"] = retention.prune_when_due()
+    # A backstop for an idle cluster: a sequence's head left held by a worker killed
+    # between its last commit and its look (docs/app/sequences.md).
+    from jobs.claiming import claims
+
+    done["sequence_heads"] = claims().release_heads()
     timeline.watch()  # issue 47: a promotion (new timeline) is reconciled once (jobs.reconcile)
     if any(done.values()):
         log.info("dispatch %s", " ".join(f"{k}={v}" for k, v in done.items()))

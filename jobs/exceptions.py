@@ -25,6 +25,26 @@ class JobError(Exception):
         return str(self)
 
 
+class JobConflict(JobError, ValueError):
+    """Raised when a job with this identity exists and was asked for with other params."""
+
+    error_class = "validation"
+    code = "identity_conflict"
+
+    @classmethod
+    def of(cls, job, stored: dict) -> JobConflict:
+        """``job`` exists and was asked for with ``stored``: which keys differ, not values."""
+        gone = object()
+        keys = sorted(
+            k for k in {*job.params, *stored} if job.params.get(k, gone) != stored.get(k, gone)
+        )
+        return cls(
+            f"job {job.pk} ({job.kind} {job.subject_type}:{job.subject_id} revision "
+            f"{job.output_revision}) exists with other params (keys differing: "
+            f"{', '.join(keys) or '-'}); ask for a new revision to get a new output"
+        )
+
+
 class LeaseLost(JobError):
     """Raised when another worker reclaimed the job while this one still ran."""
 

@@ -23,6 +23,9 @@ EFFECT_STATES = ["pending", "sending", "applied", "unknown", "withheld", "failed
 # (a claim counts an attempt, which nothing takes back) and still queued. Written once,
 # for the unique index and for ``jobs.debounce``.
 DEBOUNCE_OPEN = Q(state="queued", attempts=0)
+# A sequenced job waits with this ``held_by`` (out of the claim's indexes) until it is its
+# key's head and the item before it has passed (``jobs.sequences``).
+SEQUENCE_HELD = "sequence"
 
 
 class Job(models.Model):
@@ -167,6 +170,12 @@ class Job(models.Model):
         default=0, db_default=0, help_text="requests whose params replaced the waiting job's"
     )
 
+    # Sequences (docs/app/sequences.md): the jobs of one key start one at a time, in request
+    # order (id order), each once the one before has ended and its effects settled.
+    sequence_key = models.CharField(max_length=200, blank=True, default="", db_default="")
+    sequence_skip = models.BooleanField(default=False, db_default=False)  # on_failure="skip"
+    sequence_released_by = models.CharField(max_length=200, blank=True, default="", db_default="")
+
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -200,6 +209,17 @@ class Job(models.Model):
             models.Index(fields=["state", "lease_expires_at"], name="jobs_job_lease_idx"),
             models.Index(fields=["tenant_key", "state"], name="jobs_job_tenant_state_idx"),
             models.Index(fields=["held_by"], name="jobs_job_held_idx", condition=~Q(held_by="")),
+            # A sequence's items in request order, and the heads its claim looks at.
+            models.Index(
+                fields=["sequence_key", "id"],
+                name="jobs_job_sequence_idx",
+                condition=~Q(sequence_key=""),
+            ),
+            models.Index(
+                fields=["sequence_key", "id"],
+                name="jobs_job_sequence_held_idx",
+                condition=Q(held_by=SEQUENCE_HELD, state="queued"),
+            ),
             # The dispatcher's backstop: group children that ended and were not counted.
             models.Index(
                 fields=["group"],

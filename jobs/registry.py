@@ -274,6 +274,10 @@ class JobKind:
     debounce: float | None = None
     debounce_max: float | None = None
     debounce_key: Callable[[dict, tuple[str, str]], str] | None = None
+    # Sequences (docs/app/sequences.md): the key of (params, subject) its jobs start in order
+    # under, and whether a failed one lets its key go on (``on_failure="skip"``).
+    sequence: Callable[[dict, tuple[str, str]], str] | None = None
+    sequence_skip: bool = False
 
 
 def declared_result(handler: object) -> type | None:
@@ -407,6 +411,17 @@ _kinds: dict[str, JobKind] = {}
 _providers: dict[str, Provider] = {}
 
 
+def check_on_failure(on_failure: object, sequence: object, debounce: object) -> bool:
+    """A sequenced kind's ``on_failure``: "hold" (the default) or "skip"; True for skip."""
+    if on_failure not in ("hold", "skip"):
+        raise ValueError(f"on_failure must be 'hold' or 'skip', not {on_failure!r}")
+    if sequence is not None and not callable(sequence):
+        raise ValueError("sequence must be a function of (params, subject) returning a key")
+    if sequence is not None and debounce is not None:
+        raise ValueError("a debounced kind is not sequenced: its window's job has no place")
+    return on_failure == "skip"
+
+
 def register_kind(
     name: str,
     handler: Handler,
@@ -425,6 +440,8 @@ def register_kind(
     debounce: float | None = None,
     debounce_max: float | None = None,
     debounce_key: Callable[[dict, tuple[str, str]], str] | None = None,
+    sequence: Callable[[dict, tuple[str, str]], str] | None = None,
+    on_failure: str = "hold",
 ) -> JobKind:
     """Register a job kind (idempotent, so ``ready()`` may run twice in tests).
 
@@ -439,6 +456,7 @@ def register_kind(
     ``{"job": "invoice", "effect": "receipt", "succeeded": "Sent"}``; the console and the
     project's pages show them (``jobs.ops.words``), the engine never reads them.
     ``debounce``/``debounce_max``/``debounce_key``: latest wins (``check_debounce``).
+    ``sequence``/``on_failure``: its jobs of one key start in order (``jobs.sequences``).
     """
     asyncctx.refuse_unrunnable(name, handler)
     checked_labels = check_labels(labels)
@@ -460,6 +478,7 @@ def register_kind(
     if timeout is not None and not (isinstance(timeout, int | float) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
     debounce, debounce_max = check_debounce(debounce, debounce_max, debounce_key, schedule)
+    sequence_skip = check_on_failure(on_failure, sequence, debounce)
     kind = JobKind(
         name,
         handler,
@@ -478,6 +497,8 @@ def register_kind(
         debounce=debounce,
         debounce_max=debounce_max,
         debounce_key=debounce_key,
+        sequence=sequence,
+        sequence_skip=sequence_skip,
     )
     _kinds[name] = kind
     return kind

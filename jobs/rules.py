@@ -137,6 +137,25 @@ EFFECT_DUE = all_of(
 EFFECT_LEASE_EXPIRED = all_of(Cond("state", "=", E.SENDING), Cond("lease_expires_at", "<=", NOW))
 EFFECT_RELEASABLE = any_of(EFFECT_DUE, EFFECT_LEASE_EXPIRED)
 
+# Sequences (docs/app/sequences.md). An effect not settled yet: its outcome may still change.
+EFFECT_UNSETTLED = Cond("state", "in", (E.PENDING, E.SENDING, E.UNKNOWN))
+# The item before a sequence's head lets the head start when it has ended and is not a
+# failure that holds its sequence (``on_failure="hold"``, no operator's release), and none
+# of its effects is unsettled (``EFFECT_UNSETTLED``, judged beside this rule).
+SEQUENCE_PASSES = any_of(
+    Cond("state", "in", (S.SUCCEEDED, S.CANCELLED)),
+    all_of(
+        Cond("state", "in", (S.FAILED, S.DEAD)),
+        any_of(Cond("sequence_skip", "=", True), Cond("sequence_released_by", ">", "")),
+    ),
+)
+# A failed or dead item holding its sequence: what an operator's release applies to.
+SEQUENCE_HOLDING = all_of(
+    Cond("state", "in", (S.FAILED, S.DEAD)),
+    Cond("sequence_skip", "=", False),
+    Cond("sequence_released_by", "=", ""),
+)
+
 # Where each operator arrow starts: the engine's CAS and the admin's buttons read this.
 OPERATOR_SOURCES: dict[str, tuple[str, ...]] = {
     "retry_now": (S.QUEUED, S.RETRY_WAIT),

@@ -431,6 +431,11 @@ LABELS = {
 }
 
 
+def report_sequence(params: dict, subject: tuple[str, str]) -> str:
+    """The report's sequence key: its permit request (docs/app/sequences.md)."""
+    return f"permit:{subject[1]}"
+
+
 def register(handler: Callable[[JobContext], list[EffectSpec]] = build_report) -> None:
     """Register the report kind; ``handler``: ``build_report``, as the site wraps it
     (``permits.jobkinds``: a failure that may stop it asks for the stop notice)."""
@@ -442,6 +447,9 @@ def register(handler: Callable[[JobContext], list[EffectSpec]] = build_report) -
         authorize_release=authorize_release,
         redact_errors=True,
         labels=LABELS,
+        # One sequence per permit request: a revision's report (and its notices) waits
+        # until the previous revision's report ended and its notices settled.
+        sequence=report_sequence,
     )
     for code, cause in CAUSES.items():
         register_cause(code, cause, kind=KIND)

@@ -20,7 +20,7 @@ import time
 
 from django.db import transaction
 
-from jobs import conf, flow, registry, rules, telemetry
+from jobs import conf, flow, registry, rules, sequences, telemetry
 from jobs.delivery import policy
 from jobs.engine import effect_machine
 from jobs.engine.plan import Hold
@@ -53,7 +53,14 @@ def release(effect: Effect, worker: str) -> str:
 @telemetry.traced_release
 def send_claimed(effect: Effect, worker: str, prior: str) -> str:
     """Deliver an effect ``worker`` has leased (``claim_send``; ``prior``: its state before);
-    returns the state it ended in, as ``release``."""
+    returns the state it ended in, as ``release``. A settled outcome may let the job's
+    sequence go on (``sequences.moved``)."""
+    outcome = _send_claimed(effect, worker, prior)
+    sequences.moved(effect.job)
+    return outcome
+
+
+def _send_claimed(effect: Effect, worker: str, prior: str) -> str:
     provider = registry.get_provider(effect.provider)
     if provider.transactional:
         return _release_transactional(effect, worker, provider)

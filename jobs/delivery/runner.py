@@ -19,7 +19,17 @@ from typing import TypeVar
 
 from django.db.models import Expression, Model, QuerySet
 
-from jobs import artifacts, clock, conf, executors, failures, identity, registry, telemetry
+from jobs import (
+    artifacts,
+    clock,
+    conf,
+    executors,
+    failures,
+    identity,
+    registry,
+    sequences,
+    telemetry,
+)
 from jobs.delivery import publish, steps
 from jobs.engine import groups, job_machine
 from jobs.engine.plan import Claim
@@ -330,13 +340,16 @@ def run_claim(claim: Claim, worker: str, *, on_stage: StageHook | None = None) -
     except KeyboardInterrupt:
         raise  # a signal to this process: it stops; the lease's expiry tells the rest
     except BaseException as exc:  # SystemExit too: the retry table decides; the worker lives
-        return _handle_failure(ctx, exc)
+        failed = _handle_failure(ctx, exc)
+        sequences.moved(job)  # an ending that lets its sequence go on (on_failure="skip")
+        return failed
 
     waited_on = job.last_error_code if job.outage_since is not None else ""
     effects = _publish(ctx, output)
     if effects is None:
         return _lost(ctx, "publish lost: another worker owns the job")
     ctx.stage("published")
+    sequences.moved(job)  # its effects may have settled in the publish: the next may start
     if waited_on:
         # This job met an outage and has now succeeded: what it waited for is back, and
         # the jobs still backing off from the same outage are due now, not at the end

@@ -434,6 +434,14 @@ def requeue(job: Job, *, actor: str = "operator", note: str = "") -> bool:
     )
 
 
+def release_sequence(job: Job, *, actor: str = "operator", note: str = "") -> bool:
+    """Operator: a failed or dead job holding its sequence lets it go on (its state stays;
+    docs/app/sequences.md). False when it holds none (or another operator acted first)."""
+    if not job.sequence_key or not rules.holds(rules.SEQUENCE_HOLDING, job, now=None):
+        return False
+    return _operator(job, "release_sequence", actor, note, sequence_released_by=actor[:200])
+
+
 def fail_by_operator(job: Job, *, actor: str, reason: str) -> bool:
     """Operator: queued/retry_wait/dead → failed, never tried again, ``reason`` recorded.
 

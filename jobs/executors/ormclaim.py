@@ -13,13 +13,27 @@ from __future__ import annotations
 
 from django.db.models.functions import Coalesce, Now
 
-from jobs import clock, conf, fairness, rules
+from jobs import clock, conf, fairness, rules, sequences
 from jobs.engine import named_claim, verdict
 from jobs.engine.plan import Claim
 from jobs.models import Effect, Job
 
 
 def claim_next(queue: str, worker: str, *, lease: float, bound: int) -> Claim | None:
+    """``_claim_next``; finding none, it releases the sequences' heads that may start
+    (``release_heads``) and, if it released one, looks once more (as ``pgclaim``'s)."""
+    claim = _claim_next(queue, worker, lease=lease, bound=bound)
+    if claim is None and release_heads():
+        claim = _claim_next(queue, worker, lease=lease, bound=bound)
+    return claim
+
+
+def release_heads() -> int:
+    """Release every sequence's head whose job before it passed (``sequences.sweep``)."""
+    return sequences.sweep()
+
+
+def _claim_next(queue: str, worker: str, *, lease: float, bound: int) -> Claim | None:
     """Claim ``queue``'s next due job for ``worker`` (the more urgent of its two
     candidates by effective priority), or the verdict on it; None when none is due.
 

@@ -26,11 +26,12 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models.functions import Now
 
 from jobs import clock, conf, fairness, rules
+from jobs import queue as queue_mod
 from jobs.engine import admission, job_machine, verdict
 from jobs.engine.plan import Claim
 from jobs.engine.refusals import refusal
 from jobs.executors.pgsql import NOW, _compact, _cursor, _int8, _job_from_row, _q
-from jobs.models import Attempt, Effect, Job
+from jobs.models import SEQUENCE_HELD, Attempt, Effect, Job
 
 log = logging.getLogger("jobs.executors")
 
@@ -171,8 +172,62 @@ _columns: dict[int, list[str]] = {}
 
 def claim_next(queue: str, worker: str, *, lease: float, bound: int) -> Claim | None:
     """Claim ``queue``'s next due job for ``worker``: the claim, a verdict on the job it
-    picked and could not start (deferred, ...), or None when the queue has no due job."""
-    return _claim(*next_statement(queue, worker, lease=lease, bound=bound), worker)
+    picked and could not start (deferred, ...), or None when the queue has no due job.
+    Finding none, it releases the sequences' heads that may start (``release_heads``)
+    and, if it released one, looks once more: a sequenced job is claimed only as its
+    key's head, after the job before it passed (docs/app/sequences.md)."""
+    claim = _claim(*next_statement(queue, worker, lease=lease, bound=bound), worker)
+    if claim is None and release_heads():
+        claim = _claim(*next_statement(queue, worker, lease=lease, bound=bound), worker)
+    return claim
+
+
+@functools.cache
+def _heads_statement() -> str:
+    job_t, effect_t = _q(Job._meta.db_table), _q(Effect._meta.db_table)
+    # Literals, so the held index's predicate (migration 0032) is provably implied.
+    held = f"j.held_by = '{SEQUENCE_HELD}' AND j.state = '{Job.State.QUEUED}'"
+    passes = rules.literal_sql(rules.SEQUENCE_PASSES, Job, alias="p", quote=_q)
+    unsettled = rules.literal_sql(rules.EFFECT_UNSETTLED, Effect, alias="e", quote=_q)
+    return _compact(
+        f"""WITH RECURSIVE keys AS (
+            (SELECT j.sequence_key AS k FROM {job_t} j WHERE {held}
+             ORDER BY j.sequence_key LIMIT 1)
+            UNION ALL
+            SELECT (SELECT j.sequence_key FROM {job_t} j WHERE {held} AND j.sequence_key > w.k
+                    ORDER BY j.sequence_key LIMIT 1)
+            FROM keys w WHERE w.k IS NOT NULL
+        ), heads AS (
+            SELECT h.id, h.sequence_key FROM keys w CROSS JOIN LATERAL (
+                SELECT j.id, j.sequence_key FROM {job_t} j WHERE {held} AND j.sequence_key = w.k
+                ORDER BY j.id LIMIT 1) h
+        ), ready AS (
+            SELECT h.id FROM heads h LEFT JOIN LATERAL (
+                SELECT p.* FROM {job_t} p WHERE p.sequence_key = h.sequence_key AND p.id < h.id
+                ORDER BY p.id DESC LIMIT 1) p ON true
+            WHERE p.id IS NULL OR ({passes} AND NOT EXISTS (
+                SELECT 1 FROM {effect_t} e WHERE e.job_id = p.id AND {unsettled}))
+        )
+        UPDATE {job_t} j SET held_by = '', updated_at = {NOW}
+        WHERE j.id IN (SELECT id FROM ready) AND {held}
+        RETURNING j.id, j.kind, j.queue"""
+    )
+
+
+def release_heads() -> int:
+    """Release to the claim every sequence's head whose job before it passed (ended, not
+    a failure that holds, no effect unsettled: ``rules.SEQUENCE_PASSES``), in one
+    statement: one probe of the held index per key with a held job, one for the job
+    before its head (``sequences.sweep`` is the ORM's). Wakes their queues; returns how
+    many."""
+    with _cursor() as cursor:
+        cursor.execute(_heads_statement())
+        rows = cursor.fetchall()
+    for job_id, kind, _queue in rows:
+        log.info("job=%s kind=%s arrow=sequence_head", job_id, kind)
+    if rows:
+        queue_mod.notify_queues({q for _, _, q in rows})
+    return len(rows)
 
 
 def _claim(sql: str, params: list, worker: str) -> Claim | None:

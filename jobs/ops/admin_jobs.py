@@ -15,7 +15,7 @@ from django.utils.html import format_html, format_html_join
 from jobs.engine import groups
 from jobs.hooks import SUBJECTS, subject_labels
 from jobs.models import Artifact, Attempt, Effect, Job, JobEvent, JobGroup, JobStep
-from jobs.ops import causes, redrive_views, words
+from jobs.ops import causes, redrive_views, sequence_views, words
 from jobs.ops.admin_common import (
     EngineAdmin,
     LastErrorColumn,
@@ -368,6 +368,7 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
         return [
             path("dashboard/", dashboard, name="jobs_job_dashboard"),
             *redrive_views.urls(self.admin_site),
+            *sequence_views.urls(self.admin_site),
             *super().get_urls(),
         ]
 

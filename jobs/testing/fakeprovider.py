@@ -92,6 +92,9 @@ class Faults:
     delay: float = 0.0  # latency added to every answer, in seconds
     down: list[tuple[float, float]] = field(default_factory=list)  # seconds after start
     seed: int | None = None
+    # After this many sends arrived, every send is answered 500 for ``error_seconds``.
+    error_after: int = 0
+    error_seconds: float = 0.0
 
 
 class _Writer:
@@ -369,6 +372,8 @@ class _Handler(BaseHTTPRequestHandler):
                 status, outcome = 400, "missing_key"
             elif problem:
                 status, outcome = 422, "invalid"
+            elif server.erring():
+                status, outcome = 500, "error"
             elif server.roll("unavailable"):
                 status, outcome = 503, "unavailable"
                 headers["Retry-After"] = f"{server.faults.retry_after:g}"
@@ -445,6 +450,7 @@ class FakeProviderServer(ThreadingHTTPServer):
         self._rng = random.Random(self.faults.seed)
         self._rng_lock = threading.Lock()
         self._forced: bool | None = True if start_down else None
+        self._sends, self._error_from = 0, None
         super().__init__(address, _Handler)
         self.started = time.monotonic()
         self.listening = True
@@ -475,6 +481,17 @@ class FakeProviderServer(ThreadingHTTPServer):
             return False
         with self._rng_lock:
             return self._rng.random() < fraction
+
+    def erring(self) -> bool:
+        """Whether this send falls in the error window (``error_after``, ``error_seconds``)."""
+        with self._rng_lock:
+            self._sends += 1
+            due = self._sends > self.faults.error_after and self.faults.error_seconds > 0
+            if self._error_from is None and due:
+                self._error_from = time.monotonic()
+                self.writer.event(f"erring for {self.faults.error_seconds:g}s")
+            since = self._error_from
+        return since is not None and time.monotonic() - since < self.faults.error_seconds
 
     def set_down(self, down: bool | None) -> None:
         """Force the port closed (True) or open (False); None follows the down windows."""

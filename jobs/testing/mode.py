@@ -114,10 +114,13 @@ def _mark(model: type[models.Model], pk: int) -> tuple[str, int] | None:
 
 def _run_one_job(worker: str, done: Drained, stuck: dict[str, set[int]]) -> bool:
     from jobs import backends
+    from jobs.claiming import claims
     from jobs.delivery.runner import run_delivery
     from jobs.models import Job
 
     job_id = _next_due_job(stuck["job"])
+    if job_id is None and claims().release_heads():  # a sequence's head may start now
+        job_id = _next_due_job(stuck["job"])
     if job_id is None:
         return False
     before = _mark(Job, job_id)

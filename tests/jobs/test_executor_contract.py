@@ -679,3 +679,118 @@ def test_next_claim__a_paused_scope_of_10000_jobs__is_not_read(executor):
     assert len(queries) <= (19 if executor == "orm" else 12), [q["sql"][:80] for q in queries]
     assert Job.objects.filter(held_by=f"kind:{CLAIM_KIND}").count() == 10_000
     assert list(Attempt.objects.values_list("job_id", flat=True)) == [other.pk]
+
+
+# --- sequences: the claim takes a key's jobs in request order, each once the one before
+# passed (docs/app/sequences.md) ------------------------------------------------------------
+
+SEQ_KIND, SEQ_SKIP_KIND = "test.contract.seq", "test.contract.seq-skip"
+if SEQ_KIND not in kinds():
+    register_kind(SEQ_KIND, lambda ctx: [], sequence=lambda params, subject: params["key"])
+    register_kind(
+        SEQ_SKIP_KIND,
+        lambda ctx: [],
+        sequence=lambda params, subject: params["key"],
+        on_failure="skip",
+    )
+
+# name: (jobs as (subject, key, skip)), steps (";" between). A step: "claim~x" (the next
+# claim takes x), "claim~none" (nothing), "end x STATE" (x ended so, as its worker leaves
+# it), "effect x STATE" (x's one effect is in that state now), "release x" (an operator's
+# release of x).
+SEQUENCE_SCENARIOS = {
+    "one key: request order, one at a time; another key goes on": (
+        [("a", "k1", False), ("b", "k1", False), ("c", "k1", False), ("x", "k2", False)],
+        "claim~a claim~x claim~none; end a succeeded; claim~b claim~none; end b succeeded; claim~c",
+    ),
+    "an effect pending, sending or unknown holds the next; settled lets it go": (
+        [("a", "k1", False), ("b", "k1", False), ("c", "k1", False)],
+        "claim~a; end a succeeded; effect a pending; claim~none; effect a sending; claim~none; "
+        "effect a unknown; claim~none; effect a applied; claim~b; end b succeeded; "
+        "effect b needs_review; claim~c",
+    ),
+    "withheld and failed effects are settled too": (
+        [("a", "k1", False), ("b", "k1", False)],
+        "claim~a; end a succeeded; effect a withheld; claim~b",
+    ),
+    "a dead job holds its key until an operator releases it": (
+        [("a", "k1", False), ("b", "k1", False), ("x", "k2", False)],
+        "claim~a; end a dead; claim~x claim~none; release a; claim~b",
+    ),
+    "on_failure=skip: a failed job lets its key go on": (
+        [("a", "k1", True), ("b", "k1", True)],
+        "claim~a; end a failed; claim~b",
+    ),
+    "a cancelled job lets its key go on; a running one holds it": (
+        [("a", "k1", False), ("b", "k1", False), ("c", "k1", False)],
+        "claim~a claim~none; end a cancelled; claim~b claim~none",
+    ),
+}
+
+
+def _steps_of(part: str) -> list[str]:
+    """A scenario's part: claims ("claim~a claim~none") or one action ("end a dead")."""
+    return part.split() if part.startswith("claim") else [part]
+
+
+def _sequence_step(step: str, made: dict[str, Job], claims, executor: str) -> str | None:
+    from django.db.models import F
+    from django.db.models.functions import Now
+
+    from jobs import sequences
+
+    verb, *rest = step.split()
+    if verb.startswith("claim"):
+        got = claims.claim_next("default", f"w-{executor}", lease=30.0, bound=4)
+        return (
+            "claim~none"
+            if got is None
+            else f"claim~{got.job.subject_id}" + ("" if got.won else f" ({got.status})")
+        )
+    job = made[rest[0]]
+    if verb == "end":
+        Job.objects.filter(pk=job.pk).update(
+            state=rest[1], version=F("version") + 1, finished_at=Now(), lease_expires_at=None
+        )
+    elif verb == "effect":
+        Effect.objects.update_or_create(
+            job=job,
+            effect_id=f"{job.uid}:seq",
+            defaults={
+                "name": "seq",
+                "provider": "email",
+                "recipient": "1",
+                "state": rest[1],
+                "idempotency_key": f"{job.uid}:seq",
+            },
+        )
+    elif verb == "release":
+        assert sequences.release(Job.objects.get(pk=job.pk), operator="op")
+    return None
+
+
+@pytest.mark.parametrize("name", list(SEQUENCE_SCENARIOS))
+def test_sequence_claim__both_executors_decide_the_same(name, settings):
+    import jobs
+    from jobs.executors import ormclaim, pgclaim
+
+    made_jobs, text = SEQUENCE_SCENARIOS[name]
+    steps = [s for part in text.split(";") for s in _steps_of(part.strip())]
+    settings.JOBS_TRANSACTION_IDLE_SECONDS = 7.5
+    records = {}
+    for executor, claims in (("postgres", pgclaim), ("orm", ormclaim)):
+        Job.objects.filter(kind__in=(SEQ_KIND, SEQ_SKIP_KIND)).delete()
+        made = {}
+        for subject, key, skip in made_jobs:
+            kind = SEQ_SKIP_KIND if skip else SEQ_KIND
+            made[subject] = jobs.request(kind, ("seq", subject), params={"key": key}).job
+        seen = [_sequence_step(step, made, claims, executor) for step in steps]
+        who = {"lease_owner": lambda v, e=executor: v.replace(e, "X")}
+        rows = [
+            _row(j, j.pk, subject_id=lambda v: v, **who)
+            for j in Job.objects.filter(kind__in=(SEQ_KIND, SEQ_SKIP_KIND)).order_by("id")
+        ]
+        assert [s for s in seen if s] == [s for s in steps if s.startswith("claim")], executor
+        Effect.objects.filter(job__kind__in=(SEQ_KIND, SEQ_SKIP_KIND)).delete()
+        records[executor] = rows
+    assert records["orm"] == records["postgres"]

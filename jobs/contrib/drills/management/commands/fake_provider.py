@@ -85,6 +85,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--start-down", action="store_true", help="refuse until SIGUSR2")
         parser.add_argument("--seed", type=int, default=None, help="seed the fault dice")
+        parser.add_argument(
+            "--error-after", type=int, default=0, help="sends before the error window starts"
+        )
+        parser.add_argument(
+            "--error-seconds", type=float, default=0.0, help="seconds every send is answered 500"
+        )
 
     def handle(self, *args, **opts):
         if opts["host"] not in ("127.0.0.1", "::1", "localhost"):
@@ -102,6 +108,8 @@ class Command(BaseCommand):
             delay=opts["delay"],
             down=opts["down_window"],
             seed=opts["seed"],
+            error_after=opts["error_after"],
+            error_seconds=opts["error_seconds"],
         )
         try:
             server = FakeProviderServer(

@@ -1,0 +1,245 @@
+"""Sequences (docs/app/sequences.md) on PostgreSQL with real threads: each thread has its
+own connection and does what a worker does (the queue's next-job claim, then the
+delivery: ``jobs.delivery.runner.run_claim``), so the claims race as hosts' do.
+
+What is checked: one key's jobs start in request order, one at a time; a job does not
+start while the job before it has an effect pending, sending or unknown; a dead job
+holds its key (``on_failure="hold"``) until an operator's release, and ``"skip"`` goes on
+by itself; the claim's look at the held heads reads one row per blocked key.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+from django.db import connections
+from django.db.models import F
+from django.db.models.functions import Now
+
+import jobs
+from jobs import sequences
+from jobs.delivery.runner import run_claim
+from jobs.models import SEQUENCE_HELD, Attempt, Effect, Job, JobEvent
+from jobs.registry import EffectSpec, kinds, register_kind
+from tests.jobs.helpers import claim_next, scans_of
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+KIND, SKIP_KIND, MAIL_KIND = "test.seq.run", "test.seq.skip", "test.seq.mail"
+THREADS = 4
+
+_running: dict[str, int] = {}
+_overlaps: list[tuple[str, int, int]] = []
+_guard = threading.Lock()
+
+
+def _work(ctx) -> list:
+    """A sequenced job's work: it fails when asked to, and notes overlapping starts."""
+    key = ctx.params["key"]
+    with _guard:
+        if key in _running:
+            _overlaps.append((key, _running[key], ctx.job.pk))
+        _running[key] = ctx.job.pk
+    time.sleep(0.01)
+    with _guard:
+        _running.pop(key, None)
+    if ctx.params.get("boom"):
+        raise RuntimeError("boom")
+    return []
+
+
+def _mail(ctx) -> list[EffectSpec]:
+    return [EffectSpec("seq-mail", "email", str(ctx.params["to"]))]
+
+
+def _key(params: dict, subject: tuple[str, str]) -> str:
+    return params["key"]
+
+
+if KIND not in kinds():
+    register_kind(KIND, _work, max_attempts=1, sequence=_key)
+    register_kind(SKIP_KIND, _work, max_attempts=1, sequence=_key, on_failure="skip")
+    register_kind(MAIL_KIND, _mail, sequence=_key)
+
+
+class Workers:
+    """``THREADS`` threads claiming the default queue and running what they claim."""
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+
+    def _run(self, name: str) -> None:
+        try:
+            while not self.stop.is_set():
+                claim = claim_next("default", name)
+                if claim is None or not claim.won:
+                    time.sleep(0.01)
+                    continue
+                with self.lock:
+                    self.started.append(claim.job.pk)
+                run_claim(claim, name)
+        finally:
+            connections["default"].close()
+
+    def run_for(self, seconds: float, *, until=None) -> list[int]:
+        """Claim for ``seconds`` (or until ``until()`` holds); the job ids started."""
+        threads = [threading.Thread(target=self._run, args=(f"w{i}",)) for i in range(THREADS)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not (until and until()):
+            time.sleep(0.05)
+        self.stop.set()
+        for t in threads:
+            t.join(60)
+        return list(self.started)
+
+
+def _ask(kind: str, subject: str, key: str, **params) -> Job:
+    return jobs.request(kind, ("seq", subject), params={"key": key, **params}).job
+
+
+def test_sequence__one_keys_jobs_start_in_request_order_one_at_a_time():
+    _overlaps.clear()
+    made = defaultdict(list)
+    for i in range(6):  # 5 keys x 6 jobs, asked for key after key
+        for k in range(5):
+            made[f"k{k}"].append(_ask(KIND, f"{k}-{i}", f"k{k}").pk)
+    total = sum(len(v) for v in made.values())
+    finished = Job.objects.filter(kind=KIND, state=Job.State.SUCCEEDED)
+    started = Workers().run_for(60, until=lambda: finished.count() == total)
+    assert finished.count() == total
+    assert _overlaps == [], "two jobs of one key ran at once"
+    assert len(started) == total and len(set(started)) == total
+    for key, ids in made.items():
+        assert [j for j in started if j in ids] == ids, f"{key} started out of request order"
+        # By the server's clock: each job started after the one before it finished.
+        rows = Job.objects.filter(pk__in=ids).order_by("pk").values_list("pk", "finished_at")
+        starts = dict(Attempt.objects.filter(job_id__in=ids).values_list("job_id", "started_at"))
+        previous = None
+        for pk, finished_at in rows:
+            assert previous is None or starts[pk] >= previous, key
+            previous = finished_at
+
+
+def test_sequence__an_unsettled_effect_holds_the_next_job(django_user_model):
+    user = django_user_model.objects.create_user(username="seq-mail")
+    first = _ask(MAIL_KIND, "m-1", "mail", to=user.pk)
+    second = _ask(MAIL_KIND, "m-2", "mail", to=user.pk)
+    assert Job.objects.get(pk=second.pk).held_by == SEQUENCE_HELD
+    ran = Workers().run_for(30, until=lambda: Effect.objects.filter(job=first).exists())
+    assert ran == [first.pk]
+    effect = Effect.objects.get(job=first)
+    for state in (Effect.State.PENDING, Effect.State.SENDING, Effect.State.UNKNOWN):
+        Effect.objects.filter(pk=effect.pk).update(state=state, version=F("version") + 1)
+        assert Workers().run_for(1.5) == [], f"started while the effect was {state}"
+        assert Job.objects.get(pk=second.pk).state == Job.State.QUEUED
+    (blocked,) = sequences.blocked()
+    assert (blocked.holder.pk, blocked.head.pk, blocked.releasable) == (first.pk, second.pk, False)
+    Effect.objects.filter(pk=effect.pk).update(state=Effect.State.APPLIED, applied_at=Now())
+    assert Workers().run_for(30, until=lambda: Effect.objects.filter(job=second).exists()) == [
+        second.pk
+    ]
+
+
+def test_sequence__a_dead_job_holds_its_key_until_an_operator_releases_it():
+    a = _ask(KIND, "h-a", "hold", boom=True)
+    b, c = _ask(KIND, "h-b", "hold"), _ask(KIND, "h-c", "hold")
+    other = _ask(KIND, "h-x", "other")
+    dead = Job.objects.filter(pk=a.pk, state=Job.State.DEAD)
+    started = Workers().run_for(30, until=lambda: dead.exists())
+    started += Workers().run_for(1.5)
+    assert sorted(started) == sorted([a.pk, other.pk]), "b started behind a dead job"
+    (blocked,) = sequences.blocked()
+    assert (blocked.key, blocked.holder.pk, blocked.head.pk) == ("hold", a.pk, b.pk)
+    assert blocked.releasable and blocked.waiting == 2
+    assert sequences.release(dead.get(), operator="op1")
+    assert not sequences.release(dead.get(), operator="op2"), "released once"
+    done = Job.objects.filter(pk__in=[b.pk, c.pk], state=Job.State.SUCCEEDED)
+    assert Workers().run_for(30, until=lambda: done.count() == 2) == [b.pk, c.pk]
+    event = JobEvent.objects.get(job=a, action="release_sequence")
+    assert (event.actor, event.from_state, event.to_state) == ("operator:op1", "dead", "dead")
+    assert Job.objects.get(pk=a.pk).sequence_released_by == "operator:op1"
+    assert sequences.blocked() == []
+
+
+def test_sequence__skip_lets_a_failed_job_go_on_by_itself():
+    a = _ask(SKIP_KIND, "s-a", "skip", boom=True)
+    b = _ask(SKIP_KIND, "s-b", "skip")
+    done = Job.objects.filter(pk=b.pk, state=Job.State.SUCCEEDED)
+    assert Workers().run_for(30, until=done.exists) == [a.pk, b.pk]
+    assert Job.objects.get(pk=a.pk).state == Job.State.DEAD
+
+
+def test_sequence__concurrent_requests_of_one_key_keep_request_order():
+    """Three threads ask for jobs of one key at once: each job's id (its place) is handed
+    out under the key's lock, so the first job is the head and the others are held."""
+    barrier = threading.Barrier(3)
+
+    def ask(n: int) -> None:
+        try:
+            barrier.wait(10)
+            for i in range(5):
+                _ask(KIND, f"c-{n}-{i}", "concurrent")
+        finally:
+            connections["default"].close()
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    rows = list(Job.objects.filter(sequence_key="concurrent").order_by("pk"))
+    assert len(rows) == 15
+    assert [r.held_by for r in rows] == [""] + [SEQUENCE_HELD] * 14
+
+
+def test_release_heads__reads_one_row_per_blocked_key_not_its_backlog():
+    from jobs.executors import pgclaim
+
+    head = _ask(KIND, "b-0", "busy")
+    Job.objects.filter(pk=head.pk).update(
+        state=Job.State.RUNNING, lease_owner="w", attempts=1, lease_expires_at=Now()
+    )
+    for i in range(1, 400):
+        _ask(KIND, f"b-{i}", "busy")
+    _ask(KIND, "z-0", "zeta")
+    with connections["default"].cursor() as cursor:
+        cursor.execute("ANALYZE jobs_job")
+    scans = scans_of(pgclaim._heads_statement(), [])
+    assert scans and max(rows for _, _, rows in scans) <= 2, scans
+    with pytest.raises(ValueError, match="sequenced"):
+        jobs.request_many([{"kind": KIND, "subject": ("seq", "many"), "params": {"key": "m"}}])
+
+
+def test_sequence__the_kinds_options_are_checked():
+    with pytest.raises(ValueError, match="on_failure"):
+        register_kind("test.seq.bad", _work, sequence=_key, on_failure="retry")
+    with pytest.raises(ValueError, match="debounced"):
+        register_kind("test.seq.bad", _work, sequence=_key, debounce=1)
+    with pytest.raises(ValueError, match="non-empty"):
+        jobs.request(KIND, ("seq", "empty"), params={"key": ""})
+    assert "test.seq.bad" not in kinds()
+
+
+def test_claim__without_sequences_a_claim_that_finds_a_job_sends_one_statement():
+    """The plain claim's cost: one statement when it finds a job (the statement has no
+    sequence in it); finding none, one more, the heads' look (an index probe)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobs.executors import pgclaim
+
+    sql, _ = pgclaim.next_statement("default", "w1", lease=30.0, bound=4)
+    assert "sequence" not in sql
+    jobs.request("test.steps", ("seq", "plain"), params={"stages": 0})
+    with CaptureQueriesContext(connection) as found:
+        assert pgclaim.claim_next("default", "w1", lease=30.0, bound=4).won
+    with CaptureQueriesContext(connection) as empty:
+        assert pgclaim.claim_next("default", "w1", lease=30.0, bound=4) is None
+    assert (len(found), len(empty)) == (1, 2), [q["sql"][:60] for q in empty]
