@@ -183,21 +183,27 @@ def claim_next(queue: str, worker: str, *, lease: float, bound: int) -> Claim | 
 
 
 @functools.cache
-def _heads_statement() -> str:
+def _heads_statement(*, one_key: bool = False) -> str:
+    """Release the heads that may start: every blocked key's (one index probe per key, a
+    skip scan), or ``one_key``'s alone (its key the statement's one parameter)."""
     job_t, effect_t = _q(Job._meta.db_table), _q(Effect._meta.db_table)
     # Literals, so the held index's predicate (migration 0032) is provably implied.
     held = f"j.held_by = '{SEQUENCE_HELD}' AND j.state = '{Job.State.QUEUED}'"
     passes = rules.literal_sql(rules.SEQUENCE_PASSES, Job, alias="p", quote=_q)
     unsettled = rules.literal_sql(rules.EFFECT_UNSETTLED, Effect, alias="e", quote=_q)
-    return _compact(
-        f"""WITH RECURSIVE keys AS (
+    if one_key:
+        keys = "keys AS (SELECT %s::varchar AS k)"
+    else:
+        keys = f"""RECURSIVE keys AS (
             (SELECT j.sequence_key AS k FROM {job_t} j WHERE {held}
              ORDER BY j.sequence_key LIMIT 1)
             UNION ALL
             SELECT (SELECT j.sequence_key FROM {job_t} j WHERE {held} AND j.sequence_key > w.k
                     ORDER BY j.sequence_key LIMIT 1)
             FROM keys w WHERE w.k IS NOT NULL
-        ), heads AS (
+        )"""
+    return _compact(
+        f"""WITH {keys}, heads AS (
             SELECT h.id, h.sequence_key FROM keys w CROSS JOIN LATERAL (
                 SELECT j.id, j.sequence_key FROM {job_t} j WHERE {held} AND j.sequence_key = w.k
                 ORDER BY j.id LIMIT 1) h
@@ -214,14 +220,17 @@ def _heads_statement() -> str:
     )
 
 
-def release_heads() -> int:
+def release_heads(key: str | None = None) -> int:
     """Release to the claim every sequence's head whose job before it passed (ended, not
-    a failure that holds, no effect unsettled: ``rules.SEQUENCE_PASSES``), in one
-    statement: one probe of the held index per key with a held job, one for the job
-    before its head (``sequences.sweep`` is the ORM's). Wakes their queues; returns how
-    many."""
+    a failure that holds, no effect unsettled: ``rules.SEQUENCE_PASSES``), or ``key``'s
+    alone, in one statement: one probe of the held index per key with a held job, one
+    for the job before its head (``sequences.sweep`` and ``sequences.advance`` are the
+    ORM's). Wakes their queues; returns how many."""
     with _cursor() as cursor:
-        cursor.execute(_heads_statement())
+        if key is None:
+            cursor.execute(_heads_statement())
+        else:
+            cursor.execute(_heads_statement(one_key=True), [key])
         rows = cursor.fetchall()
     for job_id, kind, _queue in rows:
         log.info("job=%s kind=%s arrow=sequence_head", job_id, kind)
