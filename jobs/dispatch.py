@@ -5,7 +5,8 @@ Due jobs, retries, expired leases and due effect releases are not its work: they
 times on their rows, claimed by the clusters (``jobs.claiming``) in due order. What is left
 here is what no row makes due by itself: the next tick of each periodic kind (one job per
 tick, ``jobs.schedules``), the joins of groups whose children ended outside an arrow,
-with ``JOBS_RETENTION_DAYS`` set the hourly prune of old history (``jobs.retention``), and
+with ``JOBS_RETENTION_DAYS`` set the hourly prune of old history (``jobs.retention``), with
+``JOBS_ARCHIVE_AFTER_DAYS`` set the archive of long-finished jobs (``jobs.archive``), and
 a look at the database's timeline: a failover is reconciled once (``jobs.reconcile``).
 
 Run by ``manage.py jobs_worker``'s cluster (a django-q2 schedule, every minute) and,
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import logging
 
-from jobs import retention, schedules
+from jobs import archive, retention, schedules
 from jobs.engine import groups
 from jobs.reconcile import timeline
 
@@ -29,6 +30,7 @@ def dispatch_once() -> dict[str, int]:
     done = {"ticks": sum(handle.created for handle in schedules.fire_due())}
     done["group_ends"] = groups.sweep()
     done["pruned"] = retention.prune_when_due()
+    done["archived"] = archive.archive_when_due()
     timeline.watch()  # issue 47: a promotion (new timeline) is reconciled once (jobs.reconcile)
     if any(done.values()):
         log.info("dispatch %s", " ".join(f"{k}={v}" for k, v in done.items()))
