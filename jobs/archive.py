@@ -28,14 +28,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.core.checks import Error
-from django.db import connection, transaction
+from django.db import connection, router, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from jobs import conf, retention
 from jobs.archived import ArchivedJob
 from jobs.jobgroups import JobGroup
-from jobs.models import Artifact, Effect, EffectEvent, Job, Notice
+from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, JobEvent, JobStep, Notice
 
 BATCH = 1000  # jobs a transaction
 ROUND_BATCHES = 10  # batches one maintenance round archives at most
@@ -169,11 +169,28 @@ def _archive_batch(cutoff, size: int) -> tuple[int, int, int]:
         ArchivedJob.objects.bulk_create(
             [_record(job, files.get(job.pk), by_job[job.pk]) for job in keep]
         )
-        EffectEvent.objects.filter(effect__job_id__in=ids).delete()
-        Effect.objects.filter(job_id__in=ids).delete()
-        Artifact.objects.filter(job_id__in=ids).delete()
-        Job.objects.filter(pk__in=ids).delete()  # attempts, steps and events cascade
+        _delete_rows(ids)
         return len(keep), sum(len(e) for e in by_job.values()), len(jobs)
+
+
+def _delete_rows(ids: list[int]) -> None:
+    """Delete the jobs' rows, children first, each table in one statement.
+
+    Django's cascading delete would load every row of the batch first to find what else
+    points at it (two fifths of a batch's time in a profile); what points at these rows
+    is known here, and the database's foreign keys still refuse a commit that would
+    leave a row pointing at nothing (a notice born meanwhile, say)."""
+    using = router.db_for_write(Job)
+    effects = Effect.objects.filter(job_id__in=ids)
+    EffectEvent.objects.filter(effect_id__in=effects.values("pk"))._raw_delete(using)
+    effects._raw_delete(using)
+    for model in (Artifact, Attempt, JobEvent, JobStep):
+        model.objects.filter(job_id__in=ids)._raw_delete(using)
+    # What Django's SET_NULL would do: a finished follow-up or a group forgets its parent.
+    Job.objects.filter(parent_id__in=ids).update(parent=None)
+    JobGroup.objects.filter(parent_id__in=ids).update(parent=None)
+    JobGroup.objects.filter(join_id__in=ids).update(join=None)
+    Job.objects.filter(pk__in=ids)._raw_delete(using)
 
 
 def _locked_effects(ids: list[int]) -> list[Effect]:

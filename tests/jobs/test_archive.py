@@ -274,3 +274,15 @@ def test_archive__two_concurrent_passes_archive_each_job_once():
     assert not errors, errors
     assert sum(counts) == len(finished) == ArchivedJob.objects.count()
     assert not Job.objects.exists() and not Effect.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_archive__a_finished_follow_up_forgets_its_archived_parent():
+    """What points at an archived job is let go in the same transaction, and the commit
+    (where the database checks its foreign keys) goes through."""
+    parent = _finished(subject=1)
+    child = _finished(subject=2, days_ago=1)  # recent: stays
+    Job.objects.filter(pk=child.pk).update(parent=parent)
+    assert archive.archive(older_than_days=WINDOW).jobs == 1
+    child.refresh_from_db()
+    assert child.parent_id is None and not Job.objects.filter(pk=parent.pk).exists()
