@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.core.checks import Error
+from django.core.checks import Error, Warning
 from django.db import connection, router, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
@@ -61,10 +61,25 @@ def archive_after_days() -> float | None:
     return None if days is None else float(days)
 
 
-def check_archive_days(app_configs=None, **kwargs) -> list[Error]:
-    """``JOBS_ARCHIVE_AFTER_DAYS`` is outside the redelivery safety window, or unset."""
+def check_archive_days(app_configs=None, **kwargs) -> list[Error | Warning]:
+    """``JOBS_ARCHIVE_AFTER_DAYS`` is outside the redelivery safety window, or unset; and
+    not past ``JOBS_RETENTION_DAYS``, whose prune would drop effects before their record
+    could keep them."""
     days = archive_after_days()
-    if days is None or days >= retention.minimum_days():
+    if days is None:
+        return []
+    pruned = conf.get("JOBS_RETENTION_DAYS")
+    if pruned is not None and float(pruned) < days:
+        return [
+            Warning(
+                f"JOBS_RETENTION_DAYS ({float(pruned):g}) is shorter than JOBS_ARCHIVE_AFTER_DAYS "
+                f"({days:g}): retention deletes settled effects before the archive keeps "
+                "their keys",
+                hint="Archive no later than retention prunes, so each effect's key is kept.",
+                id="jobs.W021",
+            )
+        ]
+    if days >= retention.minimum_days():
         return []
     return [
         Error(

@@ -30,6 +30,7 @@ runserver) stops on an Error, so a project learns what to fix before a job runs.
 | jobs.E040 | every schedule (``jobs.kind(schedule=)``, ``JOBS_SCHEDULES``) can be read |
 | jobs.E041 | ``JOBS_RETENTION_DAYS`` is outside the redelivery safety window |
 | jobs.E042 | ``JOBS_ARCHIVE_AFTER_DAYS`` is outside the redelivery safety window |
+| jobs.W021 | ``JOBS_RETENTION_DAYS`` is at least ``JOBS_ARCHIVE_AFTER_DAYS`` (when both are set) |
 
 Checks of one part live in that part's module (the storage's in ``jobs.artifacts``, the
 broker's in ``jobs.queue``, the e-mail provider's in ``jobs.providers.email``, the

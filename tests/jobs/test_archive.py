@@ -29,7 +29,7 @@ from jobs.models import (
     JobStep,
     Notice,
 )
-from jobs.reconcile import evidence
+from jobs.reconcile import evidence, outside
 from jobs.tasks import release_effect, run_job
 from tests.jobs.helpers import new_job
 
@@ -145,6 +145,14 @@ def test_check_archive_days__names_the_setting(settings):
     assert archive.check_archive_days() == []
 
 
+def test_check_archive_days__warns_when_retention_prunes_effects_first(settings):
+    settings.JOBS_ARCHIVE_AFTER_DAYS = 60
+    settings.JOBS_RETENTION_DAYS = 30
+    assert [e.id for e in archive.check_archive_days()] == ["jobs.W021"]
+    settings.JOBS_RETENTION_DAYS = 90
+    assert archive.check_archive_days() == []
+
+
 @pytest.mark.django_db
 def test_request__an_archived_identity_returns_the_same_job_without_a_row_or_message():
     job = _finished(effects=("applied",))
@@ -213,6 +221,15 @@ def test_archived_effect__is_found_by_its_effect_id():
     effect_id = f"{job.uid}:1:hook:0"
     assert archive.archived_effect(effect_id) == (f"key-{effect_id}", "applied")
     assert archive.archived_effect(f"{job.uid}:1:hook:9") is None
+
+
+@pytest.mark.django_db
+def test_reconcile__a_provider_key_of_an_archived_effect_is_not_unknown():
+    job = _finished(effects=("applied",))
+    archive.archive(older_than_days=WINDOW)
+    effect_id = f"{job.uid}:1:hook:0"
+    found = outside.unknown_keys([(f"key-{effect_id}", effect_id), ("key-other", effect_id)])
+    assert [u.idempotency_key for u in found] == ["key-other"], "a key the record lacks only"
 
 
 @pytest.mark.django_db
