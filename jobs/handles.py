@@ -66,6 +66,7 @@ class JobHandle:
 
     @property
     def finished_at(self) -> datetime | None:
+        """When the job reached its final state (None while it has not)."""
         return self.job.finished_at
 
     def __repr__(self) -> str:
@@ -102,8 +103,8 @@ class JobHandle:
             record = archive.find(
                 self.job.kind, self.job.subject_type, self.job.subject_id, self.job.output_revision
             )
-            if record is None or record.job_id != self.job.pk:
-                raise
+            if record is None or record.uid != self.job.uid:
+                raise  # not archived: deleted another way
             self.job = archive.stand_in(record)  # archived since this handle was made
         return self
 
