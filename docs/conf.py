@@ -56,7 +56,7 @@ nitpick_ignore_regex = [
     # name; the models are described in the prose, not as API.
     (r"py:class", r"(Job|Attempt|Artifact|Effect|EffectEvent|Notice|Handler|StageHook|JobKind)"),
     # Type variables of the public API (a handler's own type, a kind's declared result).
-    (r"py:class", r"jobs\.api\.(H|R)"),
+    (r"py:class", r"jobs\.(api|handles)\.(H|R)"),
 ]
 suppress_warnings = ["myst.header"]
 # Quotes in settings, messages and hints are code: keep them straight.

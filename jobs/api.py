@@ -14,8 +14,6 @@ existing job will not run with them. A new output needs a new revision.
 from __future__ import annotations
 
 import json
-import time
-import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -26,11 +24,11 @@ from django.db import IntegrityError, models, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from jobs import conf, failures, registry, sequences, telemetry
+from jobs import archive, conf, registry, sequences, telemetry
 from jobs import debounce as debouncing
-from jobs.engine import job_machine
 from jobs.exceptions import JobConflict, JobError, PayloadInvalid
-from jobs.models import Artifact, Effect, Job
+from jobs.handles import JobFailure, JobHandle, JobProgress, cancel  # noqa: F401 (re-exported)
+from jobs.models import Effect, Job
 from jobs.queue import enqueue_jobs
 
 if TYPE_CHECKING:
@@ -42,9 +40,6 @@ if TYPE_CHECKING:
 # dataclass or TypedDict: docs/app/kinds.md, typed results), hence ``object``.
 Handler = Callable[["JobContext"], object] | Callable[["AsyncJobContext"], Awaitable[object]]
 H = TypeVar("H", bound=Handler)  # the decorated handler, returned with its own type
-
-
-R = TypeVar("R")  # a kind's declared result (JobHandle.result_as)
 
 
 def kind(
@@ -204,18 +199,51 @@ def _obtain(
             raise ValueError(f"{kind} is debounced: its jobs are in no sequence")
         return _debounced(job_kind, identity, stored, run_after, defaults)
     defaults.update(params=stored, next_attempt_at=Now() if run_after is None else run_after)
-    if key:  # docs/app/sequences.md: held until it is its key's head and may start
-        job, created = sequences.obtain(identity, defaults, key=key, skip=job_kind.sequence_skip)
-    else:
+    try:
         with transaction.atomic():
-            job, created = Job.objects.get_or_create(**identity, defaults=defaults)
+            if key:  # docs/app/sequences.md: held until it is its key's head and may start
+                job, created = sequences.obtain(
+                    identity, defaults, key=key, skip=job_kind.sequence_skip
+                )
+            else:
+                job, created = Job.objects.get_or_create(**identity, defaults=defaults)
             if created:
+                _refuse_if_archived(identity)
+            if created and not key:
                 enqueue_jobs([job], due_now=run_after is None)
                 if run_after is None:
-                    job.refresh_from_db(fields=["next_attempt_at"])  # Now() as the server wrote it
+                    # Now() as the server wrote it
+                    job.refresh_from_db(fields=["next_attempt_at"])
+    except _WasArchived as found:
+        # The row made above was rolled back: an archived job is never made again.
+        return archive.stand_in(found.record), False
     if not created and job.params != stored:
         raise JobConflict.of(job, stored)
     return job, created
+
+
+class _WasArchived(Exception):
+    """Raised inside a request's transaction to roll back a row whose identity was archived."""
+
+    def __init__(self, record):
+        super().__init__(record.job_id)
+        self.record = record
+
+
+def _refuse_if_archived(identity: dict) -> None:
+    """Raise ``_WasArchived`` when the identity a new row was just made for was archived.
+
+    Read after the INSERT, in its transaction: on PostgreSQL an archive pass deleting the
+    old row makes the INSERT wait on the unique index until it commits, so this read sees
+    its record; SQLite serializes writers. One query, on creation only (issue 46)."""
+    record = archive.find(
+        identity["kind"],
+        identity["subject_type"],
+        identity["subject_id"],
+        identity["output_revision"],
+    )
+    if record is not None:
+        raise _WasArchived(record)
 
 
 def _debounced(
@@ -225,155 +253,18 @@ def _debounced(
     that opened a window; a closed job of this identity with other params conflicts."""
     if run_after is not None:
         raise ValueError(f"{job_kind.name} is debounced: its jobs are due when their window ends")
+    record = archive.find(
+        identity["kind"],
+        identity["subject_type"],
+        identity["subject_id"],
+        identity["output_revision"],
+    )
+    if record is not None:
+        return archive.stand_in(record), False
     job, landed = debouncing.obtain(job_kind, identity, stored, defaults)
     if landed == "existing" and job.params != stored:
         raise JobConflict.of(job, stored)
     return job, landed == "created"
-
-
-@dataclass(frozen=True)
-class JobFailure:
-    """Why a job failed or is retrying: the retry class, a code and a readable detail, and
-    for a handler's exception the exception as Python prints it and its traceback (class
-    and frames only, no message, when the kind sets ``redact_errors``)."""
-
-    error_class: str
-    code: str
-    detail: str
-    exception: str = ""  # ``KeyError: 'pool'``
-    traceback: str = ""
-
-
-@dataclass(frozen=True)
-class JobProgress:
-    """What the handler last said of its progress (``ctx.progress``), and when (server clock)."""
-
-    done: int
-    total: int | None
-    note: str
-    at: datetime
-
-    @property
-    def fraction(self) -> float | None:
-        """``done / total`` (at most 1), or None without a total."""
-        if not self.total:
-            return None
-        return min(1.0, self.done / self.total)
-
-
-class JobHandle:
-    """A job to follow: ``id``, ``state``, ``refresh()``, ``is_finished``, ``artifact``, ..."""
-
-    def __init__(self, job: Job, *, created: bool = False):
-        self.job = job
-        self.created = created
-
-    def __repr__(self) -> str:
-        return f"<JobHandle {self.job.pk} {self.job.kind} {self.job.state}>"
-
-    @property
-    def id(self) -> int:
-        return self.job.pk
-
-    @property
-    def state(self) -> str:
-        return self.job.state
-
-    @property
-    def is_finished(self) -> bool:
-        """Succeeded, failed, dead or cancelled: nothing more will happen on its own."""
-        return self.job.is_terminal
-
-    def cancel(self, *, actor: str = "") -> str:
-        """Cancel this job (``jobs.cancel``); the handle is refreshed."""
-        outcome = cancel(self.id, actor=actor)
-        self.refresh()
-        return outcome
-
-    def refresh(self) -> JobHandle:
-        """Read the job's current state from the database."""
-        self.job.refresh_from_db()
-        return self
-
-    def wait(self, timeout: float = 60.0, *, interval: float = 0.2) -> JobHandle:
-        """Poll until the job is finished (for scripts and tests; never in a web request)."""
-        deadline = time.monotonic() + timeout
-        while not self.refresh().is_finished:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"job {self.id} still {self.state} after {timeout:g} s")
-            time.sleep(interval)
-        return self
-
-    @property
-    def artifact(self) -> Artifact | None:
-        """The job's one artifact (stable key, sha256), once stored."""
-        return self.job.artifacts.order_by("id").first()
-
-    @property
-    def effects(self) -> list[Effect]:
-        """The job's ledger rows: one per effect identity, in the order they were recorded."""
-        return list(self.job.effects.order_by("id"))
-
-    @property
-    def result(self) -> Any:
-        """The job's ``jobs.result`` value (read now), or None if it returned none; a kind
-        whose handler is annotated ``-> SomeDataclass`` gets that dataclass back."""
-        value = Job.objects.values_list("result", flat=True).get(pk=self.job.pk)
-        return registry.load_result(self.job.kind, value)
-
-    def result_as(self, result_type: type[R]) -> R | None:
-        """``result`` typed for a type checker: the kind's declared dataclass or TypedDict
-        (``-> Totals``), or None before it has one; TypeError when it is not one."""
-        value = self.result
-        if value is None:
-            return None
-        expected = dict if typing.is_typeddict(result_type) else result_type
-        if not isinstance(value, expected):
-            raise TypeError(
-                f"job {self.id}'s result is a {type(value).__name__}, not a {result_type.__name__}"
-            )
-        return typing.cast(R, value)
-
-    @property
-    def follow_ups(self) -> list[Job]:
-        """The jobs its publish requested (``jobs.then``, group children, joins), in order."""
-        return list(Job.objects.filter(parent=self.job).order_by("pk"))
-
-    @property
-    def progress(self) -> JobProgress | None:
-        """The progress last written by the job's handler (read now), or None if it never
-        reported any. The next attempt of a retried job overwrites it when it reports."""
-        row = (
-            Job.objects.filter(pk=self.id)
-            .values("progress_done", "progress_total", "progress_note", "progress_at")
-            .first()
-        )
-        if row is None or row["progress_at"] is None:
-            return None
-        for name, value in row.items():
-            setattr(self.job, name, value)
-        return JobProgress(
-            done=row["progress_done"] or 0,
-            total=row["progress_total"],
-            note=row["progress_note"],
-            at=row["progress_at"],
-        )
-
-    @property
-    def error(self) -> JobFailure | None:
-        """The last failure (class, code, detail), or None when there was none."""
-        if not self.job.last_error_class and not self.job.last_error_code:
-            return None
-        job = self.job
-        return JobFailure(
-            job.last_error_class,
-            job.last_error_code,
-            job.last_error_detail,
-            failures.headline(job.last_error_type, job.last_error_message)
-            if job.last_error_type
-            else "",
-            job.last_error_traceback,
-        )
 
 
 @telemetry.traced_request
@@ -504,23 +395,31 @@ def _obtain_batch(batch: list[_Asked]) -> list[JobHandle]:
                 f"{kind} {subject_type}:{subject_id} revision {revision} is asked for twice "
                 "with different params in one request_many"
             )
+    archived: dict[tuple, Job] = {}  # identities archived (issue 46): their stand-ins
     for _ in range(3):
         existing = _existing(list(first))
         for key, job in existing.items():
             if job.params != first[key].params:
                 raise JobConflict.of(job, first[key].params)
-        missing = [asked for key, asked in first.items() if key not in existing]
+        missing = [a for key, a in first.items() if key not in existing and key not in archived]
         if not missing:
             created = []
             break
         try:
             with transaction.atomic():
                 created = Job.objects.bulk_create([_new_row(asked) for asked in missing])
+                found = archive.find_many([asked.key for asked in missing])  # as _obtain's
+                if found:
+                    archived.update(
+                        {key: archive.stand_in(record) for key, record in found.items()}
+                    )
+                    raise IntegrityError("archived identities: the batch is asked for again")
             break
         except IntegrityError:
             continue  # another request created some of them meanwhile: read the batch again
     else:
         raise JobError("request_many: the batch kept meeting concurrent requests; ask again")
+    existing.update(archived)
     if created:
         pairs = list(zip(created, missing, strict=True))
         enqueue_jobs([job for job, asked in pairs if asked.run_after is None])
@@ -529,7 +428,10 @@ def _obtain_batch(batch: list[_Asked]) -> list[JobHandle]:
         existing.update({_identity(job): job for job in fresh.values()})
     new = {job.pk for job in created}
     return [
-        JobHandle(job, created=job.pk in new and first[asked.key] is asked)
+        JobHandle(
+            job,
+            created=job.pk in new and first[asked.key] is asked and not hasattr(job, "archived"),
+        )
         for asked in batch
         for job in [existing[asked.key]]
     ]
@@ -562,27 +464,3 @@ def _new_row(asked: _Asked) -> Job:
         updated_at=now,
         **asked.fields,
     )
-
-
-def cancel(job_id: int, *, actor: str = "") -> str:
-    """Cancel a job; returns what happened, in words an operator reads.
-
-    ``cancelled``: it had not started. ``requested``: it is running; its handler stops at
-    its next ``check_owner()``/``heartbeat()`` (or reads ``ctx.cancelled``) and the job
-    ends ``cancelled``. A handler that never looks still cannot publish: the request
-    moved the version its publish is fenced on. ``already_finished``: it had ended
-    (effects already applied are never undone); ``follow_ups_cancelled``: it had ended
-    and requested follow-up jobs, and those not running were cancelled (with theirs; a
-    running one finishes, docs/app/chains.md); ``missing``: no such job.
-    """
-    job = Job.objects.filter(pk=job_id).first()
-    if job is None:
-        return "missing"
-    if not job.is_terminal and job_machine.cancel(job, actor=actor or "api"):
-        return "cancelled" if job.state == Job.State.CANCELLED else "requested"
-    job.refresh_from_db()
-    if job.is_terminal:
-        if job_machine.cancel_follow_ups(job, actor=actor or "api"):
-            return "follow_ups_cancelled"
-        return "already_finished"
-    return "requested"  # asked for already (by this call's race or an earlier one)

@@ -29,6 +29,8 @@ runserver) stops on an Error, so a project learns what to fix before a job runs.
 | jobs.W016 | the metrics URL is routed but ``prometheus_client`` (``[metrics]``) is missing |
 | jobs.E040 | every schedule (``jobs.kind(schedule=)``, ``JOBS_SCHEDULES``) can be read |
 | jobs.E041 | ``JOBS_RETENTION_DAYS`` is outside the redelivery safety window |
+| jobs.E042 | ``JOBS_ARCHIVE_AFTER_DAYS`` is outside the redelivery safety window |
+| jobs.W021 | ``JOBS_RETENTION_DAYS`` is at least ``JOBS_ARCHIVE_AFTER_DAYS`` (when both are set) |
 
 Checks of one part live in that part's module (the storage's in ``jobs.artifacts``, the
 broker's in ``jobs.queue``, the e-mail provider's in ``jobs.providers.email``, the
@@ -50,7 +52,7 @@ from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError, connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from jobs import artifacts, conf, executors, queue, registry, retention, schedules
+from jobs import archive, artifacts, conf, executors, queue, registry, retention, schedules
 from jobs.providers import email
 
 
@@ -590,6 +592,7 @@ register()(artifacts.check_exclusive_create)
 register()(queue.check_django_q)
 register()(queue.check_broker)
 register()(retention.check_retention_days)
+register()(archive.check_archive_days)
 register()(email.check_email_timing)
 register()(schedules.check_schedules)
 register(Tags.database)(executors.check_hot_path)

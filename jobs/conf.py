@@ -107,6 +107,14 @@ SETTINGS: tuple[Setting, ...] = (
         "check jobs.E041). Orphan files stay for jobs_prune: jobs_reconcile reads them first.",
     ),
     Setting(
+        "JOBS_ARCHIVE_AFTER_DAYS",
+        None,
+        "jobs_worker's maintenance round archives jobs finished more than this many days "
+        "ago whose effects are all settled: their rows go, a compact identity record stays, "
+        "so asking for them again returns the same job (None: never; manage.py jobs_prune "
+        "--archive does it on demand; at least JOBS_PRUNE_MIN_DAYS, check jobs.E042).",
+    ),
+    Setting(
         "JOBS_ORPHAN_GRACE_SECONDS",
         3600.0,
         "manage.py jobs_prune deletes artifact files named by no row only once they are "

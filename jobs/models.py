@@ -590,6 +590,8 @@ class FlowRuleChange(models.Model):
 
 # The maintenance round's own bookkeeping lives beside (Django registers models a models
 # module imports): ScheduleState (jobs.schedules), ReconcileMark (jobs.reconcile),
-# TenantShare (jobs.fairness); so do a group's rows (JobGroup, jobs.jobgroups).
+# TenantShare (jobs.fairness); so do a group's rows (JobGroup, jobs.jobgroups) and an archived
+# job's identity record (ArchivedJob, jobs.archived).
+from jobs.archived import ArchivedJob  # noqa: E402, F401
 from jobs.jobgroups import JobGroup  # noqa: E402, F401
 from jobs.marks import ReconcileMark, ScheduleState, TenantShare  # noqa: E402, F401

@@ -4,8 +4,9 @@ Pruning an effect's identity forgets that the outcome happened; if anything
 could still ask for it again, the ledger could no longer say "already done".
 So only effects in a final state, of finished jobs, older than a window far
 longer than any redelivery (django-q2 ``retry``, leases, the dispatcher's
-re-drives) are removed. Job rows are kept: they are what makes a second
-request for the same output return the same job.
+re-drives) are removed. Job rows are kept here: they are what makes a second
+request for the same output return the same job, until the archive pass
+(``jobs.archive``, ``JOBS_ARCHIVE_AFTER_DAYS``) replaces them by identity records.
 
 Artifact files named by no row (orphans: a late writer's bytes, a crashed
 worker's file of a job that later published other bytes, a torn temporary file)
@@ -29,8 +30,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs import artifacts, conf, identity, manifests
-from jobs.models import Artifact, Attempt, Effect, Job
+from jobs import archived, artifacts, conf, identity, manifests
+from jobs.models import ArchivedJob, Artifact, Attempt, Effect, Job
 
 
 def minimum_days() -> float:
@@ -129,6 +130,8 @@ def orphans(*, older_than_seconds: float | None = None) -> list[str]:
         for name in _walk(storage, artifacts.FOLDER)
         if name not in named and not manifests.is_manifest(name)  # identities: not orphans
     ]
+    kept = archived.kept_names(candidates)  # an archived job's file: its record names it
+    candidates = [name for name in candidates if name not in kept]
     live = _live_keys(candidates)
     cutoff = None
     if older_than_seconds is not None:
@@ -205,6 +208,8 @@ def _delete_if_orphan(storage, name: str) -> bool:
                 return False  # live again: its next delivery may publish this very file
         if Artifact.objects.filter(storage_name=name).exists():
             return False  # a row written since the listing keeps its file
+        if ArchivedJob.objects.filter(artifact_name=name).exists():
+            return False  # archived since the listing: its record names the file
         storage.delete(name)
     return True
 
@@ -227,6 +232,7 @@ def prune_manifests(*, dry_run: bool = False) -> int:
         Q(pk__in=ids, keys_from_id=True) | Q(uid__in=uids)
     )
     done = {identity.job_key(job) for job in finished.only("pk", "uid", "keys_from_id")}
+    done |= archived.known_tokens(tokens)  # archived: finished, and not lost
     count = 0
     for name in names:
         if _key_token(name) not in done:

@@ -455,6 +455,8 @@ class PermitRequestAdmin(PrivateFieldsGuard, GuardedModelAdmin):
         text = f"job {job.pk}, revision {job.output_revision}: {job.get_state_display()}"
         if artifact is not None:
             text += f" — {artifact.size} bytes, sha256 {artifact.sha256[:12]}…"
+        if getattr(job, "archived", False):
+            return text + " (archived: its history is no longer kept)"  # no job page to link
         if not getattr(obj, "_viewer_sees_jobs", False):
             return text
         return format_html(

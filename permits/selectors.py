@@ -6,6 +6,7 @@ from django.db.models import Exists, OuterRef
 from django.http import Http404
 from guardian.shortcuts import get_objects_for_user
 
+from jobs import archive
 from jobs.models import Artifact, Attempt, Job, JobEvent, Notice
 from permits import reports
 from permits.models import REVIEW_PERM, PermitRequest, ReviewDecision
@@ -60,13 +61,19 @@ def request_for(user, pk: int) -> PermitRequest:
 
 
 def report_job(permit: PermitRequest, revision: int | None = None) -> Job | None:
-    """The one report job for the request's current (or given) revision."""
-    return Job.objects.filter(
+    """The one report job for the request's current (or given) revision; an archived one's
+    read-only stand-in (``job.archived``) when its rows were archived (``jobs.archive``)."""
+    revision = permit.output_revision if revision is None else revision
+    job = Job.objects.filter(
         kind=reports.KIND,
         subject_type=reports.SUBJECT_TYPE,
         subject_id=str(permit.pk),
-        output_revision=permit.output_revision if revision is None else revision,
+        output_revision=revision,
     ).first()
+    if job is not None:
+        return job
+    record = archive.find(reports.KIND, reports.SUBJECT_TYPE, str(permit.pk), revision)
+    return None if record is None else archive.stand_in(record)
 
 
 def report_jobs_by_permit(permits) -> dict[int, Job]:
@@ -85,6 +92,8 @@ def report_jobs_by_permit(permits) -> dict[int, Job]:
 def artifact_of(job: Job | None) -> Artifact | None:
     if job is None or job.state != Job.State.SUCCEEDED:
         return None
+    if getattr(job, "archived", False):  # its record names the kept file
+        return archive.stand_in_artifact(job.archived_record)
     return Artifact.objects.filter(job=job).first()
 
 

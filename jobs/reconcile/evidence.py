@@ -16,7 +16,7 @@ from datetime import datetime
 
 from django.db.models import Q
 
-from jobs import artifacts, identity, manifests, retention
+from jobs import archived, artifacts, identity, manifests, retention
 from jobs.manifests import Manifest
 from jobs.models import Effect, Job
 
@@ -128,6 +128,7 @@ def known_tokens(tokens: set[str]) -> set[str]:
     for chunk in _chunked(tokens):
         rows = _jobs_of(chunk).only("pk", "uid", "keys_from_id")
         known.update(identity.job_key(job) for job in rows)
+        known |= archived.known_tokens(chunk)  # archived: its files are kept, it is not lost
     return known
 
 

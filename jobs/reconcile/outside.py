@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from jobs import registry
+from jobs import archive, registry
 from jobs.exceptions import ProviderError, ProviderNotConfigured
 from jobs.models import Effect
 
@@ -57,6 +57,8 @@ def unknown_keys(
     for key, effect_id in accepted:
         if key in known or key in seen:
             continue
+        if effect_id and (archive.archived_effect(effect_id) or ("",))[0] == key:
+            continue  # an archived job's effect: its record keeps the key (issue 46)
         seen.add(key)
         job = effect_id.split(":", 1)[0] if effect_id else ""
         out.append(UnknownKey(key, effect_id, job, provider, (refs or {}).get(key, "")))

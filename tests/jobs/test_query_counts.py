@@ -57,12 +57,13 @@ def trace(fn):
 #   SAVEPOINT                                      -- get_or_create's create
 #   INSERT jobs_job
 #   RELEASE SAVEPOINT
+#   SELECT jobs_archivedjob by the identity        -- issue 46: archived? then roll back
 #   NOTIFY the queue's channel                     -- PostgreSQL: the jobs table is the queue
 #                                                   (no django_q_ormq row; SQLite: nothing,
 #                                                   an idle cluster polls)
 #   SELECT next_attempt_at                         -- written by the server's clock (issue 10)
 #   COMMIT
-REQUEST_JOB = {"postgresql": (8, 1), "sqlite": (7, 1)}
+REQUEST_JOB = {"postgresql": (9, 1), "sqlite": (8, 1)}
 
 # One test.steps job (no private read) with one in-app recipient through a worker.
 # PostgreSQL, 4 round trips, 2 commits:
