@@ -94,9 +94,11 @@ def loosened(scope: str, before: Limits, rule: FlowRule) -> bool:
     rate, period, bound = before
     if rate and (not rule.rate or rule.period_seconds / rule.rate < period / rate):
         return True
-    if bound is None and scope.startswith(rules.FLOW_TENANT_PREFIX):
-        bound = conf.tenant_concurrency()
-    return bound is not None and (rule.concurrency is None or rule.concurrency > bound)
+    now = rule.concurrency
+    if scope.startswith(rules.FLOW_TENANT_PREFIX):  # no bound of its own: the setting's
+        bound = conf.tenant_concurrency() if bound is None else bound
+        now = conf.tenant_concurrency() if now is None else now
+    return bound is not None and (now is None or now > bound)
 
 
 def after_change(scope: str, before: Limits, rule: FlowRule) -> int:
