@@ -25,11 +25,11 @@ a weight holds nothing back, so alone a tenant may use every slot (work-conservi
 The order and the charge matter only while two tenants wait: with fewer, the fair order
 is the plain claim's (a lone tenant's turn is its best job by effective priority), so the
 claim probes the queue for a second waiting tenant first (two index probes) and, without
-one, takes the plain claim's pick and charges nothing, unless the tenant's finish tag lags
-the virtual time (then it is charged until it has caught up: it meets the next contention
-at ``V`` or above, as it would have, charged all along). ``V`` therefore moves only while
-tenants contend: a tenant back from idle saved credit (at most ``LAG``) from contended
-claims only.
+one, takes the plain claim's pick and charges nothing, unless the tenant has no row yet
+or its finish tag lags the virtual time (then it is charged until it has caught up: it
+meets the next contention above ``V``, as it would have, charged all along). ``V``
+therefore moves only while tenants contend: a tenant back from idle saved credit (at most
+``LAG``) from contended claims only.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
-from django.db.models import F, Max, Value
+from django.db.models import Count, F, Max, Min, Q, Value
 from django.db.models.functions import Coalesce, Greatest, Now
 from django.utils import timezone
 
@@ -199,8 +199,9 @@ def charge_function_sql(version: int = 1) -> str:
     ``p_weight``, the setting); returns the new finish tag. Frozen in migration 0030.
 
     ``jobs_fair_charge_v2`` (``version=2``, frozen in migration 0033) takes whether two
-    tenants wait (``p_contended``): without, it charges only a tenant whose finish tag
-    lags the virtual time (``lagging``'s rule) and returns NULL otherwise, writing nothing."""
+    tenants wait (``p_contended``): without, it charges only a tenant without a row (its
+    first) or whose finish tag lags the virtual time (``lagging``'s rule), and returns
+    NULL otherwise, writing nothing: a tenant alone costs two index reads a claim."""
     weight = (
         f"COALESCE((SELECT f.weight FROM {_RULE} f WHERE f.scope = "
         f"'{rules.FLOW_TENANT_PREFIX}' || p_tenant AND f.weight IS NOT NULL), "
@@ -218,7 +219,7 @@ def charge_function_sql(version: int = 1) -> str:
     IF NOT p_contended THEN
         SELECT s.finish INTO v_finish FROM {_SHARE} s
         WHERE s.queue = p_queue AND s.tenant_key = p_tenant;
-        IF v_finish IS NULL OR v_finish >= v_top THEN
+        IF v_finish >= v_top THEN
             RETURN NULL;
         END IF;
     END IF;"""
@@ -252,23 +253,20 @@ def contended_sql() -> str:
     1`` each: a "any other tenant" filter lets the planner scan a lone tenant's flood).
     The order names the index's priority too: only that index yields it, so a generic
     plan cannot take ``(tenant_key, state)`` and walk a tenant's history instead.
-    Parameters: the queue, three times. ``known``: two tenants wait, or the lone one has a
-    share row (``charge_sql`` calls the charge only then).
+    Parameters: the queue, twice.
 
     Fewer than two, the fair order is the plain one (a lone tenant's turn is its best job
     by effective priority, which is the plain claim's pick): the statement then takes the
-    plain claim's candidates and neither the pick nor the charge runs."""
+    plain claim's candidates and the fair pick does not run (``charge_sql``: the charge
+    only when the lone tenant has no row yet or lags)."""
     waiting = _waiting_literal()
     end = (
         f"SELECT j.tenant_key FROM {_JOB} j WHERE j.queue = %s AND {waiting} ORDER BY {{}} LIMIT 1"
     )
-    # ``known``: alone, its tenant has a share row (else the charge has nothing to do).
     first, last = "j.tenant_key, j.priority DESC", "j.tenant_key DESC, j.priority"
     # Read three times: materialized without saying so (the statement's 4 KiB, pgclaim).
     return f"""contended AS (
-            SELECT a <> b AS many, a <> b OR EXISTS (SELECT 1 FROM {_SHARE} s
-                WHERE s.queue = %s AND s.tenant_key = a) AS known
-            FROM (SELECT ({end.format(first)}) a, ({end.format(last)}) b) e
+            SELECT ({end.format(first)}) <> ({end.format(last)}) AS many
         )"""
 
 
@@ -294,15 +292,14 @@ def picking_params(queue: str, *, aging: float, bound: int) -> list:
 
 def charge_sql() -> str:
     """The CTE charging the claimed job's tenant (``claimed``) by ``jobs_fair_charge_v2``:
-    when two tenants wait (``contended``), or when the tenant's finish tag lags the
-    queue's virtual time (``lagging``'s rule: a tenant alone catches up, so that it does
-    not come to the next contention with credit it used alone). One row per claimed row
+    when two tenants wait (``contended``), or, alone, when the tenant has no row yet or
+    its finish tag lags the queue's virtual time (``lagging``'s rule: it does not come to
+    the next contention with credit it used alone). One row per claimed row
     (NULL: not charged); the statement must read it (a CTE without writes runs only when
     read). One parameter: the setting's weight (``JOBS_TENANT_WEIGHT``)."""
     return f"""charged AS MATERIALIZED (
-            SELECT CASE WHEN (SELECT known FROM contended) THEN {CHARGE_FUNCTION_V2}(c.queue,
-                c.tenant_key, %s::float8, (SELECT many FROM contended)) END AS finish
-            FROM claimed c
+            SELECT {CHARGE_FUNCTION_V2}(c.queue, c.tenant_key, %s::float8,
+                (SELECT many FROM contended)) AS finish FROM claimed c
         )"""
 
 
@@ -335,19 +332,19 @@ def contended(queue: str) -> bool:
     """Whether jobs of at least two tenants wait in ``queue`` (``contended_sql``'s rule):
     fewer, the fair order is the plain one and nothing is charged but a lagging tenant."""
     waiting = Job.objects.filter(rules.to_q(rules.all_of(rules.WAITING, rules.NOT_HELD)))
-    keys = waiting.filter(queue=queue).values_list("tenant_key", flat=True)
-    first = keys.order_by("tenant_key").first()
-    return first is not None and keys.order_by("-tenant_key").first() != first
+    ends = waiting.filter(queue=queue).aggregate(lo=Min("tenant_key"), hi=Max("tenant_key"))
+    return ends["lo"] is not None and ends["lo"] != ends["hi"]
 
 
 def lagging(queue: str, tenant_key: str) -> bool:
-    """Whether the tenant's finish tag is below the queue's virtual time (``charge_sql``):
-    a claim it makes alone still charges it, until it has caught up."""
-    finish = TenantShare.objects.filter(queue=queue, tenant_key=tenant_key).values_list(
-        "finish", flat=True
+    """Whether a claim the tenant makes alone charges it (``jobs_fair_charge_v2``): it has
+    no share row yet, or its finish tag is below the queue's virtual time (it catches up,
+    so that the next contention finds it above ``V``, as if charged all along)."""
+    mine = Q(tenant_key=tenant_key)
+    tags = TenantShare.objects.filter(queue=queue).aggregate(
+        v=Max("start"), finish=Max("finish", filter=mine), rows=Count("pk", filter=mine)
     )
-    found = finish.first()
-    return found is not None and found < virtual_time(queue)
+    return not tags["rows"] or tags["finish"] < tags["v"]
 
 
 def _full(tenant_key: str, bound: int) -> bool:

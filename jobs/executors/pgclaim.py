@@ -110,7 +110,7 @@ def next_statement(queue: str, worker: str, *, lease: float, bound: int) -> tupl
     plain = [aging, queue, aging, queue]
     if conf.fair_share():
         picking = fairness.picking_params(queue, aging=aging, bound=bound)
-        params = [*_head(), queue, queue, queue, *plain, *picking, *start, conf.tenant_weight()]
+        params = [*_head(), queue, queue, *plain, *picking, *start, conf.tenant_weight()]
         return _fair_statement(), params
     return _next_statement(), [*_head(), *plain, *start]
 

@@ -31,7 +31,7 @@ BEGIN
     IF NOT p_contended THEN
         SELECT s.finish INTO v_finish FROM jobs_tenantshare s
         WHERE s.queue = p_queue AND s.tenant_key = p_tenant;
-        IF v_finish IS NULL OR v_finish >= v_top THEN
+        IF v_finish >= v_top THEN
             RETURN NULL;
         END IF;
     END IF;

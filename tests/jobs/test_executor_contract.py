@@ -383,10 +383,10 @@ NEXT_CLAIM_SCENARIOS = {
         4,
         ["claimed~b", "claimed~c", "claimed~a"],
     ),
-    # One tenant waiting: the plain order, and nothing charged (docs/app/fairness.md, what
-    # the fair share costs); a tenant whose finish tag lags the virtual time is charged
-    # alone until it has caught up.
-    "fair share, one tenant waiting: the plain order, no charge": (
+    # One tenant waiting: the plain order, charged once for its first row and then not
+    # (docs/app/fairness.md, what the fair share costs); a tenant whose finish tag lags
+    # the virtual time is charged alone until it has caught up.
+    "fair share, one tenant waiting: the plain order, charged only for its first row": (
         [],
         [("a", "t1", ""), ("b", "t1", "prio:10"), ("c", "t1", "aged:13")],
         4,
@@ -553,7 +553,10 @@ def test_next_claim__both_executors_take_the_same_jobs_in_the_same_order(name, s
 @pytest.mark.parametrize(
     "name, shares",
     [
-        ("fair share, one tenant waiting: the plain order, no charge", []),
+        (
+            "fair share, one tenant waiting: the plain order, charged only for its first row",
+            [("default", "t1", 0.0, 1.0, 1.0, 1)],
+        ),
         (
             "fair share, one tenant waiting and lagging: charged until it has caught up",
             [("default", "t1", 1.0, 2.0, 1.0, 2), ("default", "t2", 2.0, 3.0, 1.0, 1)],
@@ -561,8 +564,9 @@ def test_next_claim__both_executors_take_the_same_jobs_in_the_same_order(name, s
     ],
 )
 def test_next_claim__a_tenant_alone_is_charged_only_while_it_lags(name, shares, settings, caplog):
-    """Fewer than two tenants waiting, the claim charges nothing (the pick's cost, only
-    paid under contention), but a tenant behind the virtual time catches up first."""
+    """Fewer than two tenants waiting, the claim charges nothing once the tenant has a row
+    (the pick's cost, only paid under contention), but a tenant behind the virtual time
+    catches up first."""
     settings.JOBS_FAIR_SHARE = True
     for executor in ("postgres", "orm"):
         assert _run_claims(name, executor, settings, caplog, next_claim=True)["shares"] == shares
