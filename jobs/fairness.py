@@ -125,7 +125,6 @@ def _full_sql(bound: str) -> str:
 
 PICK_FUNCTION = "jobs_fair_pick_v1"
 CHARGE_FUNCTION = "jobs_fair_charge_v1"
-CHARGE_FUNCTION_V2 = "jobs_fair_charge_v2"
 
 
 def _picking_query() -> str:
@@ -193,15 +192,11 @@ END $$;
 """
 
 
-def charge_function_sql(version: int = 1) -> str:
+def charge_function_sql() -> str:
     """``jobs_fair_charge_v1``: charge a tenant one claim (``charge``'s rule): its share row
     upserted at the queue's virtual time, by its weight (its rule's, ``tenant:*``'s, else
-    ``p_weight``, the setting); returns the new finish tag. Frozen in migration 0030.
-
-    ``jobs_fair_charge_v2`` (``version=2``, frozen in migration 0033) takes whether two
-    tenants wait (``p_contended``): without, it charges only a tenant without a row (its
-    first) or whose finish tag lags the virtual time (``lagging``'s rule), and returns
-    NULL otherwise, writing nothing: a tenant alone costs two index reads a claim."""
+    ``p_weight``, the setting); returns the new finish tag. Frozen in migration 0030. The
+    claim statement decides whether to call it (``charge_sql``)."""
     weight = (
         f"COALESCE((SELECT f.weight FROM {_RULE} f WHERE f.scope = "
         f"'{rules.FLOW_TENANT_PREFIX}' || p_tenant AND f.weight IS NOT NULL), "
@@ -212,27 +207,16 @@ def charge_function_sql(version: int = 1) -> str:
         f"SELECT COALESCE(max(s.start), 0)::float8 INTO v_top FROM {_SHARE} s "
         "WHERE s.queue = p_queue;"
     )
-    name, contended, alone = CHARGE_FUNCTION, "", ""
-    if version == 2:
-        name, contended = CHARGE_FUNCTION_V2, ", p_contended boolean"
-        alone = f"""
-    IF NOT p_contended THEN
-        SELECT s.finish INTO v_finish FROM {_SHARE} s
-        WHERE s.queue = p_queue AND s.tenant_key = p_tenant;
-        IF v_finish >= v_top THEN
-            RETURN NULL;
-        END IF;
-    END IF;"""
     return f"""
-CREATE OR REPLACE FUNCTION {name}(
-    p_queue varchar, p_tenant varchar, p_weight float8{contended}
+CREATE OR REPLACE FUNCTION {CHARGE_FUNCTION}(
+    p_queue varchar, p_tenant varchar, p_weight float8
 ) RETURNS float8 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_top float8;
     v_weight float8;
     v_finish float8;
 BEGIN
-    {top}{alone}
+    {top}
     v_weight := {weight};
     INSERT INTO {_SHARE} AS s (queue, tenant_key, start, finish, weight, claims, updated_at)
     VALUES (p_queue, p_tenant, v_top, v_top + 1.0 / v_weight, v_weight, 1, clock_timestamp())
@@ -279,9 +263,8 @@ def picking_sql(t_now: str, plain: str) -> str:
     return f"""picked AS MATERIALIZED (
             SELECT id, tenant_key FROM {plain} WHERE NOT (SELECT many FROM contended)
             UNION ALL
-            SELECT j.id, j.tenant_key FROM {_JOB} j
-            WHERE (SELECT many FROM contended)
-              AND j.id = (SELECT {PICK_FUNCTION}(%s, {t_now}, %s::float8, %s::integer))
+            SELECT id, tenant_key FROM {_JOB} WHERE (SELECT many FROM contended)
+              AND id = (SELECT {PICK_FUNCTION}(%s, {t_now}, %s::float8, %s::integer))
         )"""
 
 
@@ -291,15 +274,20 @@ def picking_params(queue: str, *, aging: float, bound: int) -> list:
 
 
 def charge_sql() -> str:
-    """The CTE charging the claimed job's tenant (``claimed``) by ``jobs_fair_charge_v2``:
-    when two tenants wait (``contended``), or, alone, when the tenant has no row yet or
-    its finish tag lags the queue's virtual time (``lagging``'s rule: it does not come to
-    the next contention with credit it used alone). One row per claimed row
-    (NULL: not charged); the statement must read it (a CTE without writes runs only when
-    read). One parameter: the setting's weight (``JOBS_TENANT_WEIGHT``)."""
+    """The CTE charging the claimed job's tenant (``claimed``) by ``jobs_fair_charge_v1``:
+    when two tenants wait (``contended``), or, alone, when the tenant has no share row yet
+    or its finish tag lags the queue's virtual time (``lagging``'s rule: it does not come
+    to the next contention with credit it used alone). Alone and caught up (a lone
+    tenant's every claim after its first), two index reads and no function call. One row
+    per claimed row (NULL: not charged); the statement must read it (a CTE without writes
+    runs only when read). One parameter: the setting's weight (``JOBS_TENANT_WEIGHT``)."""
+    caught_up = (
+        f"EXISTS (SELECT 1 FROM {_SHARE} s WHERE s.queue = c.queue AND s.tenant_key = "
+        f"c.tenant_key AND s.finish >= (SELECT max(start) FROM {_SHARE} WHERE queue = c.queue))"
+    )
     return f"""charged AS MATERIALIZED (
-            SELECT {CHARGE_FUNCTION_V2}(c.queue, c.tenant_key, %s::float8,
-                (SELECT many FROM contended)) AS finish FROM claimed c
+            SELECT CASE WHEN (SELECT many FROM contended) OR NOT {caught_up}
+                THEN {CHARGE_FUNCTION}(c.queue, c.tenant_key, %s::float8) END FROM claimed c
         )"""
 
 
@@ -337,7 +325,7 @@ def contended(queue: str) -> bool:
 
 
 def lagging(queue: str, tenant_key: str) -> bool:
-    """Whether a claim the tenant makes alone charges it (``jobs_fair_charge_v2``): it has
+    """Whether a claim the tenant makes alone charges it (``charge_sql``'s rule): it has
     no share row yet, or its finish tag is below the queue's virtual time (it catches up,
     so that the next contention finds it above ``V``, as if charged all along)."""
     mine = Q(tenant_key=tenant_key)

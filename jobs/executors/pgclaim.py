@@ -94,9 +94,9 @@ def _fair_statement() -> str:
         (fairness.contended_sql(), _candidates("%s"), fairness.picking_sql(t_now, "best"))
     )
     # Within psycopg's 4 KiB parse cache (``_compact``): no space inside the parentheses,
-    # after a comma or around = and <> (no literal of the statement has one).
+    # after a comma or around an operator (no literal of the statement has one).
     text = _statement(picking, fair=True)
-    for spaced in ("( ", " )", ", ", " = ", " <> "):
+    for spaced in ("( ", " )", ", ", " = ", " <> ", " >= ", " <= ", " || "):
         text = text.replace(spaced, spaced.strip())
     return text
 
