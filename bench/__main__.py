@@ -23,10 +23,10 @@ Sections, all sequential (the machine has 2 cores):
     singles, a burst of 83, a quiet cluster's transactions/s (``bench.broker``);
 11. scheduling: the claim's throughput with priorities and two queues in use against
     without, per executor, in process (``bench.scheduling``);
-12. fairshare: the claim's throughput with the fair share in use against without (in
+11b. fairshare: the claim's throughput with the fair share in use against without (in
     process per executor, and ``demo.summary`` end to end), and the starvation bound
     observed (``bench.fairshare``);
-13. before -> after (only with ``--before REF``): REF's same-work ratios measured beside
+12. before -> after (only with ``--before REF``): REF's same-work ratios measured beside
     this tree's, each round both trees in turn (``bench.compare``).
 
 Figures move 10-40% between runs on a shared machine; ratios measured in one
