@@ -23,6 +23,9 @@ Sections, all sequential (the machine has 2 cores):
     singles, a burst of 83, a quiet cluster's transactions/s (``bench.broker``);
 11. scheduling: the claim's throughput with priorities and two queues in use against
     without, per executor, in process (``bench.scheduling``);
+11b. fairshare: the claim's throughput with the fair share in use against without (in
+    process per executor, and ``demo.summary`` end to end), and the starvation bound
+    observed (``bench.fairshare``);
 12. before -> after (only with ``--before REF``): REF's same-work ratios measured beside
     this tree's, each round both trees in turn (``bench.compare``).
 
@@ -56,7 +59,7 @@ def _args(argv):
     p.add_argument("--n-plain-report", type=int, default=None, help="default: N of reports")
     p.add_argument(
         "--sections",
-        default="hotpath,throughput,flow,scaling,latency,broker,scheduling,pdf,ledger,hosts,s3",
+        default="hotpath,throughput,flow,scaling,latency,broker,scheduling,fairshare,pdf,ledger,hosts,s3",
         help="comma-separated subset; add knobs for the fsync and CONN_HEALTH_CHECKS figures",
     )
     p.add_argument("--ledger-sizes", default="10000,100000,1000000")
@@ -300,6 +303,19 @@ def main(argv=None) -> int:
 
         n_claims, rounds = (400, 1) if args.quick else (1500, args.rounds)
         results["scheduling"] = scheduling.run(n_claims, rounds, progress=say)
+
+    if "fairshare" in sections:
+        from bench import fairshare
+
+        n_claims, rounds = (400, 1) if args.quick else (1500, args.rounds)
+        results["fairshare"] = fairshare.run(
+            user_id,
+            workers,
+            n_claims=n_claims,
+            n_e2e=min(n_summary, 1000),
+            rounds=rounds,
+            progress=say,
+        )
 
     if "hosts" in sections:
         from bench import hosts
@@ -761,6 +777,11 @@ def report(res: dict, workers: int) -> str:
     scheduling_lines, scheduling_summary = scheduling_bench.report_lines(res.get("scheduling"))
     lines += scheduling_lines
     summary_lines += scheduling_summary
+    from bench import fairshare as fairshare_bench
+
+    fairshare_lines, fairshare_summary = fairshare_bench.report_lines(res.get("fairshare"))
+    lines += fairshare_lines
+    summary_lines += fairshare_summary
     host_runs = res.get("hosts")
     if host_runs:
         lines += ["", "worker hosts on this machine (demo.summary, one qcluster per host)"]

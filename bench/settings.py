@@ -34,6 +34,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # The ledger-scaling tables (bulk-loaded to 1M rows) live apart from the e2e runs.
     DATABASES["ledger"] = {**DATABASES["default"], "NAME": BENCH_LEDGER_DB}
 
+# The fairshare section drains with the fair share on ("1") and off ("0").
+if os.environ.get("BENCH_FAIR_SHARE"):
+    JOBS_FAIR_SHARE = os.environ["BENCH_FAIR_SHARE"] != "0"
+
 if os.environ.get("BENCH_WORKERS"):
     Q_CLUSTER = {**Q_CLUSTER, "workers": int(os.environ["BENCH_WORKERS"])}
 

@@ -68,10 +68,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("JOBS_TENANT_CONCURRENCY", 4, "Most jobs of one tenant running at once."),
     Setting(
         "JOBS_FAIR_SHARE",
-        False,
+        True,
         "True: the next-job claim shares each priority band among a queue's tenants by "
-        "weight (start-time fair queueing, docs/app/fairness.md). Off by default until its "
-        "claim costs less: on, the minimal kind's throughput fell by a fifth (benchmarks).",
+        "weight (start-time fair queueing, docs/app/fairness.md) while two or more wait; "
+        "with fewer it takes the plain order at the cost of two index probes. False: the "
+        "plain order (priority, then due time) always.",
     ),
     Setting(
         "JOBS_TENANT_WEIGHT",

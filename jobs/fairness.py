@@ -17,10 +17,19 @@ The claim's order, the same on both executors:
 3. within the band, by (tenant at its concurrency bound last, start tag, due time,
    id); the job taken is that tenant's longest-waiting job of the band.
 
-A claim that starts a job charges its tenant: ``start = max(finish, V)``, ``finish =
+A claim that starts a job charges its tenant: ``start = max(finish, V - LAG)``, ``finish =
 start + 1 / weight``, in the claim's transaction. Weights are flow rules
 (``tenant:<key> --weight N``; ``tenant:*`` the default; else ``JOBS_TENANT_WEIGHT``);
 a weight holds nothing back, so alone a tenant may use every slot (work-conserving).
+
+The order and the charge matter only while two tenants wait: with fewer, the fair order
+is the plain claim's (a lone tenant's turn is its best job by effective priority), so the
+claim probes the queue for a second waiting tenant first (two index probes) and, without
+one, takes the plain claim's pick and charges nothing, unless the tenant has no row yet
+or its finish tag lags the virtual time (then it is charged until it has caught up: it
+meets the next contention above ``V``, as it would have, charged all along). ``V``
+therefore moves only while tenants contend: a tenant back from idle saved credit (at most
+``LAG``) from contended claims only.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
-from django.db.models import F, Max, Value
+from django.db.models import Count, F, Max, Min, Q, Value
 from django.db.models.functions import Coalesce, Greatest, Now
 from django.utils import timezone
 
@@ -186,12 +195,17 @@ END $$;
 def charge_function_sql() -> str:
     """``jobs_fair_charge_v1``: charge a tenant one claim (``charge``'s rule): its share row
     upserted at the queue's virtual time, by its weight (its rule's, ``tenant:*``'s, else
-    ``p_weight``, the setting); returns the new finish tag. Frozen in migration 0030."""
+    ``p_weight``, the setting); returns the new finish tag. Frozen in migration 0030. The
+    claim statement decides whether to call it (``charge_sql``)."""
     weight = (
         f"COALESCE((SELECT f.weight FROM {_RULE} f WHERE f.scope = "
         f"'{rules.FLOW_TENANT_PREFIX}' || p_tenant AND f.weight IS NOT NULL), "
         f"(SELECT f.weight FROM {_RULE} f WHERE f.scope = '{DEFAULT_SCOPE}' "
         "AND f.weight IS NOT NULL), p_weight)::float8"
+    )
+    top = (
+        f"SELECT COALESCE(max(s.start), 0)::float8 INTO v_top FROM {_SHARE} s "
+        "WHERE s.queue = p_queue;"
     )
     return f"""
 CREATE OR REPLACE FUNCTION {CHARGE_FUNCTION}(
@@ -202,7 +216,7 @@ DECLARE
     v_weight float8;
     v_finish float8;
 BEGIN
-    SELECT COALESCE(max(s.start), 0)::float8 INTO v_top FROM {_SHARE} s WHERE s.queue = p_queue;
+    {top}
     v_weight := {weight};
     INSERT INTO {_SHARE} AS s (queue, tenant_key, start, finish, weight, claims, updated_at)
     VALUES (p_queue, p_tenant, v_top, v_top + 1.0 / v_weight, v_weight, 1, clock_timestamp())
@@ -216,13 +230,41 @@ END $$;
 """
 
 
-def picking_sql(t_now: str) -> str:
-    """The fair claim's ``picked`` CTE (``id``, ``tenant_key``): the job ``jobs_fair_pick_v1``
-    locked, read by its id. Parameters: the queue, the aging seconds, the tenant bound."""
+def contended_sql() -> str:
+    """The fair claim's ``contended`` CTE (``many``): whether jobs of at least two tenants
+    wait in the queue: its first and its last waiting tenant differ. Two probes, one at
+    each end of the queue's range of ``jobs_job_claim_tenant_idx`` (an ordered ``LIMIT
+    1`` each: a "any other tenant" filter lets the planner scan a lone tenant's flood).
+    The order names the index's priority too: only that index yields it, so a generic
+    plan cannot take ``(tenant_key, state)`` and walk a tenant's history instead.
+    Parameters: the queue, twice.
+
+    Fewer than two, the fair order is the plain one (a lone tenant's turn is its best job
+    by effective priority, which is the plain claim's pick): the statement then takes the
+    plain claim's candidates and the fair pick does not run (``charge_sql``: the charge
+    only when the lone tenant has no row yet or lags)."""
+    waiting = _waiting_literal()
+    end = (
+        f"SELECT j.tenant_key FROM {_JOB} j WHERE j.queue = %s AND {waiting} ORDER BY {{}} LIMIT 1"
+    )
+    first, last = "j.tenant_key, j.priority DESC", "j.tenant_key DESC, j.priority"
+    # Read three times: materialized without saying so (the statement's 4 KiB, pgclaim).
+    return f"""contended AS (
+            SELECT ({end.format(first)}) <> ({end.format(last)}) AS many
+        )"""
+
+
+def picking_sql(t_now: str, plain: str) -> str:
+    """The fair claim's ``picked`` CTE (``id``, ``tenant_key``): with two tenants waiting
+    (``contended``), the job ``jobs_fair_pick_v1`` locked, read by its id; else the plain
+    claim's pick (the CTE ``plain``, already locked). Each branch behind a one-time filter:
+    the other is never run. Parameters: the queue, the aging seconds, the tenant bound."""
     # A scalar subquery: the function runs once (an InitPlan), its id an index condition.
     return f"""picked AS MATERIALIZED (
-            SELECT j.id, j.tenant_key FROM {_JOB} j
-            WHERE j.id = (SELECT {PICK_FUNCTION}(%s, {t_now}, %s::float8, %s::integer))
+            SELECT id, tenant_key FROM {plain} WHERE NOT (SELECT many FROM contended)
+            UNION ALL
+            SELECT id, tenant_key FROM {_JOB} WHERE (SELECT many FROM contended)
+              AND id = (SELECT {PICK_FUNCTION}(%s, {t_now}, %s::float8, %s::integer))
         )"""
 
 
@@ -232,11 +274,20 @@ def picking_params(queue: str, *, aging: float, bound: int) -> list:
 
 
 def charge_sql() -> str:
-    """The CTE charging the claimed job's tenant (``claimed``) by ``jobs_fair_charge_v1``;
-    the statement must read it (a CTE without writes runs only when read). One parameter:
-    the setting's weight (``JOBS_TENANT_WEIGHT``)."""
+    """The CTE charging the claimed job's tenant (``claimed``) by ``jobs_fair_charge_v1``:
+    when two tenants wait (``contended``), or, alone, when the tenant has no share row yet
+    or its finish tag lags the queue's virtual time (``lagging``'s rule: it does not come
+    to the next contention with credit it used alone). Alone and caught up (a lone
+    tenant's every claim after its first), two index reads and no function call. One row
+    per claimed row (NULL: not charged); the statement must read it (a CTE without writes
+    runs only when read). One parameter: the setting's weight (``JOBS_TENANT_WEIGHT``)."""
+    caught_up = (
+        f"EXISTS (SELECT 1 FROM {_SHARE} s WHERE s.queue = c.queue AND s.tenant_key = "
+        f"c.tenant_key AND s.finish >= (SELECT max(start) FROM {_SHARE} WHERE queue = c.queue))"
+    )
     return f"""charged AS MATERIALIZED (
-            SELECT {CHARGE_FUNCTION}(c.queue, c.tenant_key, %s::float8) AS finish FROM claimed c
+            SELECT CASE WHEN (SELECT many FROM contended) OR NOT {caught_up}
+                THEN {CHARGE_FUNCTION}(c.queue, c.tenant_key, %s::float8) END FROM claimed c
         )"""
 
 
@@ -263,6 +314,25 @@ def _claimable(queue: str, exclude: set[int]):
 def virtual_time(queue: str) -> float:
     """The queue's virtual time: the largest start tag handed out (0 before any claim)."""
     return float(TenantShare.objects.filter(queue=queue).aggregate(v=Max("start"))["v"] or 0.0)
+
+
+def contended(queue: str) -> bool:
+    """Whether jobs of at least two tenants wait in ``queue`` (``contended_sql``'s rule):
+    fewer, the fair order is the plain one and nothing is charged but a lagging tenant."""
+    waiting = Job.objects.filter(rules.to_q(rules.all_of(rules.WAITING, rules.NOT_HELD)))
+    ends = waiting.filter(queue=queue).aggregate(lo=Min("tenant_key"), hi=Max("tenant_key"))
+    return ends["lo"] is not None and ends["lo"] != ends["hi"]
+
+
+def lagging(queue: str, tenant_key: str) -> bool:
+    """Whether a claim the tenant makes alone charges it (``charge_sql``'s rule): it has
+    no share row yet, or its finish tag is below the queue's virtual time (it catches up,
+    so that the next contention finds it above ``V``, as if charged all along)."""
+    mine = Q(tenant_key=tenant_key)
+    tags = TenantShare.objects.filter(queue=queue).aggregate(
+        v=Max("start"), finish=Max("finish", filter=mine), rows=Count("pk", filter=mine)
+    )
+    return not tags["rows"] or tags["finish"] < tags["v"]
 
 
 def _full(tenant_key: str, bound: int) -> bool:

@@ -20,9 +20,9 @@ spacing is the safe reading.
 
 Work held back is deferred, never failed, and spends no attempt: a job goes back
 to ``retry_wait`` due later (``jobs.engine.job_machine.defer``), an effect to its prior
-state (``jobs.engine.effect_machine.defer``). Due times are spread with jitter over the period,
-so waiters do not come back together; the dispatcher re-drives them in order of
-due time.
+state (``jobs.engine.effect_machine.defer``). A rate hold is due at the rule's next
+allowed start plus jitter within one interval (period / rate), a concurrency hold within
+one second, so waiters do not come back together.
 
 A change takes effect within ``JOBS_FLOW_CACHE_SECONDS`` (1 s) plus one defer:
 the one-statement claim sees the rows in its own statement (``jobs.rules``), the
@@ -57,7 +57,7 @@ from django.utils import timezone
 
 from jobs import clock, conf, fairness, rules
 from jobs.engine import held
-from jobs.engine.admission import paused_delay, spread, take
+from jobs.engine.admission import interval_jitter, paused_delay, take
 from jobs.engine.plan import Hold
 from jobs.models import FlowRule, FlowRuleChange
 from jobs.registry import QUEUE_NAME
@@ -343,7 +343,8 @@ def take_within(
         if taken.reason == "rate" and time.monotonic() + taken.delay < deadline:
             time.sleep(taken.delay + random.uniform(0.0, 0.005))
             continue
-        return Hold(rule.scope, taken.reason, taken.delay + spread(rule)), ""
+        jitter = interval_jitter(rule) if taken.reason == "rate" else 0.0
+        return Hold(rule.scope, taken.reason, taken.delay + jitter), ""
 
 
 # --- circuit breaker ----------------------------------------------------------------------
@@ -518,7 +519,7 @@ def set_rule(
     with transaction.atomic():
         FlowRule.objects.get_or_create(scope=scope)
         rule = FlowRule.objects.select_for_update().get(scope=scope)
-        before = rule.describe()
+        before, was = rule.describe(), held.limits(rule)
         if rate is not _UNSET:
             rule.rate = rate
             if rate is None:
@@ -535,6 +536,7 @@ def set_rule(
                 held.hold(scope)
             else:
                 held.release(scope)
+        held.after_change(scope, was, rule)  # loosened: what it deferred is due now
         rule.updated_at = timezone.now()
         rule.updated_by = actor[:200]
         rule.save()
@@ -571,6 +573,7 @@ def delete_rule(scope: str, *, actor: str) -> bool:
         before = rule.describe()
         rule.delete()
         held.release(scope)
+        held.release_deferred(scope)
         FlowRuleChange.objects.create(
             scope=scope, action="delete", actor=actor[:200], before=before, after="(defaults)"
         )

@@ -109,6 +109,20 @@ class Job(models.Model):
         db_default="",
         help_text="the paused scope holding this waiting job; empty when none",
     )
+    # A claim that finds the job held back by a rule (rate, concurrency) or its tenant's
+    # bound defers it and counts the look here, not in an attempt row per look; the scope
+    # that deferred it is kept until it starts, so deleting or loosening that rule makes it
+    # due at once (docs/app/flow.md).
+    held_looks = models.PositiveIntegerField(
+        default=0, db_default=0, help_text="claims that found it held back (no attempt spent)"
+    )
+    deferred_by = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="the scope whose rule last deferred this waiting job; empty once it starts",
+    )
     # What the handler last said of its progress (ctx.progress): counts and a short
     # note, never private data; written at most about once a second.
     progress_done = models.PositiveBigIntegerField(null=True, blank=True)
@@ -219,6 +233,9 @@ class Job(models.Model):
                 fields=["sequence_key", "id"],
                 name="jobs_job_sequence_held_idx",
                 condition=Q(held_by=SEQUENCE_HELD, state="queued"),
+            ),
+            models.Index(
+                fields=["deferred_by"], name="jobs_job_deferred_idx", condition=~Q(deferred_by="")
             ),
             # The dispatcher's backstop: group children that ended and were not counted.
             models.Index(

@@ -47,8 +47,9 @@ JOBS_BACKOFF_CAP_SECONDS = 2.0
 JOBS_EFFECT_LEASE_SECONDS = float(os.environ.get("JOBS_EFFECT_LEASE_SECONDS", "2"))
 JOBS_EFFECT_MAX_ATTEMPTS = int(os.environ.get("JOBS_EFFECT_MAX_ATTEMPTS", "8"))
 JOBS_TENANT_DEFER_SECONDS = 0.2
-# The suite runs the fair claim, opt-in for projects (docs/app/fairness.md); the tests of
-# the due order across tenants turn it off themselves.
+# The fair claim is the default (docs/app/fairness.md); said here too so that the suite
+# keeps running it whatever the default; the tests of the due order across tenants turn it
+# off themselves.
 JOBS_FAIR_SHARE = True
 # django.tasks through the engine (jobs.backends); "once" gives a task a single attempt.
 TASKS = {

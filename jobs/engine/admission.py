@@ -100,9 +100,15 @@ def paused_delay() -> float:
 
 
 def spread(rule: FlowRule | None) -> float:
-    """Jitter over one period (a rate's) or up to one second: waiters come back apart."""
-    period = rule.period_seconds if rule is not None and rule.rate else 1.0
-    return random.uniform(0.0, period)
+    """A concurrency hold's jitter, up to one second: waiters come back apart, and soon (a
+    slot frees when any running job ends; a rate's period is no measure of that)."""
+    return random.uniform(0.0, 1.0)
+
+
+def interval_jitter(rule: FlowRule) -> float:
+    """A rate hold's jitter: within one interval (period / rate), never the whole period
+    (6/h: at most 10 minutes past the rule's next allowed start, not an hour)."""
+    return random.uniform(0.0, rule.interval_seconds)
 
 
 def job_scopes(job: Job) -> list[str]:
@@ -132,7 +138,7 @@ def lock(lock_class: int, key: str) -> bool:
 
 def admit(job: Job, *, ruled: bool, default_tenant_bound: int) -> Hold | None:
     """Whether the job may start now (None) or what holds it back. On PostgreSQL the
-    function ``jobs_flow_verdict_v1`` decides (``verdict``); elsewhere this procedure.
+    function ``jobs_flow_verdict_v2`` decides (``verdict``); elsewhere this procedure.
 
     Call inside the claim's transaction, in a savepoint that also holds the claim's
     compare-and-swap: the starts this takes stand only if the claim wins. ``ruled``:
@@ -161,7 +167,7 @@ def admit(job: Job, *, ruled: bool, default_tenant_bound: int) -> Hold | None:
 
 
 def verdict_params(default_tenant_bound: int) -> list:
-    """``jobs_flow_verdict_v1``'s parameters after the job's own (kind, tenant, queue, id)."""
+    """``jobs_flow_verdict_v2``'s parameters after the job's own (kind, tenant, queue, id)."""
     return [
         default_tenant_bound,
         float(conf.get("JOBS_FLOW_PAUSED_DEFER_SECONDS")),
@@ -170,20 +176,20 @@ def verdict_params(default_tenant_bound: int) -> list:
 
 
 def hold_of(scope: str | None, reason: str | None, delay: float | None) -> Hold | None:
-    """A verdict row of ``jobs_flow_verdict_v1`` as a ``Hold`` (None: the job may start)."""
+    """A verdict row of ``jobs_flow_verdict_v2`` as a ``Hold`` (None: the job may start)."""
     if not reason:
         return None
     return Hold(scope or "", reason, float(delay or 0.0))
 
 
 def verdict(job: Job, default_tenant_bound: int) -> Hold | None:
-    """PostgreSQL: ``admit`` by ``jobs_flow_verdict_v1`` (``jobs.engine.verdict_sql``), the
+    """PostgreSQL: ``admit`` by ``jobs_flow_verdict_v2`` (``jobs.engine.verdict_sql``), the
     one admission there. Its scope locks wait at most the transaction's lock timeout."""
     params = [job.kind, job.tenant_key, job.queue, job.pk, *verdict_params(default_tenant_bound)]
     try:
         with transaction.atomic(), connection.cursor() as cursor:  # a savepoint
             cursor.execute(
-                "SELECT scope, reason, delay FROM jobs_flow_verdict_v1(%s, %s, %s, %s, %s, %s, %s)",
+                "SELECT scope, reason, delay FROM jobs_flow_verdict_v2(%s, %s, %s, %s, %s, %s, %s)",
                 params,
             )
             return hold_of(*cursor.fetchone())
@@ -266,8 +272,7 @@ def take_all(rated: list[FlowRule]) -> Hold | None:
                     ahead = max(0.0, (tat - row.db_now).total_seconds())
                     # Due at the rule's next start, spread over one interval (not the
                     # period: 6/h waits at most 10 minutes past its next start).
-                    jitter = random.uniform(0.0, row.interval_seconds)
-                    return Hold(row.scope, "rate", ahead + jitter)
+                    return Hold(row.scope, "rate", ahead + interval_jitter(row))
                 decided.append((row, tat))
             for row, tat in decided:
                 FlowRule.objects.filter(pk=row.pk).update(next_free_at=tat)

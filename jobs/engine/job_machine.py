@@ -75,6 +75,7 @@ def start(job: Job, worker: str, *, lease: float, now) -> bool:
         next_attempt_at=None,
         started_at=job.started_at or now,
         held_by="",  # admitted: no paused scope holds it any more
+        deferred_by="",  # nor a rule's deferral
     )
 
 
@@ -104,10 +105,16 @@ def defer(job: Job, worker: str, *, now, hold: Hold, reclaiming: bool) -> bool:
     (an expired running job goes back to retry_wait). A paused scope holds it instead
     (``held_by``), its due time kept: it waits out of the claim's way until the scope is
     resumed (``jobs.flow.release``), then takes its place in the queue again."""
+    # Each look that holds it back is counted on the job, not written as an attempt row.
+    changes = {"held_looks": job.held_looks + 1}  # the swap's version makes it exact
     if hold.reason == "paused":
-        changes = {"held_by": hold.scope[:200]}
+        changes["held_by"] = hold.scope[:200]
     else:
-        changes = {"next_attempt_at": now + timedelta(seconds=hold.delay)}
+        # The scope is kept until the job starts: deleting or loosening its rule makes the
+        # job due at once (``jobs.engine.held.release_deferred``).
+        changes.update(
+            next_attempt_at=now + timedelta(seconds=hold.delay), deferred_by=hold.scope[:200]
+        )
     if reclaiming:
         changes.update(state=State.RETRY_WAIT, lease_expires_at=None)
     # Only a job still waiting (or, reclaimed, still running on a lease that ran out) is

@@ -18,6 +18,8 @@ class Claim:
     status: str  # claimed | duplicate | deferred | buried | cancelled | missing | passed
     job: Job | None = None
     attempt: Attempt | None = None
+    # deferred: what held the job back (counted on the job, ``held_looks``: no attempt row)
+    hold: Hold | None = None
 
     @property
     def won(self) -> bool:

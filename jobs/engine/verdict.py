@@ -6,7 +6,7 @@ write lock (SQLite's ``BEGIN IMMEDIATE``). A delivery that finds nothing to do i
 recorded as what it was (a duplicate delivery, a spent budget buried, a cancel
 honoured); otherwise admission (``jobs.engine.admission``, on PostgreSQL its function)
 and the compare-and-swap start it, or the admission's hold defers it, spending no
-attempt.
+attempt and writing no attempt row: the look is counted on the job (``held_looks``).
 """
 
 from __future__ import annotations
@@ -83,8 +83,7 @@ def _admit_and_start(
             return _duplicate(job, worker, now)
         if not job_machine.defer(job, worker, now=now, hold=refused.hold, reclaiming=reclaiming):
             return _duplicate(job, worker, now)
-        code = refused.hold.code
-        return Claim("deferred", job, _record(job, worker, now, Outcome.DEFERRED, "", code))
+        return Claim("deferred", job, hold=refused.hold)  # counted on the job: no attempt row
     if reclaiming:
         job_machine.close_open_attempts(job, now)
     started = now
@@ -155,4 +154,4 @@ def defer(job_id: int, worker: str, hold: Hold) -> Claim:
         return Claim("passed")
     if not job_machine.defer(job, worker, now=now, hold=hold, reclaiming=False):
         return Claim("passed")
-    return Claim("deferred", job, _record(job, worker, now, Outcome.DEFERRED, "", hold.code))
+    return Claim("deferred", job, hold=hold)  # counted on the job (held_looks): no attempt row

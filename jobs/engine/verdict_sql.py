@@ -23,6 +23,11 @@ from jobs.models import FlowRule, Job
 
 TYPE_NAME = "jobs_verdict_v1"
 FUNCTION_NAME = "jobs_flow_verdict_v1"
+# v2 (migration 0033): a concurrency hold comes back within one second (a slot frees when
+# any running job ends), never spread over a rate's period: with a rate of 6/h that put
+# it up to an hour away although the rule allowed its next start ten minutes later.
+FUNCTION_NAME_V2 = "jobs_flow_verdict_v2"
+VERSIONS = {1: FUNCTION_NAME, 2: FUNCTION_NAME_V2}
 
 
 def verdict_type_sql() -> str:
@@ -41,8 +46,10 @@ def _active(alias: str) -> str:
     return f"COALESCE({text}, false)"
 
 
-def _spread(alias: str) -> str:
-    # ``admission.spread``: over one period (a rate's) or up to one second.
+def _spread(alias: str, version: int) -> str:
+    if version >= 2:
+        return "random()"  # ``admission.spread``: up to one second
+    # v1: over one period (a rate's) or up to one second.
     period = f"CASE WHEN COALESCE({alias}.rate, 0) > 0 THEN {alias}.period_seconds ELSE 1.0 END"
     return f"random() * {period}"
 
@@ -62,11 +69,13 @@ def _counted(where: str) -> str:
     return f"(SELECT count(*) FROM {Job._meta.db_table} WHERE {where} AND {live} AND id <> p_job)"
 
 
-def _concurrency(alias: str, where: str, lock_class: int, key: str, bound: str, scope: str) -> str:
+def _concurrency(
+    alias: str, where: str, lock_class: int, key: str, bound: str, scope: str, version: int
+) -> str:
     """A scope's concurrency: its lock waited for, then the live running jobs counted."""
     return f"""        PERFORM pg_advisory_xact_lock({lock_class}, hashtext({key}));
         IF {_counted(where)} >= {bound} THEN
-            {_hold(scope, "concurrency", "0.2 + " + _spread(alias))}
+            {_hold(scope, "concurrency", "0.2 + " + _spread(alias, version))}
         END IF;"""
 
 
@@ -94,10 +103,13 @@ def _rates() -> str:
     END IF;"""
 
 
-def verdict_function_sql() -> str:
-    """The function's text (``CREATE OR REPLACE``), from ``jobs.rules``'s conditions."""
+def verdict_function_sql(version: int = 1) -> str:
+    """The function's text (``CREATE OR REPLACE``), from ``jobs.rules``'s conditions:
+    ``jobs_flow_verdict_v1`` (migration 0021) or ``_v2`` (migration 0033)."""
     tenant_lock, flow_lock = rules.TENANT_LOCK_CLASS, rules.FLOW_LOCK_CLASS
-    kind = _concurrency("k", "kind = p_kind", flow_lock, "k.scope", "k.concurrency", "k.scope")
+    kind = _concurrency(
+        "k", "kind = p_kind", flow_lock, "k.scope", "k.concurrency", "k.scope", version
+    )
     tenant = _concurrency(
         "t",
         "tenant_key = p_tenant",
@@ -105,10 +117,13 @@ def verdict_function_sql() -> str:
         "p_tenant",
         "COALESCE(t.concurrency, p_bound)",
         _TENANT_SCOPE,
+        version,
     )
-    queue = _concurrency("q", "queue = p_queue", flow_lock, "q.scope", "q.concurrency", "q.scope")
+    queue = _concurrency(
+        "q", "queue = p_queue", flow_lock, "q.scope", "q.concurrency", "q.scope", version
+    )
     return f"""
-CREATE OR REPLACE FUNCTION {FUNCTION_NAME}(
+CREATE OR REPLACE FUNCTION {VERSIONS[version]}(
     p_kind varchar, p_tenant varchar, p_queue varchar, p_job bigint, p_bound integer,
     p_paused_delay float8, p_tenant_delay float8
 ) RETURNS {TYPE_NAME} LANGUAGE plpgsql VOLATILE AS $$

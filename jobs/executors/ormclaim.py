@@ -40,8 +40,11 @@ def _claim_next(queue: str, worker: str, *, lease: float, bound: int) -> Claim |
     A job another claim or an operator's open transaction holds (PostgreSQL: its claim
     lock or its row, ``verdict.decide``) is passed over and the next chosen, as the
     statement's ``SKIP LOCKED`` does; ``passed`` when every look met one. With
-    ``JOBS_FAIR_SHARE`` the candidates are ordered as the statement's (``jobs.fairness``)."""
-    if conf.fair_share():
+    ``JOBS_FAIR_SHARE`` the candidates are ordered as the statement's (``jobs.fairness``):
+    while two tenants wait, in the fair order; else as without it, charging only a tenant
+    whose tag lags."""
+    fair = conf.fair_share()
+    if fair and fairness.contended(queue):
         return _claim_next_fair(queue, worker, lease=lease, bound=bound)
     if not named_claim._candidates(queue, exclude=set()):
         return None  # a read first: an idle cluster's look takes no write lock
@@ -71,6 +74,8 @@ def _claim_next(queue: str, worker: str, *, lease: float, bound: int) -> Claim |
             if job is not None:
                 decided = verdict.decide(job, worker, now, lease=lease, bound=bound, swapped=True)
                 if decided is not None:
+                    if fair and decided.won and fairness.lagging(queue, job.tenant_key):
+                        fairness.charge(queue, job.tenant_key)
                     return decided
             passed.add(best.pk)
     return Claim("passed")

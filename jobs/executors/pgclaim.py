@@ -7,7 +7,7 @@ each ``FOR UPDATE SKIP LOCKED``: the row is locked before any admission, and a
 concurrent claim on another host passes over it), admits it and starts it, under the
 rules rendered from ``jobs.rules``.
 
-The admission's verdict on the job it picked (``jobs_flow_verdict_v1``) is decided
+The admission's verdict on the job it picked (``jobs_flow_verdict_v2``) is decided
 once, in the statement: a job held back is deferred as the verdict says (scope,
 reason, delay; no attempt spent), by the engine's ``verdict.defer``, and nothing
 decides about it again. A job that must have its own verdict (an expired lease, a
@@ -88,7 +88,18 @@ def _next_statement() -> str:
 
 @functools.cache
 def _fair_statement() -> str:
-    return _statement(fairness.picking_sql("(SELECT now FROM t)"), fair=True)
+    # The plain claim's candidates and the fair pick, each behind the probe for a second
+    # waiting tenant (``fairness.contended_sql``): only one of them runs.
+    t_now = "(SELECT now FROM t)"
+    picking = ", ".join(
+        (fairness.contended_sql(), _candidates("%s"), fairness.picking_sql(t_now, "best"))
+    )
+    # Within psycopg's 4 KiB parse cache (``_compact``): no space inside the parentheses,
+    # after a comma or around an operator (no literal of the statement has one).
+    text = _statement(picking, fair=True)
+    for spaced in ("( ", " )", ", ", " = ", " <> ", " >= ", " <= ", " || "):
+        text = text.replace(spaced, spaced.strip())
+    return text
 
 
 def next_statement(queue: str, worker: str, *, lease: float, bound: int) -> tuple[str, list]:
@@ -97,11 +108,12 @@ def next_statement(queue: str, worker: str, *, lease: float, bound: int) -> tupl
     is off, then by effective priority and due time alone."""
     aging = rules.aging_seconds()
     start = start_params(worker, lease=lease, bound=bound)
+    plain = [aging, queue, aging, queue]
     if conf.fair_share():
         picking = fairness.picking_params(queue, aging=aging, bound=bound)
-        return _fair_statement(), [*_head(), *picking, *start, conf.tenant_weight()]
-    params = [*_head(), aging, queue, aging, queue]
-    return _next_statement(), params + start
+        params = [*_head(), queue, queue, *plain, *picking, *start, conf.tenant_weight()]
+        return _fair_statement(), params
+    return _next_statement(), [*_head(), *plain, *start]
 
 
 # The longest a claim waits for a scope's lock (held for one claim statement, or by a
@@ -120,7 +132,7 @@ def _head() -> list:
 
 def start_ctes(source: str) -> str:
     """The claim's last steps on the job ``(SELECT id FROM <source>)``, as CTEs: its claim
-    lock tried, the admission's verdict (``jobs_flow_verdict_v1``, only for a job with
+    lock tried, the admission's verdict (``jobs_flow_verdict_v2``, only for a job with
     an active flow rule or a tenant), the start (the CAS) and the attempt row; ``judged``
     holds the verdict. Its parameters are ``start_params``'s."""
     job_t, attempt_t = _q(Job._meta.db_table), _q(Attempt._meta.db_table)
@@ -137,7 +149,7 @@ def start_ctes(source: str) -> str:
               AND pg_try_advisory_xact_lock({rules.CLAIM_LOCK_CLASS}, hashtext(id::text))
         ), judged AS MATERIALIZED (
             SELECT id, tenant_key, CASE WHEN ruled OR tenant_key <> '' THEN
-                jobs_flow_verdict_v1(kind, tenant_key, queue, id, %s::integer, %s::float8,
+                jobs_flow_verdict_v2(kind, tenant_key, queue, id, %s::integer, %s::float8,
                     %s::float8) END AS v
             FROM locked
         ), admitted AS MATERIALIZED (
@@ -146,7 +158,7 @@ def start_ctes(source: str) -> str:
             UPDATE {job_t} SET
                 state = %s, attempts = attempts + 1, lease_owner = %s,
                 lease_expires_at = {NOW} + make_interval(secs => %s),
-                next_attempt_at = NULL, started_at = COALESCE(started_at, {NOW}),
+                next_attempt_at = NULL, deferred_by = '', started_at = COALESCE(started_at, {NOW}),
                 version = version + 1, updated_at = {NOW}
             WHERE id = (SELECT id FROM admitted) AND {claimable.text}
             RETURNING *

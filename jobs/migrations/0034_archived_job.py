@@ -1,8 +1,4 @@
-"""The archived job's identity record (issue 46, ``jobs.archived``): a new table, no rewrite.
-
-Numbered 0034 after 0031: 0032 and 0033 are taken by work landing beside it (the chain
-is fixed where they meet).
-"""
+"""The archived job's identity record (issue 46, ``jobs.archived``): a new table, no rewrite."""
 
 import django.utils.timezone
 from django.db import migrations, models
@@ -10,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("jobs", "0032_job_sequences"),
+        ("jobs", "0033_job_held_looks_deferred_by"),
     ]
 
     operations = [

@@ -304,6 +304,8 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
                     "debounce_replaced",
                     "version",
                     "attempts",
+                    "held_looks",
+                    "deferred_by",
                     "max_attempts",
                     "lease_owner",
                     "lease_expires_at",
@@ -540,7 +542,10 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
 
     @admin.display(description="tries")
     def tries(self, obj):
-        return f"{obj.attempts} of {obj.max_attempts}"
+        # Held looks: claims that found it held back by a rule (no attempt spent, no row).
+        held = f", held back {obj.held_looks} times" if obj.held_looks else ""
+        by = f" (last by {obj.deferred_by})" if obj.held_looks and obj.deferred_by else ""
+        return f"{obj.attempts} of {obj.max_attempts}{held}{by}"
 
 
 @admin.register(Attempt)

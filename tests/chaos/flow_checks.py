@@ -81,11 +81,14 @@ def tenant_rule_held(inp: Inputs) -> tuple[str, bool, str]:
 
 
 def held_back_spent_nothing(inp: Inputs) -> tuple[str, bool, str]:
-    """Deferrals by a rule are attempt number 0 (jobs) and give the send back (effects)."""
-    from jobs.models import Attempt, EffectEvent
+    """Deferrals by a rule write no attempt row and count a held look on the job (jobs),
+    and give the send back (effects)."""
+    from django.db.models import Sum
 
-    jobs = Attempt.objects.filter(outcome=Attempt.Outcome.DEFERRED, error_code__in=FLOW_CODES)
-    spent = jobs.exclude(number=0).count()
+    from jobs.models import Attempt, EffectEvent, Job
+
+    spent = Attempt.objects.filter(outcome=Attempt.Outcome.DEFERRED).count()
+    looks = Job.objects.aggregate(n=Sum("held_looks"))["n"] or 0
     defers = EffectEvent.objects.filter(action=EffectEvent.Action.DEFER, error_code__in=FLOW_CODES)
     # The claim before a deferral counted one attempt; the deferral's row shows it given back.
     claims = {
@@ -99,10 +102,8 @@ def held_back_spent_nothing(inp: Inputs) -> tuple[str, bool, str]:
         for e, v, a in defers.values_list("effect", "version", "attempt")
         if (e, v - 1) in claims and a != claims[(e, v - 1)] - 1
     ]
-    by_code = {
-        code: jobs.filter(error_code=code).count() + defers.filter(error_code=code).count()
-        for code in FLOW_CODES
-    }
+    by_code = {"job held looks": looks}
+    by_code |= {code: defers.filter(error_code=code).count() for code in FLOW_CODES}
     return (
         "flow: work held back by a rule spent no attempt (jobs and effects)",
         spent == 0 and not kept,

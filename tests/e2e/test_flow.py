@@ -302,18 +302,21 @@ def test_kind_concurrency_and_tenant_rate_at_the_claim__two_qclusters(procs, mak
         s.timestamp()
         for s in claimed.filter(job__in=[j.pk for j in rated]).values_list("started_at", flat=True)
     ]
-    deferred = Attempt.objects.filter(outcome=Attempt.Outcome.DEFERRED)
+    # A deferral writes no attempt row: each held look is counted on its job.
+    looks = dict(Job.objects.filter(pk__in=every).values_list("pk", "held_looks"))
+    held_bound = sum(looks[j.pk] for j in bounded)
+    held_rate = sum(looks[j.pk] for j in rated)
     print(
         f"kind concurrency 2: most running at once {_overlap(runs)}; tenant 2/s: most claims "
-        f"in 1 s {max_in_window(starts, 1.0)}; deferrals {deferred.count()} "
-        f"({sorted(set(deferred.values_list('error_code', flat=True)))}); "
-        f"load {os.getloadavg()[0]:.1f}; leases lost (job, attempt) {lost}"
+        f"in 1 s {max_in_window(starts, 1.0)}; held looks: bound {held_bound}, rate "
+        f"{held_rate}; load {os.getloadavg()[0]:.1f}; leases lost (job, attempt) {lost}"
     )
     assert _overlap(runs) <= 2, sorted(
         bounded_attempts.values_list("job", "number", "outcome", "started_at", "finished_at"),
         key=lambda row: row[3],
     )
     assert max_in_window(starts, 1.0) <= 3
-    assert deferred.filter(error_code="flow_concurrency").exists(), "the bound was met"
-    assert deferred.filter(error_code="rate_limited").exists(), "the rate was met"
+    assert held_bound > 0, "the bound was met"
+    assert held_rate > 0, "the rate was met"
+    assert not Attempt.objects.filter(outcome=Attempt.Outcome.DEFERRED).exists()
     assert set(Job.objects.filter(pk__in=every).values_list("attempts", flat=True)) == {1}

@@ -383,6 +383,24 @@ NEXT_CLAIM_SCENARIOS = {
         4,
         ["claimed~b", "claimed~c", "claimed~a"],
     ),
+    # One tenant waiting: the plain order, charged once for its first row and then not
+    # (docs/app/fairness.md, what the fair share costs); a tenant whose finish tag lags
+    # the virtual time is charged alone until it has caught up.
+    "fair share, one tenant waiting: the plain order, charged only for its first row": (
+        [],
+        [("a", "t1", ""), ("b", "t1", "prio:10"), ("c", "t1", "aged:13")],
+        4,
+        ["claimed~c", "claimed~b", "claimed~a"],
+    ),
+    "fair share, one tenant waiting and lagging: charged until it has caught up": (
+        [
+            ("share:t1", {"start": 0.0, "finish": 1.0, "claims": 1}),
+            ("share:t2", {"start": 2.0, "finish": 3.0, "claims": 1}),
+        ],
+        [(x, "t1", "") for x in "abcd"],
+        4,
+        ["claimed~a", "claimed~b", "claimed~c", "claimed~d"],
+    ),
     "fair share: a tenant at its concurrency bound goes last in its band": (
         [("tenant:t1", {"concurrency": 1})],
         [("x", "t1", "running"), ("a", "t1", ""), ("c", "t2", "")],
@@ -446,6 +464,9 @@ def _run_claims(name: str, executor: str, settings, caplog, *, next_claim: bool 
     FlowRule.objects.all().delete()
     TenantShare.objects.all().delete()
     for scope, options in rules_spec:
+        if scope.startswith("share:"):  # a tenant's fair-share tags, as earlier claims left them
+            TenantShare.objects.create(queue="default", tenant_key=scope[6:], **options)
+            continue
         _rule(scope, **options)
     settings.JOBS_TENANT_CONCURRENCY = bound
     # The ORM claim's transaction gets the idle timeout of these claims' 30 s lease, not
@@ -483,7 +504,7 @@ def _run_claims(name: str, executor: str, settings, caplog, *, next_claim: bool 
             # The scope that held it, as the engine's log line names it for operators.
             (line,) = [r.getMessage() for r in caplog.records if "arrow=defer" in r.getMessage()]
             scope = line.split("scope=", 1)[1].split()[0]
-            outcome = f"deferred:{got.attempt.error_code}@{scope}"
+            outcome = f"deferred:{got.hold.code}@{scope}"
         if got.job is not None and (next_claim or got.job.pk != job.pk):
             outcome += f"~{got.job.subject_id}"
         outcomes.append(outcome)
@@ -527,6 +548,28 @@ def test_next_claim__both_executors_take_the_same_jobs_in_the_same_order(name, s
     on_orm = _run_claims(name, "orm", settings, caplog, next_claim=True)
     assert on_postgres["outcomes"] == expected, on_postgres
     assert on_orm == on_postgres
+
+
+@pytest.mark.parametrize(
+    "name, shares",
+    [
+        (
+            "fair share, one tenant waiting: the plain order, charged only for its first row",
+            [("default", "t1", 0.0, 1.0, 1.0, 1)],
+        ),
+        (
+            "fair share, one tenant waiting and lagging: charged until it has caught up",
+            [("default", "t1", 1.0, 2.0, 1.0, 2), ("default", "t2", 2.0, 3.0, 1.0, 1)],
+        ),
+    ],
+)
+def test_next_claim__a_tenant_alone_is_charged_only_while_it_lags(name, shares, settings, caplog):
+    """Fewer than two tenants waiting, the claim charges nothing once the tenant has a row
+    (the pick's cost, only paid under contention), but a tenant behind the virtual time
+    catches up first."""
+    settings.JOBS_FAIR_SHARE = True
+    for executor in ("postgres", "orm"):
+        assert _run_claims(name, executor, settings, caplog, next_claim=True)["shares"] == shares
 
 
 # --- the owner fence inside a private read (JobContext.read) ------------------------------

@@ -213,7 +213,8 @@ def test_claim__paused_kind__deferred_without_an_attempt_then_resumed(make_user)
     assert got.status == "deferred"
     job.refresh_from_db()
     assert job.state == Job.State.QUEUED and job.attempts == 0 and job.next_attempt_at
-    assert Attempt.objects.get(job=job).error_code == "flow_paused"
+    assert got.hold.code == "flow_paused" and job.held_looks == 1
+    assert not Attempt.objects.filter(job=job).exists(), "a held look writes no attempt row"
     flow.resume("kind:test.steps", actor="test")
     Job.objects.filter(pk=job.pk).update(next_attempt_at=None)
     assert runner.claim_for(job.pk, "w1").status == "claimed"
@@ -255,7 +256,7 @@ def test_claim__tenant_concurrency_row_wins_over_the_setting(make_user, settings
     assert results == ["claimed", "deferred", "deferred"]
 
 
-def test_claim__tenant_rate__deferred_to_the_due_time_spread_over_the_period(make_user):
+def test_claim__tenant_rate__deferred_to_the_due_time_plus_one_interval_at_most(make_user):
     user = make_user()
     jobs = [new_job(user, subject=str(n), tenant="acme") for n in range(3)]
     flow.set_rule("tenant:acme", actor="test", rate=1, period_seconds=10.0)
@@ -266,8 +267,10 @@ def test_claim__tenant_rate__deferred_to_the_due_time_spread_over_the_period(mak
     rule = FlowRule.objects.get(scope="tenant:acme")
     assert held.attempts == 0 and held.state == Job.State.QUEUED
     ahead = (held.next_attempt_at - rule.next_free_at).total_seconds()
-    assert -0.5 <= ahead <= 10.5, "due at the next free start, plus jitter within the period"
-    assert Attempt.objects.get(job=held).error_code == "rate_limited"
+    assert -0.5 <= ahead <= 10.5, "due at the next free start, plus jitter within one interval"
+    assert second.hold.code == "rate_limited" and held.held_looks == 1
+    assert held.deferred_by == "tenant:acme"
+    assert not Attempt.objects.filter(job=held).exists()
 
 
 def test_claim__a_slow_rate__deferred_to_its_next_start_plus_one_interval_at_most(make_user):
@@ -348,7 +351,8 @@ def test_next_claim__a_rule_that_binds__defers_the_job_by_its_one_verdict(
     held = Job.objects.get(pk=second.pk)
     assert (held.state, held.attempts) == (Job.State.QUEUED, 0)
     assert held.next_attempt_at is not None, "due again after the verdict's delay"
-    assert Attempt.objects.get(job=held).error_code == code, why
+    assert got.hold.code == code and held.deferred_by == scope, why
+    assert held.held_looks == 1 and not Attempt.objects.filter(job=held).exists(), why
 
 
 @pytest.mark.parametrize(
@@ -365,7 +369,7 @@ def test_paused_scope__holds_its_waiting_jobs_until_resumed_in_their_old_places(
     after = new_job(user, subject="2", tenant="acme")
     got = runner.claim_for(after.pk, "w1")
     assert got.status == "deferred" and Job.objects.get(pk=after.pk).held_by == scope
-    assert Attempt.objects.get(job=after).error_code == "flow_paused"
+    assert got.hold.code == "flow_paused" and not Attempt.objects.filter(job=after).exists()
     assert runner.claim_for(before.pk, "w1").status != "claimed", "held: nothing to claim"
     assert set(Job.objects.values_list("state", "attempts")) == {(Job.State.QUEUED, 0)}
     flow.resume(scope, actor="test")

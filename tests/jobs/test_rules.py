@@ -148,3 +148,7 @@ def test_flow_verdict__frozen_text_is_what_the_admission_generates():
         "jobs.engine.verdict_sql changed: add a migration with jobs_flow_verdict_v2"
     )
     assert verdict_sql.verdict_type_sql() == migration.TYPE
+    v2 = importlib.import_module("jobs.migrations.0033_job_held_looks_deferred_by")
+    assert verdict_sql.verdict_function_sql(2) == "\n" + v2.VERDICT, (
+        "jobs.engine.verdict_sql changed: add a migration with jobs_flow_verdict_v3"
+    )
