@@ -14,11 +14,10 @@ id out again (``jobs.identity``), a uid never.
 
 from __future__ import annotations
 
-import uuid
-
 from django.db import models
-from django.db.models import Q
 from django.utils import timezone
+
+from jobs.identity import tokens_lookup
 
 
 class ArchivedJob(models.Model):
@@ -69,19 +68,10 @@ class ArchivedJob(models.Model):
 def known_tokens(tokens: set[str]) -> set[str]:
     """The job keys among ``tokens`` (uids, or ids before 0024) an archived job had: their
     files are kept, and their jobs are not lost (``jobs.reconcile``, ``jobs.retention``)."""
-    ids = {int(t) for t in tokens if t.isdigit()}
-    uids = set()
-    for t in tokens:
-        if not t.isdigit():
-            try:
-                uids.add(uuid.UUID(t))
-            except ValueError:
-                continue
-    if not ids and not uids:
+    named = tokens_lookup(tokens, id_field="job_id")
+    if named is None:
         return set()
-    rows = ArchivedJob.objects.filter(Q(job_id__in=ids, keys_from_id=True) | Q(uid__in=uids)).only(
-        "uid", "job_id", "keys_from_id"
-    )
+    rows = ArchivedJob.objects.filter(named).only("uid", "job_id", "keys_from_id")
     return {row.job_key for row in rows}
 
 

@@ -27,6 +27,8 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
+from django.db.models import Q
+
 # The 48 bits of a UUIDv7's timestamp, and its random parts (RFC 9562, section 5.7).
 _MS_MASK = (1 << 48) - 1
 _RAND_B_BITS = 62
@@ -98,6 +100,23 @@ _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 # A key or object name of a job's artifact: ``job-<uid>-rev-N`` (``job-<id>-rev-N`` before
 # migration 0024), anywhere in a storage name.
 KEY_IN_NAME = re.compile(rf"(?:^|/)job-(?P<job>{_UUID}|\d+)-rev-(?P<revision>\d+)")
+
+
+def tokens_lookup(tokens: set[str], *, id_field: str = "pk") -> Q | None:
+    """The filter for the jobs a set of key tokens (``job_key``s: uids, or ids of jobs
+    made before migration 0024) name, or None when none is one; ``id_field`` names the
+    job's id on the model filtered (``job_id`` on an archived job's record)."""
+    ids = {int(t) for t in tokens if t.isdigit()}
+    uids = set()
+    for t in tokens:
+        if not t.isdigit():
+            try:
+                uids.add(uuid.UUID(t))
+            except ValueError:
+                continue
+    if not ids and not uids:
+        return None
+    return Q(**{f"{id_field}__in": ids, "keys_from_id": True}) | Q(uid__in=uids)
 
 
 def job_lookup(name: str) -> dict[str, Any] | None:

@@ -140,17 +140,8 @@ def _chunked(tokens: set[str], size: int = 1000):
 
 
 def _jobs_of(tokens: set[str]):
-    ids = {int(t) for t in tokens if t.isdigit()}
-    uids = set()
-    for t in tokens:
-        if not t.isdigit():
-            try:
-                uids.add(uuid.UUID(t))
-            except ValueError:
-                continue
-    if not ids and not uids:
-        return Job.objects.none()
-    return Job.objects.filter(Q(pk__in=ids, keys_from_id=True) | Q(uid__in=uids))
+    named = identity.tokens_lookup(tokens)
+    return Job.objects.none() if named is None else Job.objects.filter(named)
 
 
 def unsettled_jobs(tokens: set[str]) -> list[int]:
