@@ -1449,6 +1449,22 @@ def debounce_keeps_the_latest(h: History, r: Report) -> None:
     )
 
 
+def reports_keep_their_permits_order(h: History, r: Report) -> None:
+    """Issue 42: the site's reports are one sequence per permit request: a revision's
+    report starts after the one before it ended and its notices settled (or an operator
+    released it), never in another order (``tests.chaos.sequence_drill``'s check)."""
+    from tests.chaos.sequence_drill import check_order
+
+    problems, checked = check_order()
+    h.found["sequences"] = {"starts_checked": checked, "problems": len(problems)}
+    r.check(
+        "reports of one permit request start in request order, each after the one before "
+        "ended and its notices settled (or an operator released it)",
+        not problems,
+        _few(problems) or f"{checked} starts after another of their permit checked",
+    )
+
+
 PROMISES = (
     no_job_is_lost_or_made_twice,
     every_job_ends_as_expected,
@@ -1475,6 +1491,7 @@ PROMISES = (
     ticks_follow_their_schedule,
     chains_follow_up_once,
     debounce_keeps_the_latest,
+    reports_keep_their_permits_order,
 )
 
 

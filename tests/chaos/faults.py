@@ -44,6 +44,17 @@ def install_release_check_faults() -> None:
             raise ReleaseCheckFault("soak: the release check is failing")
         return check(effect) if check is not None else None
 
+    # Everything else the site declared stays (its sequence per permit request too).
     registry.register_kind(
-        kind.name, kind.handler, authorize_release=faulty, max_attempts=kind.max_attempts
+        kind.name,
+        kind.handler,
+        authorize_release=faulty,
+        max_attempts=kind.max_attempts,
+        redact_errors=kind.redact_errors,
+        priority=kind.priority,
+        queue=kind.queue,
+        timeout=kind.timeout,
+        labels=kind.labels,
+        sequence=kind.sequence,
+        on_failure="skip" if kind.sequence_skip else "hold",
     )

@@ -1087,6 +1087,19 @@ def progress() -> tuple[bool, bool, str]:
     return open_jobs == 0, open_effects == 0, text
 
 
+def release_sequence_holders() -> int:
+    """An operator's release (the console's) of each failed or dead job holding its
+    sequence: the site's reports are one sequence per permit request, and a report the
+    kills spent, or a malformed one, holds the permit's later revisions until then."""
+    from jobs import sequences
+
+    return sum(
+        sequences.release(b.holder, operator="soak-operator")
+        for b in sequences.blocked()
+        if b.releasable
+    )
+
+
 def tick_marks() -> dict:
     """The last tick requested per periodic soak kind (its ``ScheduleState.last_tick``).
 
@@ -1297,6 +1310,12 @@ def run(cfg: Config) -> int:
             for what in fleet.supervise(cfg.workers):
                 _say(f"  restarted {what}")
             report_due = time.monotonic() >= next_report
+            if not plan and report_due:
+                # The operator's part: a report that failed or died holds its permit's
+                # sequence (docs/app/sequences.md); released, the next revision goes on.
+                released = release_sequence_holders()
+                if released:
+                    _say(f"  released {released} report(s) holding their permit's sequence")
             if not plan or report_due:
                 marks = tick_marks()  # before progress: every tick up to it was in its count
                 jobs_done, effects_done, status = progress()
