@@ -26,7 +26,9 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
 ]
 
-PROCESSES, REQUESTS, SPACING = 3, 20, 0.09  # 20 requests in 1.8 s per process
+# 20 requests in about 1 s per process: the issue asks for 60 within 2 s, and a loaded
+# machine (each request waits its turn for the window's row) needs the slack.
+PROCESSES, REQUESTS, SPACING = 3, 20, 0.05
 SUBJECT = ("test.page", "42")
 
 # Run by ``manage.py shell -c`` in each requester: ready, wait for the go, then ask.
