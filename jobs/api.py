@@ -230,18 +230,19 @@ class _WasArchived(Exception):
         self.record = record
 
 
+def _archived(identity: dict):
+    """The archive's record of ``identity`` (``Job``'s unique fields), or None."""
+    kind, subject_type = identity["kind"], identity["subject_type"]
+    return archive.find(kind, subject_type, identity["subject_id"], identity["output_revision"])
+
+
 def _refuse_if_archived(identity: dict) -> None:
     """Raise ``_WasArchived`` when the identity a new row was just made for was archived.
 
     Read after the INSERT, in its transaction: on PostgreSQL an archive pass deleting the
     old row makes the INSERT wait on the unique index until it commits, so this read sees
     its record; SQLite serializes writers. One query, on creation only (issue 46)."""
-    record = archive.find(
-        identity["kind"],
-        identity["subject_type"],
-        identity["subject_id"],
-        identity["output_revision"],
-    )
+    record = _archived(identity)
     if record is not None:
         raise _WasArchived(record)
 
@@ -253,12 +254,7 @@ def _debounced(
     that opened a window; a closed job of this identity with other params conflicts."""
     if run_after is not None:
         raise ValueError(f"{job_kind.name} is debounced: its jobs are due when their window ends")
-    record = archive.find(
-        identity["kind"],
-        identity["subject_type"],
-        identity["subject_id"],
-        identity["output_revision"],
-    )
+    record = _archived(identity)
     if record is not None:
         return archive.stand_in(record), False
     job, landed = debouncing.obtain(job_kind, identity, stored, defaults)

@@ -587,28 +587,11 @@ class FlowRule(models.Model):
         return ", ".join(parts) or "no limit (defaults)"
 
 
-class FlowRuleChange(models.Model):
-    """Who changed a flow rule, from what to what (the audit history; invariant 10)."""
-
-    scope = models.CharField(max_length=200)
-    action = models.CharField(max_length=16)  # set | pause | resume | delete | circuit
-    actor = models.CharField(max_length=200)
-    before = models.CharField(max_length=300, blank=True, default="")
-    after = models.CharField(max_length=300, blank=True, default="")
-    at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        ordering = ["-at", "-id"]
-        indexes = [models.Index(fields=["scope", "at"], name="jobs_flowchange_scope_idx")]
-
-    def __str__(self) -> str:
-        return f"{self.action} {self.scope} by {self.actor}"
-
-
 # The maintenance round's own bookkeeping lives beside (Django registers models a models
 # module imports): ScheduleState (jobs.schedules), ReconcileMark (jobs.reconcile),
-# TenantShare (jobs.fairness); so do a group's rows (JobGroup, jobs.jobgroups) and an archived
-# job's identity record (ArchivedJob, jobs.archived).
+# TenantShare (jobs.fairness); so do a group's rows (JobGroup, jobs.jobgroups), an archived
+# job's identity record (ArchivedJob, jobs.archived) and the flow rules' audit history.
 from jobs.archived import ArchivedJob  # noqa: E402, F401
+from jobs.flowaudit import FlowRuleChange  # noqa: E402, F401
 from jobs.jobgroups import JobGroup  # noqa: E402, F401
 from jobs.marks import ReconcileMark, ScheduleState, TenantShare  # noqa: E402, F401
