@@ -499,7 +499,10 @@ class JobAdmin(LastErrorColumn, EngineAdmin):
 
     @admin.display(description="state", ordering="state")
     def state_word(self, obj):
-        return state_tag_of(obj)
+        held = words.held_words(obj)
+        if not held:
+            return state_tag_of(obj)
+        return format_html('{}<br><span class="jobs-held">{}</span>', state_tag_of(obj), held)
 
     @admin.display(description="error class")
     def error_class(self, obj):

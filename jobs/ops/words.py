@@ -156,3 +156,15 @@ def job_progress(job) -> str:
     if job.progress_at is None:
         return "—"
     return progress_words(job.progress_done, job.progress_total, job.progress_note)
+
+
+def held_words(job) -> str:
+    """Why a waiting job is not claimed although its state says waiting: its sequence's
+    turn or a paused scope (``Job.held_by``); "" when nothing holds it."""
+    from jobs.models import SEQUENCE_HELD
+
+    if not job.held_by or job.state not in ("queued", "retry_wait"):
+        return ""
+    if job.held_by == SEQUENCE_HELD:
+        return f"waits its turn in sequence {job.sequence_key}"
+    return f"held while {job.held_by} is paused"

@@ -1,5 +1,11 @@
 """Django's test runner with real workers: a qcluster and the dispatcher loop on the test
-database, started once it exists and stopped (their whole process group) before it goes."""
+database, started once it exists and stopped (their whole process group) before it goes.
+
+A ``TransactionTestCase`` ends with ``flush`` (one ``TRUNCATE`` of every table) while the
+workers keep claiming: a claim that holds one table and reads another the ``TRUNCATE``
+already locked is a deadlock, and PostgreSQL may end either side. A worker's claim is
+retried by the worker; the flush is retried here (its transaction was rolled back whole).
+"""
 
 import contextlib
 import os
@@ -10,8 +16,27 @@ import time
 from pathlib import Path
 
 from django.conf import settings
+from django.core.management.base import CommandError
 from django.db import connections
 from django.test.runner import DiscoverRunner
+from django.test.testcases import TransactionTestCase
+
+FLUSH_TRIES = 5
+_flush = TransactionTestCase._fixture_teardown
+
+
+def _flush_past_deadlocks(self: TransactionTestCase) -> None:
+    for attempt in range(1, FLUSH_TRIES + 1):
+        try:
+            return _flush(self)
+        except CommandError as exc:
+            if attempt == FLUSH_TRIES or "deadlock detected" not in str(exc.__cause__):
+                raise
+            print(f"flush met a worker's claim (deadlock), try {attempt + 1}", file=sys.stderr)
+            time.sleep(0.2 * attempt)
+
+
+TransactionTestCase._fixture_teardown = _flush_past_deadlocks
 
 
 class WorkerRunner(DiscoverRunner):

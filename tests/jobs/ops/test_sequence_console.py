@@ -38,6 +38,8 @@ def test_sequences_console__lists_the_holder_and_an_operator_releases_it(client,
     text = page.content.decode()
     assert "permit:7" in text and f"job {a.pk}" in text and f"job {b.pk}" in text
     assert "holds its sequence until released" in text and ">Release</button>" in text
+    job_page = client.get(reverse("admin:jobs_job_change", args=[b.pk])).content.decode()
+    assert "waits its turn in sequence permit:7" in job_page, "the state says why it waits"
     done = client.post(
         reverse("admin:jobs_job_sequence_release"), {"job": a.pk, "note": "bad input"}, follow=True
     )
