@@ -41,18 +41,21 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-def _ask(tenant: str, count: int, tag: str) -> None:
+def _ask(tenant: str, count: int, tag: str, *more: tuple[str, int]) -> None:
+    """Requests of ``count`` jobs of ``tenant`` (and of each ``more`` tenant) in one
+    transaction: they wait from the same commit on."""
     import jobs
 
     jobs.request_many(
         [
             {
                 "kind": KIND,
-                "subject": ("fair", f"{tag}-{tenant}-{i}"),
-                "tenant": tenant,
+                "subject": ("fair", f"{tag}-{who}-{i}"),
+                "tenant": who,
                 "params": PARAMS,
             }
-            for i in range(count)
+            for who, many in ((tenant, count), *more)
+            for i in range(many)
         ]
     )
 
@@ -127,9 +130,10 @@ def weights(tag: str) -> Counter:
     from jobs import flow
 
     flow.set_rule("tenant:a", actor="drill", weight=3)
-    _ask("a", 600, tag)
-    _ask("b", 600, tag)
-    start = _last_attempt()  # from both floods waiting (a alone before b's commit is not shared)
+    # Both floods in one commit: asked one after the other, the hosts could drain a's
+    # before b's committed (a loaded machine saw b take all 400 claims: b was alone).
+    start = _last_attempt()
+    _ask("a", 600, tag, ("b", 600))
     _wait(lambda: len(_claims_after(start)) >= 400, 240)
     shares = Counter(row[1] for row in list(_claims_after(start))[:400])
     _drain()
