@@ -142,6 +142,25 @@ def channel_for(list_key: str) -> str:
     return CHANNEL_PREFIX + hashlib.sha256(list_key.encode()).hexdigest()[:40]
 
 
+def channel_sql(queue: str) -> str:
+    """``channel_for(queue.list_key(<queue>))`` in SQL over the column ``queue``, for a
+    statement that NOTIFYs the queues of the rows it wrote. Its parameters, in order, are
+    ``channel_params()``; ``tests/jobs/test_claiming.py`` holds it to ``channel_for``."""
+    key = f"CASE WHEN {queue} IN ('', 'default') THEN %s::text ELSE %s || '.' || {queue} END"
+    return (
+        f"(SELECT CASE WHEN octet_length(%s || k) <= 63 THEN %s || k ELSE %s || "
+        f"left(encode(sha256(convert_to(k, 'UTF8')), 'hex'), 40) END FROM (SELECT {key} AS k) c)"
+    )
+
+
+def channel_params() -> list[str]:
+    """``channel_sql``'s parameters: the prefix thrice, django-q2's cluster name (the
+    default queue's list) and its prefix (every other queue's list starts with it)."""
+    from django_q.conf import Conf
+
+    return [CHANNEL_PREFIX, CHANNEL_PREFIX, CHANNEL_PREFIX, Conf.CLUSTER_NAME, Conf.PREFIX]
+
+
 def _option(name: str, default: Any) -> Any:
     from django.conf import settings
 

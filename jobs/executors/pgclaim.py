@@ -25,8 +25,8 @@ from contextlib import nullcontext
 from django.db import DatabaseError, connection, transaction
 from django.db.models.functions import Now
 
-from jobs import clock, conf, fairness, rules
-from jobs import queue as queue_mod
+from jobs import broker, clock, conf, fairness, rules
+from jobs.broker import channel_sql
 from jobs.engine import admission, job_machine, verdict
 from jobs.engine.plan import Claim
 from jobs.engine.refusals import refusal
@@ -195,14 +195,19 @@ def claim_next(queue: str, worker: str, *, lease: float, bound: int) -> Claim | 
 
 
 @functools.cache
-def _heads_statement(*, one_key: bool = False) -> str:
+def _heads_statement(*, one_key: bool = False, lazy: bool = False) -> str:
     """Release the heads that may start: every blocked key's (one index probe per key, a
-    skip scan), or ``one_key``'s alone (its key the statement's one parameter)."""
+    skip scan), or ``one_key``'s alone (its key the statement's first parameter); the
+    others are ``broker.channel_params()``. ``lazy``: its commit does not wait for the
+    disk (only for a statement that is its own transaction)."""
     job_t, effect_t = _q(Job._meta.db_table), _q(Effect._meta.db_table)
     # Literals, so the held index's predicate (migration 0032) is provably implied.
     held = f"j.held_by = '{SEQUENCE_HELD}' AND j.state = '{Job.State.QUEUED}'"
     passes = rules.literal_sql(rules.SEQUENCE_PASSES, Job, alias="p", quote=_q)
     unsettled = rules.literal_sql(rules.EFFECT_UNSETTLED, Effect, alias="e", quote=_q)
+    # Non-modifying CTEs run only when read: the released rows' filter reads both (once).
+    lazy_cte = ", lazy AS (SELECT set_config('synchronous_commit', 'off', true) AS c)"
+    lazy_cte, lazy_where = (lazy_cte, " AND (SELECT c FROM lazy) IS NOT NULL") if lazy else ("", "")
     if one_key:
         keys = "keys AS (SELECT %s::varchar AS k)"
     else:
@@ -225,29 +230,39 @@ def _heads_statement(*, one_key: bool = False) -> str:
                 ORDER BY p.id DESC LIMIT 1) p ON true
             WHERE p.id IS NULL OR ({passes} AND NOT EXISTS (
                 SELECT 1 FROM {effect_t} e WHERE e.job_id = p.id AND {unsettled}))
-        )
-        UPDATE {job_t} j SET held_by = '', updated_at = {NOW}
-        WHERE j.id IN (SELECT id FROM ready) AND {held}
-        RETURNING j.id, j.kind, j.queue"""
+        ), released AS (
+            UPDATE {job_t} j SET held_by = '', updated_at = {NOW}
+            WHERE j.id IN (SELECT id FROM ready) AND {held}
+            RETURNING j.id, j.kind, j.queue
+        ), woken AS (
+            SELECT pg_notify(c, '') FROM (SELECT DISTINCT {channel_sql("r.queue")} AS c
+            FROM released r) q
+        ){lazy_cte}
+        SELECT r.id, r.kind FROM released r WHERE (SELECT count(*) FROM woken) >= 0{lazy_where}"""
     )
 
 
 def release_heads(key: str | None = None) -> int:
     """Release to the claim every sequence's head whose job before it passed (ended, not
     a failure that holds, no effect unsettled: ``rules.SEQUENCE_PASSES``), or ``key``'s
-    alone, in one statement: one probe of the held index per key with a held job, one
-    for the job before its head (``sequences.sweep`` and ``sequences.advance`` are the
-    ORM's). Wakes their queues; returns how many."""
+    alone, and wake their queues, in one statement: one probe of the held index per key
+    with a held job, one for the job before its head (``sequences.sweep`` and
+    ``sequences.advance`` are the ORM's). Returns how many.
+
+    Its commit does not wait for the disk (``synchronous_commit`` off for it alone): a
+    release is worked out again from the rows it read, so one a crash loses is made
+    again by the next look (a claim that finds nothing, the dispatcher's round); the
+    claim of the released job waits for the disk, and flushes the release with it. In a
+    caller's transaction (a request's) the caller's commit is left as it is."""
+    wake, lazy = broker.channel_params(), not connection.in_atomic_block
     with _cursor() as cursor:
         if key is None:
-            cursor.execute(_heads_statement())
+            cursor.execute(_heads_statement(lazy=lazy), wake)
         else:
-            cursor.execute(_heads_statement(one_key=True), [key])
+            cursor.execute(_heads_statement(one_key=True, lazy=lazy), [key, *wake])
         rows = cursor.fetchall()
-    for job_id, kind, _queue in rows:
+    for job_id, kind in rows:
         log.info("job=%s kind=%s arrow=sequence_head", job_id, kind)
-    if rows:
-        queue_mod.notify_queues({q for _, _, q in rows})
     return len(rows)
 
 

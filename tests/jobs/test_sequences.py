@@ -211,7 +211,9 @@ def test_release_heads__reads_one_row_per_blocked_key_not_its_backlog():
     _ask(KIND, "z-0", "zeta")
     with connections["default"].cursor() as cursor:
         cursor.execute("ANALYZE jobs_job")
-    scans = scans_of(pgclaim._heads_statement(), [])
+    from jobs import broker
+
+    scans = scans_of(pgclaim._heads_statement(), broker.channel_params())
     assert scans and max(rows for _, _, rows in scans) <= 2, scans
     with pytest.raises(ValueError, match="sequenced"):
         jobs.request_many([{"kind": KIND, "subject": ("seq", "many"), "params": {"key": "m"}}])
@@ -243,3 +245,51 @@ def test_claim__without_sequences_a_claim_that_finds_a_job_sends_one_statement()
     with CaptureQueriesContext(connection) as empty:
         assert pgclaim.claim_next("default", "w1", lease=30.0, bound=4) is None
     assert (len(found), len(empty)) == (1, 2), [q["sql"][:60] for q in empty]
+
+
+@pytest.mark.parametrize("queue", ["default", "", "heavy", "q" * 70, "büro-ü" * 9])
+def test_release_heads__its_notify_channel_is_the_queues_channel(queue):
+    """The release statement NOTIFYs in SQL (``broker.channel_sql``): the same channel
+    ``queue.notify_queues`` sends to, a long queue name's hashed one too."""
+    from jobs import broker
+    from jobs import queue as queue_mod
+
+    with connections["default"].cursor() as cursor:
+        sql = f"SELECT {broker.channel_sql('x.q')} FROM (SELECT %s::text AS q) x"
+        cursor.execute(sql, [*broker.channel_params(), queue])
+        (found,) = cursor.fetchone()
+    from django_q.conf import Conf
+
+    assert found == broker.channel_for(queue_mod.list_key(queue) or Conf.CLUSTER_NAME)
+
+
+def test_release_heads__wakes_the_queue_and_leaves_a_callers_commit_durable():
+    """One statement releases the head and NOTIFYs its queue's listeners; its own commit
+    skips the disk wait (a lost release is made again), never a caller's transaction."""
+    import psycopg
+    from django.db import transaction
+
+    from jobs import broker
+    from jobs import queue as queue_mod
+    from jobs.executors import pgclaim
+
+    first = _ask(KIND, "w-0", "wake")
+    second = _ask(KIND, "w-1", "wake")
+    assert Job.objects.get(pk=second.pk).held_by == SEQUENCE_HELD
+    Job.objects.filter(pk=first.pk).update(state=Job.State.SUCCEEDED, attempts=1)
+    params = connections["default"].get_connection_params()
+    with psycopg.connect(
+        **{k: v for k, v in params.items() if k != "cursor_factory"}, autocommit=True
+    ) as listener:
+        from django_q.conf import Conf
+
+        channel = broker.channel_for(queue_mod.list_key("default") or Conf.CLUSTER_NAME)
+        listener.execute(f'LISTEN "{channel}"')
+        with transaction.atomic():
+            assert pgclaim.release_heads("wake") == 1
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SHOW synchronous_commit")
+                assert cursor.fetchone()[0] == "on", "the caller's commit waits for the disk"
+        heard = [n.channel for n in listener.notifies(timeout=30, stop_after=1)]
+    assert heard == [channel]
+    assert Job.objects.get(pk=second.pk).held_by == ""
