@@ -123,7 +123,7 @@ def _full_sql(bound: str) -> str:
     )
 
 
-PICK_FUNCTION = "jobs_fair_pick_v1"
+PICK_FUNCTION = "jobs_fair_pick_v2"
 CHARGE_FUNCTION = "jobs_fair_charge_v1"
 
 
@@ -132,6 +132,7 @@ def _picking_query() -> str:
     waiting = _waiting_literal()
     cand = rules.literal_sql(rules.CLAIMABLE, Job, alias="j", quote=_q, now="p_now")
     eff = "(h.priority + EXTRACT(EPOCH FROM (p_now - h.since)) / p_aging)"
+    full = _full_sql("p_bound")
     return f"""WITH RECURSIVE tenants AS (
         (SELECT j.tenant_key AS k FROM {_JOB} j WHERE j.queue = p_queue AND {waiting}
          ORDER BY j.tenant_key LIMIT 1)
@@ -153,14 +154,17 @@ def _picking_query() -> str:
     ), band AS MATERIALIZED (
         SELECT h.priority FROM heads h ORDER BY {eff} DESC, h.since, h.id LIMIT 1
     ), ranked AS MATERIALIZED (
-        SELECT h.tenant_key, h.priority, row_number() OVER (ORDER BY {_full_sql("p_bound")},
+        SELECT h.tenant_key, h.priority, row_number() OVER (ORDER BY
             GREATEST(COALESCE(s.finish, vt.v), vt.v - {LAG}), h.since, h.id) AS rank
         FROM heads h CROSS JOIN vt
         LEFT JOIN {_SHARE} s ON s.queue = p_queue AND s.tenant_key = h.tenant_key
         WHERE h.priority = (SELECT priority FROM band)
     )
-    SELECT p.id INTO v_id FROM (SELECT * FROM ranked ORDER BY rank) r
-    CROSS JOIN LATERAL (
+    SELECT p.id INTO v_id FROM (
+        (SELECT h.* FROM (SELECT * FROM ranked ORDER BY rank OFFSET 0) h WHERE NOT {full})
+        UNION ALL
+        (SELECT h.* FROM (SELECT * FROM ranked ORDER BY rank OFFSET 0) h WHERE {full})
+    ) r CROSS JOIN LATERAL (
         SELECT j.id FROM {_JOB} j
         WHERE j.queue = p_queue AND j.tenant_key = r.tenant_key AND j.priority = r.priority
           AND {cand}
@@ -169,20 +173,26 @@ def _picking_query() -> str:
 
 
 def pick_function_sql() -> str:
-    """``jobs_fair_pick_v1``: the id of the job the fair order takes next, its row locked
+    """``jobs_fair_pick_v2``: the id of the job the fair order takes next, its row locked
     (None: none due, or every one held by another claim).
 
     The tenants are walked by a skip scan of ``jobs_job_claim_tenant_idx`` (one probe per
     waiting tenant, never a tenant's backlog); only the job taken is locked, ``FOR UPDATE
     SKIP LOCKED``, in the ranked tenants' order: a head another claim holds passes to that
-    tenant's next job, then to the next tenant. A function so that its plans are kept per
-    connection and the claim statement stays within psycopg's parse cache (4 KiB). The
-    text is frozen in migration 0030; ``tests/jobs/test_fairness.py`` fails if they drift.
+    tenant's next job, then to the next tenant. A tenant at its bound goes last, and that
+    is asked of the ranked tenants one by one, only until one below its bound has a job
+    to take (v1 counted every waiting tenant's running jobs on every claim).
+
+    A function so that the claim statement stays within psycopg's parse cache (4 KiB); its
+    plan is made once per connection and kept (``force_generic_plan``: v1's query was
+    planned afresh on every call, and spent more in the planner than in the pick).
+    The text is frozen in migration 0035;
+    ``tests/jobs/test_fairness.py`` fails if they drift.
     """
     return f"""
 CREATE OR REPLACE FUNCTION {PICK_FUNCTION}(
     p_queue varchar, p_now timestamptz, p_aging float8, p_bound integer
-) RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+) RETURNS bigint LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_id bigint;
 BEGIN
@@ -256,7 +266,7 @@ def contended_sql() -> str:
 
 def picking_sql(t_now: str, plain: str) -> str:
     """The fair claim's ``picked`` CTE (``id``, ``tenant_key``): with two tenants waiting
-    (``contended``), the job ``jobs_fair_pick_v1`` locked, read by its id; else the plain
+    (``contended``), the job ``jobs_fair_pick_v2`` locked, read by its id; else the plain
     claim's pick (the CTE ``plain``, already locked). Each branch behind a one-time filter:
     the other is never run. Parameters: the queue, the aging seconds, the tenant bound."""
     # A scalar subquery: the function runs once (an InitPlan), its id an index condition.
@@ -345,7 +355,7 @@ def _full(tenant_key: str, bound: int) -> bool:
 
 
 def ranked(queue: str, v: float, *, exclude: set[int], bound: int) -> list[Ranked]:
-    """The band's tenants in the claim's order (``jobs_fair_pick_v1``'s ``ranked``); ``v``:
+    """The band's tenants in the claim's order (``jobs_fair_pick_v2``'s ``ranked``); ``v``:
     the queue's virtual time."""
     waiting = Job.objects.filter(rules.to_q(rules.all_of(rules.WAITING, rules.NOT_HELD)))
     tenants = waiting.filter(queue=queue).values_list("tenant_key", flat=True)

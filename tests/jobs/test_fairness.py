@@ -353,10 +353,11 @@ def test_functions__frozen_text_is_what_the_fair_order_generates():
 
     from jobs import fairness
 
-    migration = importlib.import_module("jobs.migrations.0030_fair_share_functions")
-    message = "jobs.fairness changed: add a migration with jobs_fair_pick_v2 / _charge_v2"
-    assert fairness.pick_function_sql() == "\n" + migration.PICK, message
-    assert fairness.charge_function_sql() == "\n" + migration.CHARGE, message
+    first = importlib.import_module("jobs.migrations.0030_fair_share_functions")
+    pick = importlib.import_module("jobs.migrations.0035_fair_pick_v2")
+    message = "jobs.fairness changed: add a migration with jobs_fair_pick_v3 / _charge_v2"
+    assert fairness.pick_function_sql() == "\n" + pick.PICK, message
+    assert fairness.charge_function_sql() == "\n" + first.CHARGE, message
 
 
 def test_fair_claim__its_statement_stays_in_psycopgs_parse_cache():
