@@ -9,13 +9,16 @@ from django.db import connections
 from bench import infra, workloads
 
 BARE, SUMMARY, REPORT = "bare", "summary", "report"
+# The minimal kind over four tenants (each claim contended), and the same in 50 sequences:
+# the fair share and sequences in use (bench.fairshare).
+TENANTS, SEQUENCED = "summary_tenants", "summary_sequenced"
 # The same work as SUMMARY and REPORT in plain django-q2 tasks (bench.plain), no engine:
 # on django-q2's default ORM broker (what a user would otherwise run), and the same
 # tasks on the engine's PostgreSQL broker.
 PLAIN_MINIMAL, PLAIN_REPORT = "plain_minimal", "plain_report"
 PLAIN_MINIMAL_PG, PLAIN_REPORT_PG = "plain_minimal_pg", "plain_report_pg"
 PLAIN = (PLAIN_MINIMAL, PLAIN_REPORT, PLAIN_MINIMAL_PG, PLAIN_REPORT_PG)
-ENGINE = (SUMMARY, REPORT)
+ENGINE = (SUMMARY, REPORT, TENANTS, SEQUENCED)
 LABELS = {
     BARE: "bare django-q2 no-op (ORM)",
     PLAIN_MINIMAL: "plain minimal's work (ORM)",
@@ -24,6 +27,8 @@ LABELS = {
     PLAIN_REPORT: "plain report's work (ORM)",
     PLAIN_REPORT_PG: "plain report's work (PG brk)",
     REPORT: "permits.report (engine, jobs table)",
+    TENANTS: "demo.summary, 4 tenants (engine)",
+    SEQUENCED: "demo.summary, 4 tenants, 50 sequences (engine)",
 }
 # The broker each kind's cluster runs: django-q2's ORM broker for the bare no-op and
 # the plain tasks (their default), the site's default on PostgreSQL for the engine and the
@@ -89,6 +94,8 @@ def run(
         workloads.enqueue_noop(n)
     elif kind == SUMMARY:
         workloads.enqueue_summaries(n, user_id)
+    elif kind in (TENANTS, SEQUENCED):
+        workloads.enqueue_summaries(n, user_id, tenants=4, sequences=50 if kind == SEQUENCED else 0)
     elif kind == REPORT:
         workloads.enqueue_reports(n)
     elif kind in (PLAIN_MINIMAL, PLAIN_MINIMAL_PG):

@@ -140,6 +140,42 @@ def end_to_end(n: int, workers: int, user_id: int, rounds: int, progress=print) 
     return {"workers": workers, "runs": runs, "median_jobs_s": medians, "ratio_on_to_off": on / off}
 
 
+# In use: four tenants' jobs in 50 sequences, the fair share on; without: the same four
+# tenants' jobs, no sequence, the fair share off (the claim takes the plain order).
+IN_USE = {
+    "in use": (e2e.SEQUENCED, "1"),
+    "without": (e2e.TENANTS, "0"),
+}
+
+
+def in_use(n: int, workers: int, user_id: int, rounds: int, progress=print) -> dict:
+    """Claim throughput end to end with the fair share and sequences in use against
+    without (issue 42, part 5): ``demo.summary`` over four tenants drained by a real
+    cluster, in turn each round."""
+    runs = []
+    order = list(IN_USE.items())
+    for r in range(1, rounds + 1):
+        for label, (kind, fair) in order if r % 2 else order[::-1]:
+            run = e2e.run(kind, n, workers, user_id, round=r, env={"BENCH_FAIR_SHARE": fair})
+            runs.append({"round": r, "setting": label, "n": n, "rate": run.rate, "ok": run.ok})
+            progress(
+                f"fairshare: 4 tenants, {label:8} round {r}: {run.rate:7.1f} jobs/s"
+                f"{'' if run.ok else ', CHECK FAILED ' + str(run.check)}"
+            )
+    medians = {
+        label: statistics.median(x["rate"] for x in runs if x["setting"] == label)
+        for label in IN_USE
+    }
+    used, without = medians.values()
+    return {
+        "workers": workers,
+        "runs": runs,
+        "median_jobs_s": medians,
+        "ratio_in_use_to_without": used / without,
+        "all_checked": all(x["ok"] for x in runs),
+    }
+
+
 def _flood(tenant: str, count: int) -> None:
     now = timezone.now()
     Job.objects.bulk_create(
@@ -220,6 +256,7 @@ def run(
     """The section's three figures (``make bench``'s ``fairshare``)."""
     out = {"in_process": in_process(n_claims, rounds, progress)}
     out["end_to_end"] = end_to_end(n_e2e, workers, user_id, rounds, progress)
+    out["in_use"] = in_use(n_e2e, workers, user_id, rounds, progress)
     out["starvation"] = [starvation(2 * workers, fair) for fair in (True, False)]
     for s in out["starvation"]:
         progress(
@@ -241,6 +278,13 @@ def report_lines(res: dict | None) -> tuple[list[str], list[str]]:
         lines.append(
             f"  demo.summary, {e2e_res['workers']} workers, {label:14} {rate:8.1f} jobs/s (median)"
         )
+    used = res.get("in_use")
+    if used:
+        for label, rate in used["median_jobs_s"].items():
+            lines.append(
+                f"  demo.summary, 4 tenants, {used['workers']} workers, {label:8} {rate:8.1f} "
+                "jobs/s (median; in use: 50 sequences and the fair share on)"
+            )
     for s in res["starvation"]:
         pos = s["positions"]
         lines.append(
@@ -254,6 +298,12 @@ def report_lines(res: dict | None) -> tuple[list[str], list[str]]:
         + ", ".join(f"{key} {ratio:.3f}" for key, ratio in ratios.items())
         + f"; demo.summary end to end {e2e_res['ratio_on_to_off']:.3f}"
     ]
+    if used:
+        summary.append(
+            "claim throughput with the fair share and sequences in use / without, end to end "
+            f"(4 tenants): {used['ratio_in_use_to_without']:.3f}"
+            + ("" if used["all_checked"] else " (A RUN FAILED ITS CHECK)")
+        )
     fair = next((s for s in res["starvation"] if s["fair"]), None)
     if fair:
         worst = max((p for p in fair["positions"].values() if p is not None), default=None)

@@ -72,8 +72,12 @@ def enqueue_plain_reports(n: int) -> int:
     return notices
 
 
-def enqueue_summaries(n: int, user_id: int, *, tag: str | None = None) -> list[int]:
-    """N jobs of the minimal kind, through the public ``jobs.request`` (row + message)."""
+def enqueue_summaries(
+    n: int, user_id: int, *, tag: str | None = None, tenants: int = 0, sequences: int = 0
+) -> list[int]:
+    """N jobs of the minimal kind, through the public ``jobs.request``: of tenant ``bench``,
+    or interleaved over ``tenants`` tenants (every claim contended), each in one of
+    ``sequences`` sequences (item ``i`` in ``seq-<i % sequences>``) when asked for."""
     tag = tag or uuid.uuid4().hex[:8]
     ids = []
     with transaction.atomic():
@@ -81,8 +85,9 @@ def enqueue_summaries(n: int, user_id: int, *, tag: str | None = None) -> list[i
             job = jobs.request(
                 SUMMARY,
                 ("bench.item", f"{tag}-{i}"),
-                tenant="bench",
+                tenant=f"t{i % tenants}" if tenants else "bench",
                 params={"notify_user_id": user_id},
+                sequence_key=f"seq-{i % sequences}" if sequences else None,
             ).job
             ids.append(job.pk)
     return ids
