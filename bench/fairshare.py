@@ -118,24 +118,32 @@ def in_process(n: int, rounds: int, progress: Callable[[str], None] = print) -> 
     return {"runs": runs, "median_claims_s": medians, "ratio_on_to_off": ratios}
 
 
-def end_to_end(n: int, workers: int, user_id: int, rounds: int, progress=print) -> dict:
-    """``demo.summary`` drained by a real cluster with the fair share on and off."""
+def _drains(
+    variants: dict[str, tuple[str, str]], n: int, workers: int, user_id: int, rounds: int, progress
+) -> tuple[list[dict], dict[str, float]]:
+    """Each variant (label: kind, ``BENCH_FAIR_SHARE``) drained by a real cluster, in turn
+    each round (the order swapped every other round); the runs and each label's median."""
     runs = []
-    order = [(label, "1" if fair else "0") for label, fair in SETTING.items()]
+    order = list(variants.items())
     for r in range(1, rounds + 1):
-        for label, value in order if r % 2 else order[::-1]:
-            run = e2e.run(
-                e2e.SUMMARY, n, workers, user_id, round=r, env={"BENCH_FAIR_SHARE": value}
-            )
+        for label, (kind, fair) in order if r % 2 else order[::-1]:
+            run = e2e.run(kind, n, workers, user_id, round=r, env={"BENCH_FAIR_SHARE": fair})
             runs.append({"round": r, "setting": label, "n": n, "rate": run.rate, "ok": run.ok})
             progress(
-                f"fairshare: demo.summary {label:14} round {r}: {run.rate:7.1f} jobs/s"
+                f"fairshare: {e2e.LABELS[kind]}, {label} round {r}: {run.rate:7.1f} jobs/s"
                 f"{'' if run.ok else ', CHECK FAILED ' + str(run.check)}"
             )
     medians = {
         label: statistics.median(x["rate"] for x in runs if x["setting"] == label)
-        for label in SETTING
+        for label in variants
     }
+    return runs, medians
+
+
+def end_to_end(n: int, workers: int, user_id: int, rounds: int, progress=print) -> dict:
+    """``demo.summary`` drained by a real cluster with the fair share on and off."""
+    variants = {label: (e2e.SUMMARY, "1" if fair else "0") for label, fair in SETTING.items()}
+    runs, medians = _drains(variants, n, workers, user_id, rounds, progress)
     on, off = medians.values()
     return {"workers": workers, "runs": runs, "median_jobs_s": medians, "ratio_on_to_off": on / off}
 
@@ -150,22 +158,8 @@ IN_USE = {
 
 def in_use(n: int, workers: int, user_id: int, rounds: int, progress=print) -> dict:
     """Claim throughput end to end with the fair share and sequences in use against
-    without (issue 42, part 5): ``demo.summary`` over four tenants drained by a real
-    cluster, in turn each round."""
-    runs = []
-    order = list(IN_USE.items())
-    for r in range(1, rounds + 1):
-        for label, (kind, fair) in order if r % 2 else order[::-1]:
-            run = e2e.run(kind, n, workers, user_id, round=r, env={"BENCH_FAIR_SHARE": fair})
-            runs.append({"round": r, "setting": label, "n": n, "rate": run.rate, "ok": run.ok})
-            progress(
-                f"fairshare: 4 tenants, {label:8} round {r}: {run.rate:7.1f} jobs/s"
-                f"{'' if run.ok else ', CHECK FAILED ' + str(run.check)}"
-            )
-    medians = {
-        label: statistics.median(x["rate"] for x in runs if x["setting"] == label)
-        for label in IN_USE
-    }
+    without (issue 42, part 5): ``demo.summary`` over four tenants."""
+    runs, medians = _drains(IN_USE, n, workers, user_id, rounds, progress)
     used, without = medians.values()
     return {
         "workers": workers,
