@@ -65,6 +65,7 @@ class Claimers:
         self.stop = threading.Event()
         self.limit, self.hold = limit, hold
         self.empty_looks = 0
+        self.holding = self.most_held = 0  # jobs claimed and not yet finished, at once
 
     def _run(self, name: str) -> None:
         try:
@@ -81,10 +82,14 @@ class Claimers:
                     continue
                 with self.lock:
                     self.order.append((claim.job.pk, claim.job.tenant_key))
+                    self.holding += 1
+                    self.most_held = max(self.most_held, self.holding)
                     if len(self.order) >= self.limit:
                         self.stop.set()
                 if self.hold:
                     time.sleep(self.hold)
+                with self.lock:
+                    self.holding -= 1
                 _finish(claim.job.pk)
         finally:
             connections["default"].close()
@@ -166,32 +171,18 @@ def test_weights__the_default_weight_is_a_live_rule(settings):
     assert 2.7 <= shares["b"] / shares["a"] <= 3.3, shares
 
 
-def _alone(settings, *, fair: bool) -> tuple[float, int]:
-    settings.JOBS_FAIR_SHARE = fair
+def test_alone__a_tenant_alone_gets_every_slot(settings):
+    """Work-conserving: alone, a tenant's claims fill every worker: all 200 claimed, and
+    at some point each of the ``WORKERS`` claimers held one of its jobs (its bound is the
+    cluster's size). Its throughput against the claim without the fair order is measured
+    by ``make bench`` (section fairshare) and the fairness drill, not asserted here."""
+    settings.JOBS_FAIR_SHARE = True
     settings.JOBS_TENANT_CONCURRENCY = WORKERS
-    Job.objects.filter(kind=KIND).delete()
-    TenantShare.objects.all().delete()
     flood("a", 200)
-    claimers = Claimers(limit=200, hold=0.02)
-    started = time.monotonic()
+    claimers = Claimers(limit=200, hold=0.05)
     Claimers.join(claimers.start())
-    return 200 / (time.monotonic() - started), len(claimers.order)
-
-
-def test_alone__a_tenant_alone_gets_every_slot_and_full_throughput(settings):
-    """Work-conserving: alone, a tenant's claims fill every worker (all 200 claimed; jobs
-    of 20 ms, so 4 workers finish them in 1 s), at the throughput of the claim without the
-    fair order (best of two runs each: ``make bench`` measures the claim itself)."""
-    without = max(_alone(settings, fair=False)[0] for _ in range(2))
-    runs = [_alone(settings, fair=True) for _ in range(2)]
-    assert all(claimed == 200 for _, claimed in runs), runs
-    with_fair = max(rate for rate, _ in runs)
-    ideal = WORKERS / 0.02
-    print(
-        f"jobs/s ideal={ideal:.0f} without={without:.0f} with={with_fair:.0f} "
-        f"ratio={with_fair / without:.2f}"
-    )
-    assert with_fair >= 0.9 * without, (with_fair, without)
+    assert len(claimers.order) == 200, claimers.order
+    assert claimers.most_held == WORKERS, claimers.most_held
 
 
 def pick_query(queue: str = "default", *, aging: float = 60.0, bound: int = 4) -> str:
