@@ -9,10 +9,11 @@ effects with their events. A later ``jobs.request`` for the identity finds the r
 and says so (``JobHandle.archived``) without making a row or enqueueing anything; a
 redelivery or a stale worker of the job finds no row to claim or to publish on.
 
-Kept out of the pass, so that nothing still reading these rows loses them: a job with an
-in-app notice (the recipient's inbox, as ``jobs.retention`` keeps it), a group child its
-group has not counted, a job with a follow-up still live or a group still to join, and a
-job whose artifact has a restore in flight.
+An in-app notice stays in its recipient's inbox: the pass empties its ``effect`` before
+the effect goes (the record keeps the effect's key and outcome, and an archived job
+applies nothing again). Kept out of the pass, so that nothing still reading these rows
+loses them: a group child its group has not counted, a job with a follow-up still live
+or a group still to join, and a job whose artifact has a restore in flight.
 
 Batches of ``BATCH`` jobs, one transaction each. On PostgreSQL the batch's jobs are
 taken ``FOR UPDATE SKIP LOCKED`` and their effects locked before they are read, so
@@ -99,7 +100,6 @@ def archivable(cutoff) -> Q:
     return (
         Q(state__in=Job.TERMINAL, finished_at__lt=cutoff)
         & ~Exists(unsettled)
-        & ~Exists(Notice.objects.filter(effect__job=job))
         & ~Q(group__isnull=False, group_outcome="")
         & ~Exists(Job.objects.filter(parent=job).exclude(state__in=Job.TERMINAL))
         & ~Exists(
@@ -194,9 +194,10 @@ def _delete_rows(ids: list[int]) -> None:
     Django's cascading delete would load every row of the batch first to find what else
     points at it (two fifths of a batch's time in a profile); what points at these rows
     is known here, and the database's foreign keys still refuse a commit that would
-    leave a row pointing at nothing (a notice born meanwhile, say)."""
+    leave a row pointing at nothing."""
     using = router.db_for_write(Job)
     effects = Effect.objects.filter(job_id__in=ids)
+    Notice.objects.filter(effect__job_id__in=ids).update(effect=None)  # the inbox keeps them
     EffectEvent.objects.filter(effect_id__in=effects.values("pk"))._raw_delete(using)
     effects._raw_delete(using)
     for model in (Artifact, Attempt, JobEvent, JobStep):

@@ -491,9 +491,15 @@ class EffectEvent(models.Model):
 
 
 class Notice(models.Model):
-    """An in-app notice; the one-to-one on the effect makes a second copy impossible."""
+    """An in-app notice; the one-to-one on the effect makes a second copy impossible.
 
-    effect = models.OneToOneField(Effect, on_delete=models.PROTECT, related_name="notice")
+    The archive (``jobs.archive``) deletes a long-finished job's effects and keeps their
+    keys in its record: a notice then stays in its recipient's inbox without its effect
+    (``effect`` None), and nothing can apply that effect again (its job is archived)."""
+
+    effect = models.OneToOneField(
+        Effect, on_delete=models.PROTECT, null=True, blank=True, related_name="notice"
+    )
     recipient = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="job_notices"
     )

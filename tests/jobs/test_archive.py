@@ -110,14 +110,24 @@ def test_archive__keeps_the_window_live_jobs_and_unsettled_effects():
 
 
 @pytest.mark.django_db
-def test_archive__keeps_a_job_with_an_in_app_notice(make_user):
+def test_archive__archives_a_job_with_an_in_app_notice_and_the_inbox_keeps_it(make_user):
+    """The site's reports carry in-app notices: archived all the same, the notice stays
+    in its recipient's inbox (its effect gone, the key in the record), and a redelivery
+    of the archived job adds no second notice."""
     user = make_user()
     job = new_job(user)
     assert run_delivery(job.pk, worker="w1").outcome == "succeeded"
-    assert Notice.objects.filter(effect__job=job).exists()
+    notice = Notice.objects.get(effect__job=job)
+    effect_id, key = notice.effect.effect_id, notice.effect.idempotency_key
     Job.objects.filter(pk=job.pk).update(finished_at=timezone.now() - timedelta(days=40))
-    assert archive.archive(older_than_days=WINDOW).jobs == 0
-    assert Job.objects.filter(pk=job.pk).exists()
+    assert archive.archive(older_than_days=WINDOW).jobs == 1
+    assert not Job.objects.filter(pk=job.pk).exists()
+    kept = Notice.objects.get(pk=notice.pk)
+    assert (kept.recipient_id, kept.title, kept.effect_id) == (user.pk, notice.title, None)
+    record = ArchivedJob.objects.get(job_id=job.pk)
+    assert record.effects[effect_id] == [key, Effect.State.APPLIED]
+    assert run_delivery(job.pk, worker="w2").outcome != "succeeded"
+    assert Notice.objects.filter(recipient=user).count() == 1
 
 
 @pytest.mark.django_db

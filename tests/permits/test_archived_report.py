@@ -30,9 +30,7 @@ def _archived_report(reviewer):
     p = permit(reviewer=reviewer)
     job = finished_report(p)
     artifact = Artifact.objects.get(job=job)
-    # Archived once its notices settled and the inbox let go of them (an in-app notice
-    # keeps its job out of the archive).
-    Notice.objects.filter(effect__job=job).delete()
+    # Its effects settled (the in-app notices stay in the inbox through the archive).
     Effect.objects.filter(job=job).update(state=Effect.State.APPLIED)
     Job.objects.filter(pk=job.pk).update(finished_at=timezone.now() - timedelta(days=400))
     assert archive.archive(older_than_days=365).jobs == 1
@@ -69,3 +67,14 @@ def test_archived_report__the_admin_change_page_says_archived(reviewer, make_use
     page = response.content.decode()
     assert f"job {job.pk}, revision" in page and "(archived" in page
     assert client_for(admin).get("/admin/permits/permitrequest/").status_code == 200
+
+
+def test_archived_report__the_reviewers_notice_stays_in_their_inbox(reviewer):
+    p, job, _ = _archived_report(reviewer)
+    assert not Effect.objects.filter(job_id=job.pk).exists(), "its effects were archived"
+    notices = list(Notice.objects.filter(recipient=reviewer))
+    assert [(n.effect_id, n.title) for n in notices] == [
+        (None, f"Report ready: {p.reference} revision 1")
+    ]
+    page = client_for(reviewer).get("/notices/")
+    assert page.status_code == 200 and notices[0].title in page.content.decode()
