@@ -73,6 +73,12 @@ def _args(argv):
         help="finished jobs behind the history section's runs (0,2k,100k,1M,...)",
     )
     p.add_argument("--history-jobs", type=int, default=600, help="same-work jobs a round")
+    p.add_argument(
+        "--history-before",
+        type=float,
+        default=8.0,
+        help="seconds of claims timed just before the retention pass",
+    )
     p.add_argument("--n-hosts", type=int, default=300, help="summary jobs per hosts run")
     p.add_argument("--n-store", type=int, default=100, help="artifacts per store in the s3 section")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 round, small N, no 1M")
@@ -359,7 +365,9 @@ def main(argv=None) -> int:
         from bench import history
 
         sizes_h = [history.parse_size(x) for x in args.history_sizes.split(",")]
-        opts = history.Options(n=args.history_jobs, rounds=args.rounds)
+        opts = history.Options(
+            n=args.history_jobs, rounds=args.rounds, before_s=args.history_before
+        )
         say(f"history: {', '.join(history.label(n) for n in sizes_h)} finished jobs")
         results["history"] = history.run(sizes_h, opts, progress=say)
 
