@@ -79,6 +79,12 @@ def _args(argv):
         default=8.0,
         help="seconds of claims timed just before the retention pass",
     )
+    p.add_argument(
+        "--history-retention-budget",
+        type=float,
+        default=600.0,
+        help="seconds after which the retention pass is stopped between batches (and said so)",
+    )
     p.add_argument("--n-hosts", type=int, default=300, help="summary jobs per hosts run")
     p.add_argument("--n-store", type=int, default=100, help="artifacts per store in the s3 section")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 round, small N, no 1M")
@@ -366,7 +372,10 @@ def main(argv=None) -> int:
 
         sizes_h = [history.parse_size(x) for x in args.history_sizes.split(",")]
         opts = history.Options(
-            n=args.history_jobs, rounds=args.rounds, before_s=args.history_before
+            n=args.history_jobs,
+            rounds=args.rounds,
+            before_s=args.history_before,
+            retention_budget_s=args.history_retention_budget,
         )
         say(f"history: {', '.join(history.label(n) for n in sizes_h)} finished jobs")
         results["history"] = history.run(sizes_h, opts, progress=say)

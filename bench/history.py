@@ -389,7 +389,7 @@ def archive_look_ms(days: float, repeat: int = 5) -> float:
 
 
 def retention_pass(
-    user_id: int, days: float, *, workers: int, before_s: float, timings: Timings
+    user_id: int, days: float, *, workers: int, before_s: float, budget: float, timings: Timings
 ) -> dict:
     """The archive pass in its own process while ``workers`` threads claim a steady
     stream: its figures, and the claims' times just before it and during it."""
@@ -403,8 +403,9 @@ def retention_pass(
         time.sleep(min(1.0, before_s))  # the stream settles
         timings.phase = "before"
         time.sleep(before_s)
+        child = ["-m", "bench.history", "retention", "--days", str(days), "--budget", str(budget)]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.history", "retention", "--days", str(days)],
+            [sys.executable, *child],
             cwd=infra.ROOT,
             env=infra.child_env(BENCH_DB=_current()),
             stdout=subprocess.PIPE,
@@ -429,9 +430,10 @@ def retention_pass(
     return result
 
 
-def _retention_child(days: float) -> None:
+def _retention_child(days: float, budget: float) -> None:
     """``python -m bench.history retention --days D``: one archive pass (the default
-    batches, as ``jobs_prune --archive``), timed in the driver; prints JSON."""
+    batches, as ``jobs_prune --archive``), timed in the driver, stopped between batches
+    once ``budget`` seconds have passed; prints JSON."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
     import django
 
@@ -460,20 +462,27 @@ def _retention_child(days: float) -> None:
 
     connection._commit = timed_commit
     print("archiving", flush=True)
+    jobs = effects = batches = 0
+    stopped = False
+    started = time.monotonic()
     with connection.execute_wrapper(timed_execute):
-        done = archive.archive(older_than_days=days)
-    print(
-        json.dumps(
-            {
-                "jobs": done.jobs,
-                "effects": done.effects,
-                "batches": done.batches,
-                "wall_s": done.seconds,
-                "db_s": spent[0],
-            }
-        ),
-        flush=True,
-    )
+        # The pass's own loop, ten batches a call, so that a pass longer than the budget
+        # can be stopped between batches (and said so).
+        while True:
+            done = archive.archive(older_than_days=days, max_batches=10)
+            jobs, effects, batches = (
+                jobs + done.jobs,
+                effects + done.effects,
+                batches + done.batches,
+            )
+            if done.batches < 10 or done.jobs < 10 * archive.BATCH:
+                break
+            if time.monotonic() - started > budget:
+                stopped = True
+                break
+    figures = {"jobs": jobs, "effects": effects, "batches": batches, "stopped": stopped}
+    figures.update(wall_s=time.monotonic() - started, db_s=spent[0])
+    print(json.dumps(figures), flush=True)
 
 
 # --- one size, all sizes, the lines ------------------------------------------------------
@@ -485,6 +494,7 @@ class Options:
     rounds: int = 3
     workers: int = 2
     before_s: float = 8.0  # the claims timed just before the retention pass
+    retention_budget_s: float = 600.0  # a longer pass is stopped between batches (and said)
 
 
 def _paired_same_work(
@@ -541,7 +551,12 @@ def measure(
         )
         with timed_calls(timings):
             passed = retention_pass(
-                user_ids[db], days, workers=opts.workers, before_s=opts.before_s, timings=timings
+                user_ids[db],
+                days,
+                workers=opts.workers,
+                before_s=opts.before_s,
+                budget=opts.retention_budget_s,
+                timings=timings,
             )
         look_ms = archive_look_ms(days)
     base_rates, base_timings = paired[base]
@@ -631,10 +646,17 @@ def _same_work_line(r: dict) -> str:
 def _retention_line(r: dict) -> str:
     ret = r["retention"]
     before, during = r["ms"].get("claim_before", []), r["ms"].get("claim_during", [])
+    stopped = ""
+    if ret.get("stopped"):
+        stopped = (
+            f" (STOPPED at the budget: {ret['jobs']:,} of the day's {r['day']:,} jobs; at "
+            f"this pace the whole day would take {ret['db_s'] * r['day'] / ret['jobs']:.0f} s "
+            "or more, batches getting slower as the pass goes)"
+        )
     return (
         f"history {label(r['size'])} retention: {ret['jobs']:,} jobs ({ret['effects']:,} "
         f"effects) archived in {ret['batches']} batches, {ret['wall_s']:.1f} s wall, "
-        f"{ret['db_s']:.1f} s in the database; claim p99 before {_p(before, 99):.2f} ms "
+        f"{ret['db_s']:.1f} s in the database{stopped}; claim p99 before {_p(before, 99):.2f} ms "
         f"(n={len(before)}), during {_p(during, 99):.2f} ms (n={len(during)}, "
         f"{_ratio(_p(during, 99), _p(before, 99)):.2f}x); {ret['ran_meanwhile']} jobs ran "
         f"meanwhile (window {r['window_days']:g} days)"
@@ -668,7 +690,8 @@ def lines(per: list[dict]) -> tuple[list[str], list[str]]:
     summary.append(
         f"history bar (issue 46, at {label(top['size'])}): throughput {thr:.2f} >= 0.90 "
         f"{ok(thr >= 0.90)}; claim-p99 {claim:.2f} <= 1.2 {ok(claim <= 1.2)}; publish-p99 "
-        f"{publish:.2f} <= 1.2 {ok(publish <= 1.2)}; retention of {ret['jobs']:,} jobs in "
+        f"{publish:.2f} <= 1.2 {ok(publish <= 1.2)}; retention of {ret['jobs']:,} jobs"
+        f"{' (stopped, of ' + format(top['day'], ',') + ')' if ret.get('stopped') else ''} in "
         f"{ret['db_s']:.1f} s of database time <= 5 s {ok(ret['db_s'] <= 5.0)} (the bar "
         f"names 1M); claim p99 during it {during:.2f}x <= 2x {ok(during <= 2.0)}"
     )
@@ -680,8 +703,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.history")
     parser.add_argument("what", choices=["retention"])
     parser.add_argument("--days", type=float, required=True)
+    parser.add_argument("--budget", type=float, default=math.inf, help="seconds")
     args = parser.parse_args(argv)
-    _retention_child(args.days)
+    _retention_child(args.days, args.budget)
 
 
 if __name__ == "__main__":
