@@ -549,14 +549,20 @@ def measure(
             f"history {label(size)}: {statistics.median(rates):.1f} jobs/s; retention pass of "
             f"{plan.day:,} jobs with {opts.workers} workers running"
         )
+        passed = dict.fromkeys(("jobs", "effects", "batches", "ran_meanwhile"), 0)
+        passed.update(wall_s=0.0, db_s=0.0, skipped=True)  # nothing to archive
         with timed_calls(timings):
-            passed = retention_pass(
-                user_ids[db],
-                days,
-                workers=opts.workers,
-                before_s=opts.before_s,
-                budget=opts.retention_budget_s,
-                timings=timings,
+            passed = (
+                passed
+                if not plan.day
+                else retention_pass(
+                    user_ids[db],
+                    days,
+                    workers=opts.workers,
+                    before_s=opts.before_s,
+                    budget=opts.retention_budget_s,
+                    timings=timings,
+                )
             )
         look_ms = archive_look_ms(days)
     base_rates, base_timings = paired[base]
@@ -645,6 +651,8 @@ def _same_work_line(r: dict) -> str:
 
 def _retention_line(r: dict) -> str:
     ret = r["retention"]
+    if ret.get("skipped"):
+        return f"history {label(r['size'])} retention: nothing to archive, no pass run"
     before, during = r["ms"].get("claim_before", []), r["ms"].get("claim_during", [])
     stopped = ""
     if ret.get("stopped"):
