@@ -196,7 +196,9 @@ def maintenance_round_ms(repeat: int = 5) -> float:
 
 
 def archive_look_ms(days: float, repeat: int = 5) -> float:
-    """Median ms of an archive pass that finds nothing (what each round's archive costs)."""
+    """Median ms of an archive pass of one batch at most: after a whole pass it finds
+    nothing (what each round's archive costs); after a pass stopped at its budget, one
+    batch of work."""
     from jobs import archive
 
     samples = []
@@ -217,7 +219,7 @@ def retention_pass(
         [(_feeder, (user_id, stop))]
         + [(_worker, (f"r{k}", timings, stop, False)) for k in range(workers)]
     )
-    ran_before = timings.ran
+    ran_before = timings.ran  # set again when the pass starts
     try:
         time.sleep(min(1.0, before_s))  # the stream settles
         timings.phase = "before"
@@ -235,6 +237,7 @@ def retention_pass(
         for line in proc.stdout:
             if line.startswith("archiving"):
                 timings.phase = "during"
+                ran_before = timings.ran
             elif line.startswith("{"):
                 timings.phase = "off"
                 result = json.loads(line)
