@@ -26,7 +26,11 @@ Sections, all sequential (the machine has 2 cores):
 11b. fairshare: the claim's throughput with the fair share in use against without (in
     process per executor, and ``demo.summary`` end to end), and the starvation bound
     observed (``bench.fairshare``);
-12. before -> after (only with ``--before REF``): REF's same-work ratios measured beside
+12. history (only when asked for, ``--sections history``): 0, 1M and 10M finished jobs
+    loaded by COPY; same-work jobs/s, the claim's and the publish's p50/p99, the
+    maintenance round, table bytes and the archive pass while workers run (issue 46,
+    ``bench.history``; ``--history-sizes 0,100k`` for a quick run);
+13. before -> after (only with ``--before REF``): REF's same-work ratios measured beside
     this tree's, each round both trees in turn (``bench.compare``).
 
 Figures move 10-40% between runs on a shared machine; ratios measured in one
@@ -63,6 +67,24 @@ def _args(argv):
         help="comma-separated subset; add knobs for the fsync and CONN_HEALTH_CHECKS figures",
     )
     p.add_argument("--ledger-sizes", default="10000,100000,1000000")
+    p.add_argument(
+        "--history-sizes",
+        default="0,1M,10M",
+        help="finished jobs behind the history section's runs (0,2k,100k,1M,...)",
+    )
+    p.add_argument("--history-jobs", type=int, default=600, help="same-work jobs a round")
+    p.add_argument(
+        "--history-before",
+        type=float,
+        default=8.0,
+        help="seconds of claims timed just before the retention pass",
+    )
+    p.add_argument(
+        "--history-retention-budget",
+        type=float,
+        default=600.0,
+        help="seconds after which the retention pass is stopped between batches (and said so)",
+    )
     p.add_argument("--n-hosts", type=int, default=300, help="summary jobs per hosts run")
     p.add_argument("--n-store", type=int, default=100, help="artifacts per store in the s3 section")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 round, small N, no 1M")
@@ -138,8 +160,10 @@ def main(argv=None) -> int:
     from bench import e2e, hotpath, workloads
 
     workers = args.workers or settings.Q_CLUSTER["workers"]
-    say(f"preparing {infra.E2E_DB} afresh (migrate, seed_demo)")
-    user_id = workloads.prepare_database()
+    user_id = 0
+    if sections - {"history"}:  # the history section makes and seeds its own database
+        say(f"preparing {infra.E2E_DB} afresh (migrate, seed_demo)")
+        user_id = workloads.prepare_database()
     results: dict = {"machine": machine(), "q_cluster": _q_cluster(settings), "args": vars(args)}
     say("machine: " + ", ".join(f"{k} {v}" for k, v in results["machine"].items()))
 
@@ -342,6 +366,19 @@ def main(argv=None) -> int:
         }
         if not args.keep_ledger:
             infra.drop_database(infra.LEDGER_DB)
+
+    if "history" in sections:
+        from bench import history
+
+        sizes_h = [history.parse_size(x) for x in args.history_sizes.split(",")]
+        opts = history.Options(
+            n=args.history_jobs,
+            rounds=args.rounds,
+            before_s=args.history_before,
+            retention_budget_s=args.history_retention_budget,
+        )
+        say(f"history: {', '.join(history.label(n) for n in sizes_h)} finished jobs")
+        results["history"] = history.run(sizes_h, opts, progress=say)
 
     if args.before:
         from bench import compare
@@ -831,6 +868,12 @@ def report(res: dict, workers: int) -> str:
                 for c in costs
             )
         )
+
+    hist = res.get("history")
+    if hist:
+        lines += ["", "history at scale (issue 46; bench.history)"]
+        lines += ["  " + ln for ln in hist["lines"]]
+        summary_lines += hist["summary"]  # the one line outside checks read, and the bar
 
     lines += ["", "-" * 100]
     lines += summary_lines

@@ -30,7 +30,9 @@ VAR = ROOT / "var" / "bench"
 # Overridable, so benches of several checkouts on one server do not empty each other's tables.
 E2E_DB = os.environ.get("BENCH_DB") or "bench_e2e"
 LEDGER_DB = os.environ.get("BENCH_LEDGER_DB") or "bench_ledger"
-OWNED = (E2E_DB, LEDGER_DB)
+HISTORY_DB = os.environ.get("BENCH_HISTORY_DB") or "bench_history"  # bench.history
+HISTORY_BASE_DB = f"{HISTORY_DB}_0"  # its empty twin, measured beside it round by round
+OWNED = (E2E_DB, LEDGER_DB, HISTORY_DB, HISTORY_BASE_DB)
 
 # Tables a run fills; emptied (with their id sequences) before every run.
 RUN_TABLES = [
