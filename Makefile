@@ -23,7 +23,7 @@ DRILL_WORKERS ?= 3
 # tests are deselected (CI turns their skip into a failure).
 SQLITE_TESTS ?= tests/jobs tests/permits/test_drill.py tests/docs/shop_example tests/docs/typed_example
 
-.PHONY: install install-runtime demo serve test test-main test-sqlite drills lint format clean bench soak schedule-drill failover-drill fairness-drill sequence-drill docs package
+.PHONY: install install-runtime demo serve test test-main test-sqlite drills lint format clean bench soak schedule-drill failover-drill fairness-drill sequence-drill horizon docs package
 
 $(VENV)/bin/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
@@ -95,6 +95,11 @@ schedule-drill: $(STAMP)
 ## a SIGSTOP past the lease and 20 s of provider 500s; the order and the effects checked.
 sequence-drill: $(STAMP)
 	$(PY) -m tests.chaos.sequence_drill $(SEQUENCE_DRILL_ARGS)
+
+## make horizon MINUTES=60: a steady stream for MINUTES with the archive on; bytes, dead tuples, p99 a minute.
+MINUTES ?= 60
+horizon: $(STAMP)
+	$(PY) -m tests.chaos.horizon --minutes $(MINUTES) $(HORIZON_ARGS)
 
 ## make fairness-drill: 3 worker hosts on one PostgreSQL; a flood's bound K, 3:1 shares, alone.
 fairness-drill: $(STAMP)

@@ -117,8 +117,9 @@ def archive(
     cutoff = _cutoff(older_than_days)
     done = Archived()
     started = time.monotonic()
+    after = None
     while max_batches is None or done.batches < max_batches:
-        jobs, effects, seen = _archive_batch(cutoff, batch)
+        jobs, effects, seen, after = _archive_batch(cutoff, batch, after)
         done.jobs += jobs
         done.effects += effects
         done.batches += 1
@@ -155,21 +156,37 @@ def archive_when_due() -> int:
     return archive(older_than_days=days, max_batches=ROUND_BATCHES).jobs
 
 
-def _archive_batch(cutoff, size: int) -> tuple[int, int, int]:
-    """One transaction: take up to ``size`` archivable jobs, write their records, delete
-    their rows. Returns (jobs archived, effects archived, jobs taken)."""
+def _next_finished(cutoff, size: int, after: tuple | None) -> list[tuple]:
+    """The next ``size`` (finished_at, id) of jobs finished before ``cutoff``, oldest
+    first after ``after``: a walk of ``jobs_job_finished_idx`` that never reads a job
+    twice in a pass, nor one finished after the window (the table's bulk)."""
+    finished = Job.objects.filter(state__in=Job.TERMINAL, finished_at__lt=cutoff)
+    if after is not None:
+        at, pk = after
+        finished = finished.filter(Q(finished_at__gt=at) | Q(finished_at=at, pk__gt=pk))
+    return list(finished.order_by("finished_at", "pk").values_list("finished_at", "pk")[:size])
+
+
+def _archive_batch(cutoff, size: int, after: tuple | None) -> tuple[int, int, int, tuple | None]:
+    """One transaction: of the next ``size`` jobs finished before ``cutoff`` (after
+    ``after``), take the archivable ones, write their records, delete their rows. Returns
+    (jobs archived, effects archived, jobs looked at, where the walk stands)."""
+    window = _next_finished(cutoff, size, after)
+    if not window:
+        return 0, 0, 0, after
     with transaction.atomic():
-        taken = Job.objects.filter(archivable(cutoff))
+        # The rules' lookups for these ids alone, each by an index (never a whole table).
+        taken = Job.objects.filter(archivable(cutoff), pk__in=[pk for _, pk in window])
         if connection.features.has_select_for_update_skip_locked:
             taken = taken.select_for_update(skip_locked=True, of=("self",))
         jobs = list(
             taken.only(
                 "pk", "uid", "keys_from_id", "kind", "subject_type", "subject_id",
                 "output_revision", "state", "finished_at",
-            )[:size]
+            )
         )  # fmt: skip
         if not jobs:
-            return 0, 0, 0
+            return 0, 0, len(window), window[-1]
         ids = [job.pk for job in jobs]
         effects = _locked_effects(ids)
         # An operator's arrow may have moved an effect between the scan and its lock.
@@ -185,7 +202,7 @@ def _archive_batch(cutoff, size: int) -> tuple[int, int, int]:
             [_record(job, files.get(job.pk), by_job[job.pk]) for job in keep]
         )
         _delete_rows(ids)
-        return len(keep), sum(len(e) for e in by_job.values()), len(jobs)
+        return len(keep), sum(len(e) for e in by_job.values()), len(window), window[-1]
 
 
 def _delete_rows(ids: list[int]) -> None:

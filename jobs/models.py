@@ -109,10 +109,8 @@ class Job(models.Model):
         db_default="",
         help_text="the paused scope holding this waiting job; empty when none",
     )
-    # A claim that finds the job held back by a rule (rate, concurrency) or its tenant's
-    # bound defers it and counts the look here, not in an attempt row per look; the scope
-    # that deferred it is kept until it starts, so deleting or loosening that rule makes it
-    # due at once (docs/app/flow.md).
+    # A claim that defers the job (a rule, its tenant's bound) counts the look here, not in
+    # an attempt row; the scope is kept so that its rule's change frees it (docs/app/flow.md).
     held_looks = models.PositiveIntegerField(
         default=0, db_default=0, help_text="claims that found it held back (no attempt spent)"
     )
@@ -242,6 +240,12 @@ class Job(models.Model):
                 fields=["group"],
                 name="jobs_job_group_uncounted_idx",
                 condition=Q(group__isnull=False, group_outcome=""),
+            ),
+            # The archive's walk, oldest first (jobs.archive); built CONCURRENTLY (0037).
+            models.Index(
+                fields=["finished_at", "id"],
+                name="jobs_job_finished_idx",
+                condition=Q(state__in=["succeeded", "failed", "dead", "cancelled"]),
             ),
         ]
         ordering = ["-id"]
@@ -491,15 +495,10 @@ class EffectEvent(models.Model):
 
 
 class Notice(models.Model):
-    """An in-app notice; the one-to-one on the effect makes a second copy impossible.
+    """An in-app notice; the one-to-one on the effect makes a second copy impossible. An
+    archived job's notices stay without their effect (``effect`` None, ``jobs.archive``)."""
 
-    The archive (``jobs.archive``) deletes a long-finished job's effects and keeps their
-    keys in its record: a notice then stays in its recipient's inbox without its effect
-    (``effect`` None), and nothing can apply that effect again (its job is archived)."""
-
-    effect = models.OneToOneField(
-        Effect, on_delete=models.PROTECT, null=True, blank=True, related_name="notice"
-    )
+    effect = models.OneToOneField(Effect, models.PROTECT, null=True, related_name="notice")
     recipient = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="job_notices"
     )
@@ -593,10 +592,8 @@ class FlowRule(models.Model):
         return ", ".join(parts) or "no limit (defaults)"
 
 
-# The maintenance round's own bookkeeping lives beside (Django registers models a models
-# module imports): ScheduleState (jobs.schedules), ReconcileMark (jobs.reconcile),
-# TenantShare (jobs.fairness); so do a group's rows (JobGroup, jobs.jobgroups), an archived
-# job's identity record (ArchivedJob, jobs.archived) and the flow rules' audit history.
+# Models kept beside, registered by this import: the maintenance round's bookkeeping
+# (jobs.marks), groups, archived identities and the flow rules' audit history.
 from jobs.archived import ArchivedJob  # noqa: E402, F401
 from jobs.flowaudit import FlowRuleChange  # noqa: E402, F401
 from jobs.jobgroups import JobGroup  # noqa: E402, F401

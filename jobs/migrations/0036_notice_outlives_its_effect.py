@@ -16,6 +16,6 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='notice',
             name='effect',
-            field=models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='notice', to='jobs.effect'),
+            field=models.OneToOneField(null=True, on_delete=django.db.models.deletion.PROTECT, related_name='notice', to='jobs.effect'),
         ),
     ]

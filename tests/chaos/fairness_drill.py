@@ -31,6 +31,7 @@ from pathlib import Path
 
 from jobs.testing import scratchdb
 from jobs.testing.processes import Processes
+from tests.chaos.drillhosts import start_hosts
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS_MODULE = "tests.chaos.fairness_settings"
@@ -165,37 +166,8 @@ def _rates(rates: list[float]) -> str:
 
 
 def _hosts(procs: Processes, env: dict, work: Path, n: int, *, fair: bool) -> list:
-    started = []
-    for i in range(n):
-        name = f"host-{'abcdefgh'[i]}"
-        folder = work / f"{name}-{'fair' if fair else 'off'}"
-        (folder / "tmp").mkdir(parents=True)
-        host_env = {
-            **env,
-            "JOBS_HOST_NAME": name,
-            "TMPDIR": str(folder / "tmp"),
-            "FAIR_DRILL_FAIR_SHARE": "1" if fair else "0",
-        }
-        started.append(
-            procs.start(
-                f"{name}.{'fair' if fair else 'off'}",
-                "jobs_worker",
-                "--stop-timeout=5",
-                "--stall-seconds=25",
-                env=host_env,
-            )
-        )
-    from tests.chaos.scaleout import CLUSTER_RUNNING
-
-    ok = _wait(
-        lambda: all(
-            CLUSTER_RUNNING.search(p.log_path.read_text(errors="replace")) for p in started
-        ),
-        90,
-    )
-    if not ok:
-        raise RuntimeError("the hosts' clusters did not start")
-    return started
+    extra = {"FAIR_DRILL_FAIR_SHARE": "1" if fair else "0"}
+    return start_hosts(procs, env, work, n, tag="fair" if fair else "off", extra=extra)
 
 
 def run(args: argparse.Namespace) -> int:
