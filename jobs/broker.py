@@ -145,8 +145,11 @@ def channel_for(list_key: str) -> str:
 def channel_sql(queue: str) -> str:
     """``channel_for(queue.list_key(<queue>))`` in SQL over the column ``queue``, for a
     statement that NOTIFYs the queues of the rows it wrote. Its parameters, in order, are
-    ``channel_params()``; ``tests/jobs/test_claiming.py`` holds it to ``channel_for``."""
-    key = f"CASE WHEN {queue} IN ('', 'default') THEN %s::text ELSE %s || '.' || {queue} END"
+    ``channel_params()``; ``tests/jobs/test_sequences.py`` holds it to ``channel_for``."""
+    from jobs.rules import DEFAULT_QUEUE
+
+    default = f"{queue} IN ('', '{DEFAULT_QUEUE}')"
+    key = f"CASE WHEN {default} THEN %s::text ELSE %s || '.' || {queue} END"
     return (
         f"(SELECT CASE WHEN octet_length(%s || k) <= 63 THEN %s || k ELSE %s || "
         f"left(encode(sha256(convert_to(k, 'UTF8')), 'hex'), 40) END FROM (SELECT {key} AS k) c)"

@@ -26,7 +26,6 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models.functions import Now
 
 from jobs import broker, clock, conf, fairness, rules
-from jobs.broker import channel_sql
 from jobs.engine import admission, job_machine, verdict
 from jobs.engine.plan import Claim
 from jobs.engine.refusals import refusal
@@ -235,7 +234,7 @@ def _heads_statement(*, one_key: bool = False, lazy: bool = False) -> str:
             WHERE j.id IN (SELECT id FROM ready) AND {held}
             RETURNING j.id, j.kind, j.queue
         ), woken AS (
-            SELECT pg_notify(c, '') FROM (SELECT DISTINCT {channel_sql("r.queue")} AS c
+            SELECT pg_notify(c, '') FROM (SELECT DISTINCT {broker.channel_sql("r.queue")} AS c
             FROM released r) q
         ){lazy_cte}
         SELECT r.id, r.kind FROM released r WHERE (SELECT count(*) FROM woken) >= 0{lazy_where}"""
