@@ -185,9 +185,8 @@ def pick_function_sql() -> str:
 
     A function so that the claim statement stays within psycopg's parse cache (4 KiB); its
     plan is made once per connection and kept (``force_generic_plan``: v1's query was
-    planned afresh on every call, and spent more in the planner than in the pick).
-    The text is frozen in migration 0035;
-    ``tests/jobs/test_fairness.py`` fails if they drift.
+    planned afresh on every call, and spent more in the planner than in the pick). The
+    text is frozen in migration 0035; ``tests/jobs/test_fairness.py`` fails if they drift.
     """
     return f"""
 CREATE OR REPLACE FUNCTION {PICK_FUNCTION}(
