@@ -1,5 +1,6 @@
-"""What jobs left behind, in the admin: published artifacts (and whether they are intact)
-and in-app notices. Read-only; "Verify" checks stored bytes against their sha256.
+"""What jobs left behind, in the admin: published artifacts (and whether they are intact),
+in-app notices and archived jobs' identities. Read-only; "Verify" checks stored bytes
+against their sha256.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from django.contrib import admin, messages
 
 from jobs import artifacts
 from jobs.exceptions import ArtifactCorrupt, TemporaryFailure
-from jobs.models import Artifact, Notice
+from jobs.models import ArchivedJob, Artifact, Notice
 from jobs.ops.admin_common import EngineAdmin
 
 
@@ -64,3 +65,19 @@ class ArtifactAdmin(EngineAdmin):
 class NoticeAdmin(EngineAdmin):
     list_display = ("id", "recipient", "title", "created_at", "read_at")
     readonly_fields = [f.name for f in Notice._meta.fields]
+
+
+@admin.register(ArchivedJob)
+class ArchivedJobAdmin(EngineAdmin):
+    """Jobs archived (``jobs.archive``): what stays of each, found by its id, uid or
+    subject. Its history (attempts, errors, events) is gone; its artifact file is kept."""
+
+    list_display = (
+        "job_id", "kind", "subject_type", "subject_id", "output_revision", "state",
+        "finished_at", "archived_at", "artifact_key",
+    )  # fmt: skip
+    list_filter = ("state", "kind")
+    search_fields = ("=job_id", "=uid", "subject_id", "artifact_key")
+    ordering = ("-archived_at",)
+    readonly_fields = [f.name for f in ArchivedJob._meta.fields]
+    show_full_result_count = False  # a count of years of identities is not worth its scan

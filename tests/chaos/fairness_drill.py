@@ -20,10 +20,7 @@ the drill could not run.
 from __future__ import annotations
 
 import argparse
-import os
 import secrets
-import shutil
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -31,7 +28,7 @@ from pathlib import Path
 
 from jobs.testing import scratchdb
 from jobs.testing.processes import Processes
-from tests.chaos.drillhosts import start_hosts
+from tests.chaos.drillhosts import scratch_project, start_hosts, tear_down
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS_MODULE = "tests.chaos.fairness_settings"
@@ -183,38 +180,13 @@ def run(args: argparse.Namespace) -> int:
     procs = None
     verdict = "fairness: FAIL interrupted"
     try:
-        scratch = scratchdb.create(url, name)
-        env = {
-            k_: v
-            for k_, v in os.environ.items()
-            if k_ not in ("TEST_DATABASE_NAME", "DJANGO_SETTINGS_MODULE")
-        }
-        env.update(
-            DJANGO_SETTINGS_MODULE=SETTINGS_MODULE,
-            DATABASE_URL=scratch,
-            PYTHONPATH=str(ROOT),
-            PYTHONUNBUFFERED="1",
-            Q_LOG_LEVEL="INFO",  # the hosts say when their cluster runs
-            LOG_LEVEL="WARNING",
+        env, procs = scratch_project(
+            url,
+            name,
+            work,
+            SETTINGS_MODULE,
             SOAK_Q_WORKERS=str(args.workers),
             JOBS_TENANT_CONCURRENCY=str(args.hosts * args.workers),
-            ARTIFACT_ROOT=str(work / "artifacts"),
-        )
-        subprocess.run(
-            [sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v0"],
-            cwd=ROOT,
-            env=env,
-            check=True,
-            timeout=300,
-        )
-        os.environ.update({k_: v for k_, v in env.items() if k_ != "PYTHONPATH"})
-        os.environ.update(Q_LOG_LEVEL="WARNING")
-        sys.path.insert(0, str(ROOT))
-        import django
-
-        django.setup()
-        procs = Processes(
-            env, work / "logs", command=(sys.executable, str(ROOT / "manage.py")), cwd=ROOT
         )
         hosts = _hosts(procs, env, work, args.hosts, fair=True)
         _say(f"fairness {name}: {args.hosts} hosts x {args.workers} workers, K = {k}")
@@ -254,20 +226,7 @@ def run(args: argparse.Namespace) -> int:
         verdict = f"fairness: FAIL the drill could not run: {type(exc).__name__}: {exc}"
         return 2
     finally:
-        if procs is not None:
-            procs.stop_all()
-        from contextlib import suppress
-
-        with suppress(Exception):
-            from django.db import connections
-
-            connections.close_all()
-        with suppress(Exception):
-            scratchdb.drop(url, name)
-        if verdict.startswith("fairness: PASS"):
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            _say(f"kept {work}")
+        tear_down(procs, url, name, work, passed=verdict.startswith("fairness: PASS"), say=_say)
         _say(verdict)
 
 

@@ -21,17 +21,13 @@ is ``horizon: PASS ...`` or ``horizon: FAIL ...``; exit 1 on FAIL, 2 when it cou
 from __future__ import annotations
 
 import argparse
-import os
 import secrets
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from jobs.testing import scratchdb
-from jobs.testing.processes import Processes
-from tests.chaos.drillhosts import start_hosts
+from tests.chaos.drillhosts import scratch_project, start_hosts, tear_down
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS_MODULE = "tests.chaos.horizon_settings"
@@ -148,44 +144,15 @@ def run(args: argparse.Namespace) -> int:
     procs = None
     result = "horizon: FAIL interrupted"
     try:
-        scratch = scratchdb.create(url, name)
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("TEST_DATABASE_NAME", "DJANGO_SETTINGS_MODULE")
-        }
-        env.update(
-            DJANGO_SETTINGS_MODULE=SETTINGS_MODULE,
-            DATABASE_URL=scratch,
-            PYTHONPATH=str(ROOT),
-            PYTHONUNBUFFERED="1",
-            Q_LOG_LEVEL="INFO",  # the hosts say when their cluster runs
-            LOG_LEVEL="WARNING",
-            SOAK_Q_WORKERS=str(args.workers),
-            ARTIFACT_ROOT=str(work / "artifacts"),
+        env, procs = scratch_project(
+            url, name, work, SETTINGS_MODULE, SOAK_Q_WORKERS=str(args.workers)
         )
-        subprocess.run(
-            [sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v0"],
-            cwd=ROOT,
-            env=env,
-            check=True,
-            timeout=300,
-        )
-        os.environ.update({k: v for k, v in env.items() if k != "PYTHONPATH"})
-        os.environ.update(Q_LOG_LEVEL="WARNING")
-        sys.path.insert(0, str(ROOT))
-        import django
-
-        django.setup()
         from django.contrib.auth import get_user_model
 
         from jobs import archive, retention
 
         user_id = get_user_model().objects.create_user("horizon-reader").pk
         window = retention.minimum_days()
-        procs = Processes(
-            env, work / "logs", command=(sys.executable, str(ROOT / "manage.py")), cwd=ROOT
-        )
         start_hosts(procs, env, work, args.hosts, tag="horizon")
         _say(
             f"horizon {name}: {args.minutes} min, {args.rate} jobs/s, {args.hosts} hosts x "
@@ -228,20 +195,7 @@ def run(args: argparse.Namespace) -> int:
         result = f"horizon: FAIL the drill could not run: {type(exc).__name__}: {exc}"
         return 2
     finally:
-        if procs is not None:
-            procs.stop_all()
-        from contextlib import suppress
-
-        with suppress(Exception):
-            from django.db import connections
-
-            connections.close_all()
-        with suppress(Exception):
-            scratchdb.drop(url, name)
-        if result.startswith("horizon: PASS"):
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            _say(f"kept {work}")
+        tear_down(procs, url, name, work, passed=result.startswith("horizon: PASS"), say=_say)
         _say(result)
 
 
