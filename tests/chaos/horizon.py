@@ -1,8 +1,9 @@
 """The long-horizon drill: ``make horizon MINUTES=60`` (issue 46).
 
 A steady stream of ``demo.summary`` jobs (each an artifact and an in-app notice) on two
-worker hosts (``manage.py jobs_worker``) against a scratch PostgreSQL database, with the
-archive on: once a minute, as an operator's cron would, the drill runs the archive pass
+worker hosts (``manage.py jobs_worker``) against a scratch database on a private
+PostgreSQL with the server's defaults, autovacuum on (``--shared-server``: on
+``DATABASE_URL``'s, whose autovacuum this machine turns off), with the archive on: once a minute, as an operator's cron would, the drill runs the archive pass
 (``jobs.archive``) over the jobs finished before the shortest window the checks allow
 (``retention.minimum_days``: 400 s with these settings, ``tests.chaos.horizon_settings``).
 
@@ -22,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import secrets
+import signal
 import sys
 import time
 from pathlib import Path
 
 from jobs.testing import scratchdb
+from tests.chaos import pgcluster
 from tests.chaos.drillhosts import scratch_project, start_hosts, tear_down
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,9 +135,23 @@ def verdict(rows: list[dict]) -> list[str]:
     return failures
 
 
+def _own_server() -> tuple[pgcluster.Server, Path, str]:
+    """A private PostgreSQL with the server's defaults (autovacuum on, as in production;
+    this machine's shared server runs with it off, ``conf.d/90-ci.conf``): its URL."""
+    folder = pgcluster.workdir("horizon-")
+    server = pgcluster.Server("horizon", folder / "data", "127.0.0.1", pgcluster.free_port())
+    pgcluster.initdb(server)
+    server.start("-c max_connections=100")
+    server.wait_ready(writable=True)
+    return server, folder, f"postgres://{pgcluster.ROLE}@{server.host}:{server.port}/postgres"
+
+
 def run(args: argparse.Namespace) -> int:
+    own = None
     try:
-        url = scratchdb.server_url(purpose="the horizon drill")
+        if args.own_server:
+            own = _own_server()
+        url = own[2] if own else scratchdb.server_url(purpose="the horizon drill")
     except scratchdb.NotPostgres as exc:
         _say(f"horizon: cannot run: {exc}")
         return 2
@@ -148,15 +165,20 @@ def run(args: argparse.Namespace) -> int:
             url, name, work, SETTINGS_MODULE, SOAK_Q_WORKERS=str(args.workers)
         )
         from django.contrib.auth import get_user_model
+        from django.db import connection
 
         from jobs import archive, retention
 
         user_id = get_user_model().objects.create_user("horizon-reader").pk
         window = retention.minimum_days()
         start_hosts(procs, env, work, args.hosts, tag="horizon")
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW autovacuum")
+            (autovacuum,) = cursor.fetchone()
         _say(
             f"horizon {name}: {args.minutes} min, {args.rate} jobs/s, {args.hosts} hosts x "
-            f"{args.workers} workers, archive after {window * 86400:.0f} s, once a minute"
+            f"{args.workers} workers, archive after {window * 86400:.0f} s, once a minute; "
+            f"{'its own server' if own else 'DATABASE_URL'}'s autovacuum {autovacuum}"
         )
         _say(
             "minute | working set MB | dead tuples | live rows | archived (MB) | "
@@ -196,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     finally:
         tear_down(procs, url, name, work, passed=result.startswith("horizon: PASS"), say=_say)
+        if own:
+            pgcluster.remove(own[1], [own[0]])
         _say(result)
 
 
@@ -205,6 +229,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=10, help="jobs asked for a second")
     parser.add_argument("--hosts", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2, help="per host")
+    parser.add_argument(
+        "--shared-server",
+        dest="own_server",
+        action="store_false",
+        help="use DATABASE_URL's server, not a private one with autovacuum on",
+    )
+    # SIGTERM ends the run as Ctrl-C does: the hosts stopped, the databases dropped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     return run(parser.parse_args(argv))
 
 
