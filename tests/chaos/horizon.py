@@ -3,8 +3,9 @@
 A steady stream of ``demo.summary`` jobs (each an artifact and an in-app notice) on two
 worker hosts (``manage.py jobs_worker``) against a scratch database on a private
 PostgreSQL with the server's defaults, autovacuum on (``--shared-server``: on
-``DATABASE_URL``'s, whose autovacuum this machine turns off), with the archive on: once a minute, as an operator's cron would, the drill runs the archive pass
-(``jobs.archive``) over the jobs finished before the shortest window the checks allow
+``DATABASE_URL``'s, whose autovacuum this machine turns off), with the archive on: once a
+minute, as an operator's cron would, the drill runs the archive pass (``jobs.archive``)
+over the jobs finished before the shortest window the checks allow
 (``retention.minimum_days``: 400 s with these settings, ``tests.chaos.horizon_settings``).
 
 Every minute it prints the working set's table and index bytes (jobs, attempts, effects,
