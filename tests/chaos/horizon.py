@@ -9,8 +9,9 @@ over the jobs finished before the shortest window the checks allow
 (``retention.minimum_days``: 400 s with these settings, ``tests.chaos.horizon_settings``).
 
 Every minute it prints the working set's table and index bytes (jobs, attempts, effects,
-their events, artifacts, notices), its dead tuples (``pg_stat_user_tables``), the archive's
-records and their bytes (they grow by design: an identity is kept forever, compactly),
+their events, artifacts), its dead tuples (``pg_stat_user_tables``), the archive's records
+and their bytes and the inbox's notices' bytes (both grow by design: an identity is kept
+forever, compactly, and a notice as long as its recipient keeps it),
 the jobs finished that minute and the p99 pickup (request to first start) of the jobs
 started that minute.
 
@@ -42,9 +43,10 @@ WORKING_SET = (
     "jobs_effectevent",
     "jobs_jobevent",
     "jobs_artifact",
-    "jobs_notice",
 )
-ARCHIVE_TABLE = "jobs_archivedjob"
+# What grows by design, printed apart: the archive's identity records, and the inbox's
+# notices (one a job here, kept for their recipient, archived job or not).
+ARCHIVE_TABLE, INBOX_TABLE = "jobs_archivedjob", "jobs_notice"
 
 
 def _say(line: str) -> None:
@@ -78,10 +80,11 @@ def sample(minute_started) -> dict:
         )
         size, dead, live = cursor.fetchone()
         cursor.execute(
-            "SELECT pg_total_relation_size(%s), (SELECT count(*) FROM jobs_archivedjob)",
-            [ARCHIVE_TABLE],
+            "SELECT pg_total_relation_size(%s), (SELECT count(*) FROM jobs_archivedjob), "
+            "pg_total_relation_size(%s)",
+            [ARCHIVE_TABLE, INBOX_TABLE],
         )
-        archive_bytes, archived = cursor.fetchone()
+        archive_bytes, archived, inbox_bytes = cursor.fetchone()
         cursor.execute(
             "SELECT (SELECT count(*) FROM jobs_job WHERE finished_at >= %s) + "
             "(SELECT count(*) FROM jobs_archivedjob WHERE finished_at >= %s)",
@@ -100,6 +103,7 @@ def sample(minute_started) -> dict:
         "dead": int(dead or 0),
         "live": int(live or 0),
         "archive_bytes": int(archive_bytes or 0),
+        "inbox_bytes": int(inbox_bytes or 0),
         "archived": int(archived),
         "finished": int(finished),
         "p99_pickup_ms": None if pickup is None else float(pickup) * 1000,
@@ -182,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
             f"{'its own server' if own else 'DATABASE_URL'}'s autovacuum {autovacuum}"
         )
         _say(
-            "minute | working set MB | dead tuples | live rows | archived (MB) | "
+            "minute | working set MB | dead tuples | live rows | archived (MB) | inbox MB | "
             "finished/min | p99 pickup ms | archive pass"
         )
         rows, asked = [], 0
@@ -199,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
             _say(
                 f"{minute:6} | {row['bytes'] / 1e6:14.1f} | {row['dead']:11,} | "
                 f"{row['live']:9,} | {row['archived']:,} ({row['archive_bytes'] / 1e6:.1f}) | "
-                f"{row['finished']:12,} | {'-' if pickup is None else f'{pickup:.0f}':>13} | "
+                f"{row['inbox_bytes'] / 1e6:8.1f} | {row['finished']:12,} | "
+                f"{'-' if pickup is None else f'{pickup:.0f}':>13} | "
                 f"{passed.jobs:,} jobs in {passed.seconds:.2f} s"
             )
         failures = verdict(rows)
