@@ -33,7 +33,7 @@ OPERATOR_VIEW_ONLY = {
     "permits": ["reviewerassignment"],
     # What the engine records of a job beside its attempts (issue 44: without these the
     # job page hid its steps, its group and its history from operators).
-    "jobs": ["jobstep", "jobgroup", "jobevent", "flowrulechange", "schedulestate"],
+    "jobs": ["jobstep", "jobgroup", "jobevent", "flowrulechange", "schedulestate", "archivedjob"],
 }
 OFFICE_ADMINS = "office-admins"
 OFFICE_ADMIN_PERMS = [

@@ -387,6 +387,7 @@ def _admin_pages(page, base: str):
         ("admin-console", f"{base}/admin/jobs/job/dashboard/"),
         ("admin-sequences", f"{base}/admin/jobs/job/sequences/"),
         ("admin-job-held", f"{base}/admin/jobs/job/{held.pk}/change/"),
+        ("admin-archived", f"{base}/admin/jobs/archivedjob/"),
     ]
 
 
