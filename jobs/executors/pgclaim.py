@@ -200,7 +200,9 @@ def _heads_statement(*, one_key: bool = False, lazy: bool = False) -> str:
     others are ``broker.channel_params()``. ``lazy``: its commit does not wait for the
     disk (only for a statement that is its own transaction)."""
     job_t, effect_t = _q(Job._meta.db_table), _q(Effect._meta.db_table)
-    # Literals, so the held index's predicate (migration 0032) is provably implied.
+    # Literals, so the partial indexes' predicates (migration 0032) are provably implied:
+    # without ``p.sequence_key <> ''`` the job before a head (its key a lateral value, not
+    # a literal) was found by a scan of the whole table, a release growing with history.
     held = f"j.held_by = '{SEQUENCE_HELD}' AND j.state = '{Job.State.QUEUED}'"
     passes = rules.literal_sql(rules.SEQUENCE_PASSES, Job, alias="p", quote=_q)
     unsettled = rules.literal_sql(rules.EFFECT_UNSETTLED, Effect, alias="e", quote=_q)
@@ -226,7 +228,7 @@ def _heads_statement(*, one_key: bool = False, lazy: bool = False) -> str:
         ), ready AS (
             SELECT h.id FROM heads h LEFT JOIN LATERAL (
                 SELECT p.* FROM {job_t} p WHERE p.sequence_key = h.sequence_key AND p.id < h.id
-                ORDER BY p.id DESC LIMIT 1) p ON true
+                AND p.sequence_key <> '' ORDER BY p.id DESC LIMIT 1) p ON true
             WHERE p.id IS NULL OR ({passes} AND NOT EXISTS (
                 SELECT 1 FROM {effect_t} e WHERE e.job_id = p.id AND {unsettled}))
         ), released AS (

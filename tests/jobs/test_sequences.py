@@ -219,6 +219,44 @@ def test_release_heads__reads_one_row_per_blocked_key_not_its_backlog():
         jobs.request_many([{"kind": KIND, "subject": ("seq", "many"), "params": {"key": "m"}}])
 
 
+def _job_reads(plan: dict) -> list[tuple[str, str, int]]:
+    """(node, index, rows read: produced and removed by its filter) of every jobs_job scan."""
+    found = []
+    if plan.get("Relation Name") == "jobs_job":
+        read = plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0)
+        found.append((plan["Node Type"], plan.get("Index Name", ""), read * plan["Actual Loops"]))
+    for child in plan.get("Plans", []):
+        found += _job_reads(child)
+    return found
+
+
+def test_release_heads__finds_the_job_before_a_head_by_the_sequence_index():
+    """Many jobs between a head and the job before it (other kinds, other keys, years of
+    history): the release reads the one before through the sequence index, not the table."""
+    from jobs import broker
+    from jobs.executors import pgclaim
+
+    before = _ask(KIND, "k-0", "k")
+    Job.objects.filter(pk=before.pk).update(
+        state=Job.State.RUNNING, lease_owner="w", attempts=1, lease_expires_at=Now()
+    )
+    jobs.request_many([{"kind": "test.short", "subject": ("other", str(i))} for i in range(300)])
+    head = _ask(KIND, "k-1", "k")
+    assert head.held_by == SEQUENCE_HELD
+    with connections["default"].cursor() as cursor:
+        cursor.execute("ANALYZE jobs_job")
+        cursor.execute("BEGIN")
+        # With sequential scans priced out, a scan of the table means no index could do.
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        sql = pgclaim._heads_statement(one_key=True)
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, ["k", *broker.channel_params()])
+        [[plan]] = cursor.fetchone()
+        cursor.execute("ROLLBACK")
+    reads = _job_reads(plan["Plan"])
+    assert all(node != "Seq Scan" for node, _, _ in reads), reads
+    assert sum(rows for _, _, rows in reads) <= 4, reads
+
+
 def test_sequence__the_kinds_options_are_checked():
     with pytest.raises(ValueError, match="on_failure"):
         register_kind("test.seq.bad", _work, sequence=_key, on_failure="retry")
