@@ -203,6 +203,10 @@ def _heads_statement(*, one_key: bool = False, lazy: bool = False) -> str:
     # Literals, so the partial indexes' predicates (migration 0032) are provably implied:
     # without ``p.sequence_key <> ''`` the job before a head (its key a lateral value, not
     # a literal) was found by a scan of the whole table, a release growing with history.
+    # The plan must not hang on fresh statistics either (a burst of requests just
+    # written, before any ANALYZE): ``ready`` is worked out once (MATERIALIZED; inlined,
+    # it was run again for every held row, seconds with a few hundred held), and a head
+    # is read in its index's own order.
     held = f"j.held_by = '{SEQUENCE_HELD}' AND j.state = '{Job.State.QUEUED}'"
     passes = rules.literal_sql(rules.SEQUENCE_PASSES, Job, alias="p", quote=_q)
     unsettled = rules.literal_sql(rules.EFFECT_UNSETTLED, Effect, alias="e", quote=_q)
@@ -224,8 +228,8 @@ def _heads_statement(*, one_key: bool = False, lazy: bool = False) -> str:
         f"""WITH {keys}, heads AS (
             SELECT h.id, h.sequence_key FROM keys w CROSS JOIN LATERAL (
                 SELECT j.id, j.sequence_key FROM {job_t} j WHERE {held} AND j.sequence_key = w.k
-                ORDER BY j.id LIMIT 1) h
-        ), ready AS (
+                ORDER BY j.sequence_key, j.id LIMIT 1) h
+        ), ready AS MATERIALIZED (
             SELECT h.id FROM heads h LEFT JOIN LATERAL (
                 SELECT p.* FROM {job_t} p WHERE p.sequence_key = h.sequence_key AND p.id < h.id
                 AND p.sequence_key <> '' ORDER BY p.id DESC LIMIT 1) p ON true
@@ -233,7 +237,7 @@ def _heads_statement(*, one_key: bool = False, lazy: bool = False) -> str:
                 SELECT 1 FROM {effect_t} e WHERE e.job_id = p.id AND {unsettled}))
         ), released AS (
             UPDATE {job_t} j SET held_by = '', updated_at = {NOW}
-            WHERE j.id IN (SELECT id FROM ready) AND {held}
+            FROM ready r WHERE j.id = r.id AND {held}
             RETURNING j.id, j.kind, j.queue
         ), woken AS (
             SELECT pg_notify(c, '') FROM (SELECT DISTINCT {broker.channel_sql("r.queue")} AS c
