@@ -345,11 +345,13 @@ def run_claim(claim: Claim, worker: str, *, on_stage: StageHook | None = None) -
         return failed
 
     waited_on = job.last_error_code if job.outage_since is not None else ""
-    effects = _publish(ctx, output)
-    if effects is None:
+    published = _publish(ctx, output)
+    if published is None:
         return _lost(ctx, "publish lost: another worker owns the job")
     ctx.stage("published")
-    sequences.moved(job)  # its effects may have settled in the publish: the next may start
+    effects = published.effects
+    if not published.sequence_looked:
+        sequences.moved(job)  # its effects may have settled in the publish: the next may start
     if waited_on:
         # This job met an outage and has now succeeded: what it waited for is back, and
         # the jobs still backing off from the same outage are due now, not at the end
@@ -449,14 +451,14 @@ def _lost(ctx: JobContext, why: str) -> DeliveryResult:
 
 
 @telemetry.traced_publish
-def _publish(ctx: JobContext, output: registry.Output) -> list | None:
+def _publish(ctx: JobContext, output: registry.Output) -> publish.Result | None:
     """running → succeeded with the artifact row, the effects and the attempt's outcome.
 
     One plan (``jobs.delivery.publish``), carried out by one statement where it can and by
     one ORM transaction elsewhere. If the account rule refuses a recipient at that
     moment, the plan is built again with that recipient withheld (each round
-    withholds at least one more, so this ends). Returns the effects, or None when
-    the fence failed (nothing was written).
+    withholds at least one more, so this ends). Returns the publish's result (its
+    effects), or None when the fence failed (nothing was written).
     """
     refused: dict[str, str] = {}
     while True:
@@ -472,7 +474,7 @@ def _publish(ctx: JobContext, output: registry.Output) -> list | None:
         )
         result = publish.carry_out(plan)
         if result.status == publish.Status.WON:
-            return result.effects
+            return result
         if result.status == publish.Status.LOST:
             return None
         log.info("job=%s a recipient's account changed; withholding it", ctx.job.pk)

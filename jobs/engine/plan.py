@@ -89,3 +89,6 @@ class Result:
     executor: str
     refused: dict[str, str] = field(default_factory=dict)  # recipient → withhold reason
     effects: list[Effect] = field(default_factory=list)
+    # The publish looked at its job's sequence itself and released the next job if this
+    # one let it start: nobody needs to look again after it (``sequences.moved``).
+    sequence_looked: bool = False

@@ -247,6 +247,48 @@ def _heads_statement(*, one_key: bool = False, lazy: bool = False) -> str:
     )
 
 
+def next_release_sql() -> tuple[str, str]:
+    """A sequenced job's publish looks at its own key in its own statement: the CTEs and
+    the column that release the key's head when the job being published is the one
+    before it and passes (it succeeds here; ``settled``: none of its effects is left to a
+    sender, none from before is unsettled), and wake its queue. Returns (CTEs to follow
+    the publish's ``job`` CTE, a column reading back the released id and kind); their
+    parameters are ``next_release_params``'s, in that order. The same rule as
+    ``_heads_statement``'s, for one key, with the job before the head known: saves the
+    delivery a statement and a commit after its publish."""
+    job_t, effect_t = _q(Job._meta.db_table), _q(Effect._meta.db_table)
+    held = f"h.held_by = '{SEQUENCE_HELD}' AND h.state = '{Job.State.QUEUED}'"
+    unsettled = rules.literal_sql(rules.EFFECT_UNSETTLED, Effect, alias="e", quote=_q)
+    ctes = f""", head AS (
+            SELECT h.id FROM {job_t} h WHERE {held} AND h.sequence_key = %s
+            ORDER BY h.sequence_key, h.id LIMIT 1
+        ), released AS (
+            UPDATE {job_t} h SET held_by = '', updated_at = {NOW} FROM head
+            WHERE h.id = head.id AND {held} AND %s AND EXISTS (SELECT 1 FROM job)
+              AND NOT EXISTS (SELECT 1 FROM {effect_t} e WHERE e.job_id = %s AND {unsettled})
+              AND (SELECT b.id FROM {job_t} b WHERE b.sequence_key = %s AND b.sequence_key <> ''
+                   AND b.id < head.id ORDER BY b.id DESC LIMIT 1) = %s
+            RETURNING h.id, h.kind, h.queue
+        )"""
+    column = (
+        "(SELECT ARRAY[r.id::text, r.kind] FROM released r "
+        f"CROSS JOIN LATERAL pg_notify({broker.channel_sql('r.queue')}, '') w)"
+    )
+    return ctes, column
+
+
+def next_release_params(job: Job, *, settled: bool) -> tuple[list, list]:
+    """``next_release_sql``'s parameters: its CTEs', its column's."""
+    key = job.sequence_key
+    return [key, settled, _int8(job.pk), key, _int8(job.pk)], broker.channel_params()
+
+
+def log_released(row) -> None:
+    """The arrow of a head a publish released (``next_release_sql``'s column)."""
+    if row:
+        log.info("job=%s kind=%s arrow=sequence_head", row[0], row[1])
+
+
 def release_heads(key: str | None = None) -> int:
     """Release to the claim every sequence's head whose job before it passed (ended, not
     a failure that holds, no effect unsettled: ``rules.SEQUENCE_PASSES``), or ``key``'s

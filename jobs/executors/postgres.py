@@ -211,12 +211,17 @@ def _steps_insert() -> str:
 
 
 @functools.cache
-def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> tuple[str, tuple]:
+def _publish_statement(
+    changes: tuple[tuple[str, bool], ...], sequenced: bool = False
+) -> tuple[str, tuple]:
     """The publish, one text for every job (so the server plans it once per connection).
 
     ``changes``: ``(field name, is the server's clock)`` of the job's publish columns.
+    ``sequenced``: it also releases the next job of the job's sequence when this one
+    lets it start (``pgclaim.next_release_sql``; a longer text, for those jobs only).
     Returns the text and the rendered rules it embeds (their parameters, in order).
     """
+    release, released = pgclaim.next_release_sql() if sequenced else ("", "NULL")
     job_t = _q(Job._meta.db_table)
     # Rows of a table's own shape are read by its row type (jsonb_populate_recordset):
     # no column list, which keeps the text under psycopg's 4 KiB parse cache.
@@ -278,12 +283,12 @@ def _publish_statement(changes: tuple[tuple[str, bool], ...]) -> tuple[str, tupl
             FROM jsonb_to_recordset(%s::jsonb) AS v({_record_type(EffectEvent, key=True)})
             JOIN effect e ON e.effect_id = v._key
             RETURNING id
-        ), step AS ({_steps_insert()})
+        ), step AS ({_steps_insert()}){release}
         SELECT (SELECT count(*) FROM job), (SELECT json_object_agg(id, why) FROM refused),
                (SELECT id FROM artifact),
                (SELECT json_object_agg(effect_id, id) FROM effect),
                (SELECT json_object_agg(_key, id) FROM notice_row),
-               (SELECT pg_notify(%s, '') FROM job WHERE %s)
+               (SELECT pg_notify(%s, '') FROM job WHERE %s), {released}
     """)
     return text, (admits, fence)
 
@@ -335,8 +340,9 @@ def _publish_in_one(plan: Plan) -> Result:
     """
     job = plan.job
     changes = dict(plan.changes)
+    sequenced = bool(job.sequence_key)
     statement, (admits, fence) = _publish_statement(
-        tuple((k, isinstance(v, Now)) for k, v in changes.items())
+        tuple((k, isinstance(v, Now)) for k, v in changes.items()), sequenced
     )
     params = [json.dumps(list(plan.accounts)), *admits.params(), _int8(job.pk)]
     params += [v for v in changes.values() if not isinstance(v, Now)]
@@ -349,11 +355,18 @@ def _publish_in_one(plan: Plan) -> Result:
     params.append(_rows_json(Effect, list(plan.effects)))
     params.append(_keyed_json(EffectEvent, plan.events))
     params.append(_rows_json(JobStep, list(plan.steps)))
+    if sequenced:
+        unsettled = rules.EFFECT_UNSETTLED
+        settled = not any(rules.holds(unsettled, e, now=None) for e in plan.effects)
+        release_params, column_params = pgclaim.next_release_params(job, settled=settled)
+        params += release_params
     # Effects left to a sender: the default queue's clusters are woken when this commits.
     params += [_release_channel(), bool(plan.enqueues)]
+    if sequenced:
+        params += column_params
     with _cursor() as cursor:
         cursor.execute(statement, params)
-        won, refused, artifact_id, effect_ids, notice_ids, _woken = cursor.fetchone()
+        won, refused, artifact_id, effect_ids, notice_ids, _woken, released = cursor.fetchone()
     if not won:
         if refused:
             why = {"missing": rules.ACCOUNT_MISSING, "refused": rules.ACCOUNT_REFUSED}
@@ -369,4 +382,5 @@ def _publish_in_one(plan: Plan) -> Result:
         effect._state.adding = False
         if effect.effect_id in notice_ids:
             effect.provider_ref = rules.notice_reference(notice_ids[effect.effect_id])
-    return Result(Status.WON, name)
+    pgclaim.log_released(released)
+    return Result(Status.WON, name, sequence_looked=sequenced)

@@ -259,11 +259,11 @@ def publish(fn, args, kwargs):
     with tracer().start_as_current_span(
         "jobs.publish", record_exception=False, set_status_on_exception=False
     ) as span:
-        effects = fn(*args, **kwargs)
-        span.set_attribute("jobs.published", effects is not None)
-        if effects is not None:
-            _published(span, args[0].job, effects)
-        return effects
+        result = fn(*args, **kwargs)
+        span.set_attribute("jobs.published", result is not None)
+        if result is not None:
+            _published(span, args[0].job, result.effects)
+        return result
 
 
 def _published(span: trace.Span, job, effects: list) -> None:

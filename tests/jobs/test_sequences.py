@@ -284,6 +284,43 @@ def test_release_heads__a_burst_not_yet_analyzed_is_read_once_not_per_held_job()
     assert read <= 3 * keys * held, (read, _job_reads(plan["Plan"]))
 
 
+def _run_first(job: Job):
+    claim = claim_next("default", "w1")
+    assert claim is not None and claim.won and claim.job.pk == job.pk
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as delivery:
+        run_claim(claim, "w1")
+    return [q["sql"] for q in delivery]
+
+
+def test_publish__releases_the_next_job_of_its_sequence_in_its_own_statement():
+    """The publish that lets the next job start releases it itself: the release commits
+    with the outcome, and the delivery sends no look after it."""
+    first, second = _ask(KIND, "p-1", "pub"), _ask(KIND, "p-2", "pub")
+    third = _ask(KIND, "p-3", "pub")
+    sent = _run_first(first)
+    assert Job.objects.get(pk=first.pk).state == Job.State.SUCCEEDED
+    assert Job.objects.get(pk=second.pk).held_by == ""
+    assert Job.objects.get(pk=third.pk).held_by == SEQUENCE_HELD
+    assert not [sql for sql in sent if "WITH keys" in sql], "a look after the publish"
+
+
+def test_publish__leaves_a_head_whose_job_before_it_is_another():
+    """The head's job before it is not the one publishing (an operator let it go on
+    earlier): the publish releases nothing; the rule decides for that job."""
+    first, second = _ask(KIND, "o-1", "other"), _ask(KIND, "o-2", "other")
+    third = _ask(KIND, "o-3", "other")
+    # Released by hand and still queued: third's job before it is second, not first.
+    Job.objects.filter(pk=second.pk).update(held_by="")
+    claim = claim_next("default", "w1")
+    assert claim.job.pk == first.pk
+    run_claim(claim, "w1")
+    assert Job.objects.get(pk=first.pk).state == Job.State.SUCCEEDED
+    assert Job.objects.get(pk=third.pk).held_by == SEQUENCE_HELD
+
+
 def test_sequence__the_kinds_options_are_checked():
     with pytest.raises(ValueError, match="on_failure"):
         register_kind("test.seq.bad", _work, sequence=_key, on_failure="retry")
