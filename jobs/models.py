@@ -220,7 +220,14 @@ class Job(models.Model):
             models.Index(fields=["state", "next_attempt_at"], name="jobs_job_due_idx"),
             models.Index(fields=["state", "lease_expires_at"], name="jobs_job_lease_idx"),
             models.Index(fields=["tenant_key", "state"], name="jobs_job_tenant_state_idx"),
-            models.Index(fields=["held_by"], name="jobs_job_held_idx", condition=~Q(held_by="")),
+            # A paused scope's held jobs, by scope. Not a sequence's: a plan that thinks few
+            # are held would walk them all by ``held_by`` to find one key's head
+            # (``jobs_job_sequence_held_idx`` finds it by key).
+            models.Index(
+                fields=["held_by"],
+                name="jobs_job_held_idx",
+                condition=~Q(held_by="") & ~Q(held_by=SEQUENCE_HELD),
+            ),
             # A sequence's items in request order, and the heads its claim looks at.
             models.Index(
                 fields=["sequence_key", "id"],

@@ -284,6 +284,34 @@ def test_release_heads__a_burst_not_yet_analyzed_is_read_once_not_per_held_job()
     assert read <= 3 * keys * held, (read, _job_reads(plan["Plan"]))
 
 
+def test_release_heads__one_key_probes_its_head_when_the_plan_thinks_nothing_is_held():
+    """A plan made while the held index looked empty (analyzed before a burst, kept for a
+    worker's connection): the one-key look still updates its head by a probe. By id
+    alone the update walked every held job of every key after each send (1,986 rows a
+    job in a bench drain of 2,000 held jobs)."""
+    from jobs import broker
+    from jobs.executors import pgclaim
+
+    jobs.request_many([{"kind": "test.short", "subject": ("other", str(i))} for i in range(20)])
+    with connections["default"].cursor() as cursor:
+        cursor.execute("ANALYZE jobs_job")  # nothing held: the held index looks empty
+    keys, items = 30, 10
+    made = [_ask(KIND, f"p-{k}-{i}", f"probe-{k}") for i in range(items) for k in range(keys)]
+    Job.objects.filter(pk=made[0].pk).update(state=Job.State.SUCCEEDED, finished_at=Now())
+    Job.objects.filter(pk=made[keys].pk).update(held_by=SEQUENCE_HELD)  # key 0's head again
+    held = Job.objects.filter(held_by=SEQUENCE_HELD).count()
+    assert held > 250
+    with connections["default"].cursor() as cursor:
+        cursor.execute("BEGIN")
+        sql = pgclaim._heads_statement(one_key=True)
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, ["probe-0", *broker.channel_params()])
+        [[plan]] = cursor.fetchone()
+        cursor.execute("ROLLBACK")
+    reads = _job_reads(plan["Plan"])
+    assert plan["Plan"]["Actual Rows"] == 1, "key 0's head is released"
+    assert max(rows for _, _, rows in reads) <= 3, (held, reads)
+
+
 def _run_first(job: Job):
     claim = claim_next("default", "w1")
     assert claim is not None and claim.won and claim.job.pk == job.pk
