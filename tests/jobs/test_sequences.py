@@ -304,7 +304,9 @@ def test_release_heads__one_key_probes_its_head_when_the_plan_thinks_nothing_is_
     with connections["default"].cursor() as cursor:
         cursor.execute("BEGIN")
         sql = pgclaim._heads_statement(one_key=True)
-        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, ["probe-0", *broker.channel_params()])
+        cursor.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + sql, ["probe-0", *broker.channel_params()]
+        )
         [[plan]] = cursor.fetchone()
         cursor.execute("ROLLBACK")
     reads = _job_reads(plan["Plan"])
