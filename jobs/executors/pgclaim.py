@@ -259,14 +259,14 @@ def next_release_sql() -> tuple[str, str]:
     """A sequenced job's publish looks at its own key in its own statement: the CTEs and
     the column that release the key's head when the job being published is the one
     before it and passes (it succeeds here; ``settled``: none of its effects is left to a
-    sender, none from before is unsettled), and wake its queue. Returns (CTEs to follow
+    sender; a job has no effect before its publish, which is the only writer of its
+    effects and happens once), and wake its queue. Returns (CTEs to follow
     the publish's ``job`` CTE, a column reading back the released id and kind); their
     parameters are ``next_release_params``'s, in that order. The same rule as
     ``_heads_statement``'s, for one key, with the job before the head known: saves the
     delivery a statement and a commit after its publish."""
-    job_t, effect_t = _q(Job._meta.db_table), _q(Effect._meta.db_table)
+    job_t = _q(Job._meta.db_table)
     held = f"h.held_by = '{SEQUENCE_HELD}' AND h.state = '{Job.State.QUEUED}'"
-    unsettled = rules.literal_sql(rules.EFFECT_UNSETTLED, Effect, alias="e", quote=_q)
     ctes = f""", head AS (
             SELECT h.id FROM {job_t} h WHERE {held} AND h.sequence_key = %s
             ORDER BY h.sequence_key, h.id LIMIT 1
@@ -274,7 +274,6 @@ def next_release_sql() -> tuple[str, str]:
             UPDATE {job_t} h SET held_by = '', updated_at = {NOW} FROM head
             WHERE h.id = (SELECT id FROM head) AND h.sequence_key = %s AND {held} AND %s
               AND EXISTS (SELECT 1 FROM job)
-              AND NOT EXISTS (SELECT 1 FROM {effect_t} e WHERE e.job_id = %s AND {unsettled})
               AND (SELECT b.id FROM {job_t} b WHERE b.sequence_key = %s AND b.sequence_key <> ''
                    AND b.id < head.id ORDER BY b.id DESC LIMIT 1) = %s
             RETURNING h.id, h.kind, h.queue
@@ -289,7 +288,7 @@ def next_release_sql() -> tuple[str, str]:
 def next_release_params(job: Job, *, settled: bool) -> tuple[list, list]:
     """``next_release_sql``'s parameters: its CTEs', its column's."""
     key = job.sequence_key
-    return [key, key, settled, _int8(job.pk), key, _int8(job.pk)], broker.channel_params()
+    return [key, key, settled, key, _int8(job.pk)], broker.channel_params()
 
 
 def log_released(row) -> None:
