@@ -81,12 +81,19 @@ def notify_queues(queues: Iterable[str]) -> None:
     alias = Conf.ORM or "default"
     if connections[alias].vendor != "postgresql":
         return  # no LISTEN there: an idle cluster looks every Q_CLUSTER["poll"] seconds
-    from jobs.broker import channel_for  # psycopg: only where PostgreSQL is
-
-    channels = sorted({channel_for(list_key(q) or Conf.CLUSTER_NAME) for q in queues})
+    channels = sorted({channel_of(q) for q in queues})
     with connections[alias].cursor() as cursor:
         for channel in channels:
             cursor.execute("SELECT pg_notify(%s, '')", [channel])
+
+
+def channel_of(queue: str) -> str:
+    """The NOTIFY channel the clusters serving ``queue`` listen on (PostgreSQL only)."""
+    from django_q.conf import Conf
+
+    from jobs.broker import channel_for  # psycopg: only where PostgreSQL is
+
+    return channel_for(list_key(queue) or Conf.CLUSTER_NAME)
 
 
 def enqueue_effect(effect: Effect) -> None:

@@ -54,7 +54,13 @@ def build(
     progress not yet written (``ctx.progress`` keeps a second's calls), written with it;
     ``steps``: the durable steps this attempt finished and has not recorded yet."""
     rows = prepare(job, output.effects, refused=refused or {})
-    changes = job_machine.publish_changes()
+    # A column already at its published value is left out (a first attempt has no error
+    # to clear): the usual publish's statement is shorter, within psycopg's parse cache.
+    changes = {
+        name: value
+        for name, value in job_machine.publish_changes().items()
+        if isinstance(value, Now) or getattr(job, name) != value
+    }
     if progress is not None:
         done, total, note = progress
         changes.update(

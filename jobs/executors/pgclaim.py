@@ -29,7 +29,7 @@ from jobs import broker, clock, conf, fairness, rules
 from jobs.engine import admission, job_machine, verdict
 from jobs.engine.plan import Claim
 from jobs.engine.refusals import refusal
-from jobs.executors.pgsql import NOW, _compact, _cursor, _int8, _job_from_row, _q
+from jobs.executors.pgsql import NOW, _compact, _cursor, _int8, _job_from_row, _q, _tight
 from jobs.models import SEQUENCE_HELD, Attempt, Effect, Job
 
 log = logging.getLogger("jobs.executors")
@@ -93,12 +93,8 @@ def _fair_statement() -> str:
     picking = ", ".join(
         (fairness.contended_sql(), _candidates("%s"), fairness.picking_sql(t_now, "best"))
     )
-    # Within psycopg's 4 KiB parse cache (``_compact``): no space inside the parentheses,
-    # after a comma or around an operator (no literal of the statement has one).
-    text = _statement(picking, fair=True)
-    for spaced in ("( ", " )", ", ", " = ", " <> ", " >= ", " <= ", " || "):
-        text = text.replace(spaced, spaced.strip())
-    return text
+    # Within psycopg's 4 KiB parse cache (``_tight``).
+    return _tight(_statement(picking, fair=True))
 
 
 def next_statement(queue: str, worker: str, *, lease: float, bound: int) -> tuple[str, list]:
@@ -256,39 +252,47 @@ def _heads_statement(*, one_key: bool = False, lazy: bool = False) -> str:
 
 
 def next_release_sql() -> tuple[str, str]:
-    """A sequenced job's publish looks at its own key in its own statement: the CTEs and
-    the column that release the key's head when the job being published is the one
-    before it and passes (it succeeds here; ``settled``: none of its effects is left to a
-    sender; a job has no effect before its publish, which is the only writer of its
-    effects and happens once), and wake its queue. Returns (CTEs to follow
-    the publish's ``job`` CTE, a column reading back the released id and kind); their
-    parameters are ``next_release_params``'s, in that order. The same rule as
-    ``_heads_statement``'s, for one key, with the job before the head known: saves the
-    delivery a statement and a commit after its publish."""
+    """A sequenced job's publish, when every effect of the job settles in it, looks at its
+    own key in its own statement: the CTEs and the column that release the key's head
+    when the job being published is the one before it (it succeeds here, and a job has
+    no effect before its publish, the only writer of its effects, which happens once),
+    and wake the published job's queue. Returns (CTEs to follow the publish's ``job``
+    CTE, a column reading back the released id, kind and queue); their parameters are
+    ``next_release_params``'s, in that order. The same rule as ``_heads_statement``'s,
+    for one key, with the job before the head known: saves the delivery a statement and
+    a commit after its publish. Short: with it the publish stays within psycopg's 4 KiB
+    parse cache (``postgres._publish_statement``)."""
     job_t = _q(Job._meta.db_table)
     held = f"h.held_by = '{SEQUENCE_HELD}' AND h.state = '{Job.State.QUEUED}'"
+    # The head is updated by its id and key (a point probe whatever the plan believes
+    # is held, as ``_heads_statement``'s); the job before it is the key's last job below
+    # it (``max``: the sequence index read backwards, from the head).
     ctes = f""", head AS (
             SELECT h.id FROM {job_t} h WHERE {held} AND h.sequence_key = %s
-            ORDER BY h.sequence_key, h.id LIMIT 1
+            ORDER BY h.id LIMIT 1
         ), released AS (
-            UPDATE {job_t} h SET held_by = '', updated_at = {NOW} FROM head
-            WHERE h.id = (SELECT id FROM head) AND h.sequence_key = %s AND {held} AND %s
+            UPDATE {job_t} h SET held_by = '', updated_at = {NOW}
+            WHERE h.id = (SELECT id FROM head) AND h.sequence_key = %s AND {held}
               AND EXISTS (SELECT 1 FROM job)
-              AND (SELECT b.id FROM {job_t} b WHERE b.sequence_key = %s AND b.sequence_key <> ''
-                   AND b.id < head.id ORDER BY b.id DESC LIMIT 1) = %s
+              AND (SELECT max(b.id) FROM {job_t} b WHERE b.sequence_key = %s
+                   AND b.sequence_key <> '' AND b.id < h.id) = %s
             RETURNING h.id, h.kind, h.queue
         )"""
+    # The published job's queue is woken (a head of another queue, a key across kinds,
+    # is woken by the caller from the queue read back); the payload names the row so
+    # that the notice is sent once per released row, never without one.
     column = (
-        "(SELECT ARRAY[r.id::text, r.kind] FROM released r "
-        f"CROSS JOIN LATERAL pg_notify({broker.channel_sql('r.queue')}, '') w)"
+        "(SELECT ARRAY[r.id::text, r.kind, r.queue] FROM released r "
+        "CROSS JOIN LATERAL pg_notify(%s, left(r.kind, 0)) w)"
     )
     return ctes, column
 
 
-def next_release_params(job: Job, *, settled: bool) -> tuple[list, list]:
-    """``next_release_sql``'s parameters: its CTEs', its column's."""
+def next_release_params(job: Job, *, channel: str) -> tuple[list, list]:
+    """``next_release_sql``'s parameters: its CTEs', its column's (``channel``: the
+    published job's queue's)."""
     key = job.sequence_key
-    return [key, key, settled, key, _int8(job.pk)], broker.channel_params()
+    return [key, key, key, _int8(job.pk)], [channel]
 
 
 def log_released(row) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -143,6 +144,27 @@ def _convert(model: type[models.Model], values: list) -> list:
 def _compact(statement: str) -> str:
     """One line, single spaces: under 4 KiB psycopg keeps the parsed statement too."""
     return " ".join(statement.split())
+
+
+_LITERAL = re.compile(r"'(?:[^']|'')*'")
+_SPACED = ("( ", " )", ", ", " = ", " <> ", " >= ", " <= ", " || ", " < ", " > ", " + ", " => ")
+
+
+def _tight(statement: str) -> str:
+    """``_compact`` and no space inside parentheses, after a comma or around an operator,
+    outside string literals: a long statement kept under psycopg's 4 KiB parse cache."""
+    text = _compact(statement)
+    parts, at = [], 0
+    for literal in _LITERAL.finditer(text):
+        parts += [_tighten(text[at : literal.start()]), literal.group()]
+        at = literal.end()
+    return "".join([*parts, _tighten(text[at:])])
+
+
+def _tighten(text: str) -> str:
+    for spaced in _SPACED:
+        text = text.replace(spaced, spaced.strip())
+    return text
 
 
 def _json(value) -> dict:

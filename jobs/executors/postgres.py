@@ -46,12 +46,12 @@ from django.db import (
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
-from jobs import rules
+from jobs import queue, rules
 from jobs.engine import effect_machine, job_machine, named_claim, publishing
 from jobs.engine.plan import Claim, Plan, Result, Status
 from jobs.engine.refusals import refusal
 from jobs.executors import pgclaim
-from jobs.executors.pgsql import NOW, _compact, _cursor, _int8, _json, _q
+from jobs.executors.pgsql import NOW, _compact, _cursor, _int8, _json, _q, _tight
 from jobs.models import Artifact, Attempt, Effect, EffectEvent, Job, JobStep, Notice
 
 log = logging.getLogger("jobs.executors")
@@ -290,18 +290,14 @@ def _publish_statement(
                (SELECT json_object_agg(_key, id) FROM notice_row),
                (SELECT pg_notify(%s, '') FROM job WHERE %s), {released}
     """)
-    return text, (admits, fence)
+    # A sequenced job's text is longer (the release): tightened, it stays within the 4 KiB.
+    return (_tight(text) if sequenced else text), (admits, fence)
 
 
 @functools.cache
 def _release_channel() -> str:
     """The channel of the default queue's clusters, which send the effects."""
-    from django_q.conf import Conf
-
-    from jobs.broker import channel_for
-    from jobs.queue import list_key
-
-    return channel_for(list_key(rules.DEFAULT_QUEUE) or Conf.CLUSTER_NAME)
+    return queue.channel_of(rules.DEFAULT_QUEUE)
 
 
 def publish(plan: Plan) -> Result:
@@ -340,7 +336,12 @@ def _publish_in_one(plan: Plan) -> Result:
     """
     job = plan.job
     changes = dict(plan.changes)
-    sequenced = bool(job.sequence_key)
+    # A sequenced job whose effects all settle here releases its key's next job in this
+    # statement; one with an effect left to a sender lets it go when that send settles.
+    unsettled = rules.EFFECT_UNSETTLED
+    sequenced = bool(job.sequence_key) and not any(
+        rules.holds(unsettled, e, now=None) for e in plan.effects
+    )
     statement, (admits, fence) = _publish_statement(
         tuple((k, isinstance(v, Now)) for k, v in changes.items()), sequenced
     )
@@ -356,9 +357,9 @@ def _publish_in_one(plan: Plan) -> Result:
     params.append(_keyed_json(EffectEvent, plan.events))
     params.append(_rows_json(JobStep, list(plan.steps)))
     if sequenced:
-        unsettled = rules.EFFECT_UNSETTLED
-        settled = not any(rules.holds(unsettled, e, now=None) for e in plan.effects)
-        release_params, column_params = pgclaim.next_release_params(job, settled=settled)
+        release_params, column_params = pgclaim.next_release_params(
+            job, channel=queue.channel_of(job.queue)
+        )
         params += release_params
     # Effects left to a sender: the default queue's clusters are woken when this commits.
     params += [_release_channel(), bool(plan.enqueues)]
@@ -383,4 +384,6 @@ def _publish_in_one(plan: Plan) -> Result:
         if effect.effect_id in notice_ids:
             effect.provider_ref = rules.notice_reference(notice_ids[effect.effect_id])
     pgclaim.log_released(released)
-    return Result(Status.WON, name, sequence_looked=sequenced)
+    if released and queue.channel_of(released[2]) != queue.channel_of(job.queue):
+        queue.notify_queues([released[2]])  # the statement woke the job's own queue only
+    return Result(Status.WON, name, sequence_looked=bool(job.sequence_key))
