@@ -59,8 +59,11 @@ def _key(params: dict, subject: tuple[str, str]) -> str:
     return params["key"]
 
 
+OTHER_QUEUE, OTHER_QUEUE_KIND = "seq-other", "test.seq.other_queue"
+
 if KIND not in kinds():
     register_kind(KIND, _work, max_attempts=1, sequence=_key)
+    register_kind(OTHER_QUEUE_KIND, _work, max_attempts=1, sequence=_key, queue=OTHER_QUEUE)
     register_kind(SKIP_KIND, _work, max_attempts=1, sequence=_key, on_failure="skip")
     register_kind(MAIL_KIND, _mail, sequence=_key)
 
@@ -350,6 +353,25 @@ def test_publish__releases_the_next_job_of_its_sequence_in_its_own_statement(mon
     assert not [sql for sql in sent if "WITH keys" in sql], "a look after the publish"
     (text,) = texts
     assert "released AS" in text and len(text) <= MAX_CACHED_STATEMENT_LENGTH, len(text)
+
+
+def test_publish__wakes_the_queue_of_a_head_in_another_queue():
+    """A key across kinds of two queues: the publish that releases a head of the other
+    queue wakes that queue's clusters (its statement wakes the published job's own)."""
+    import psycopg
+    from django.db import connection
+
+    from jobs import queue
+    from jobs.testing.scratchdb import url_from_settings
+
+    first, second = _ask(KIND, "q-1", "queues"), _ask(OTHER_QUEUE_KIND, "q-2", "queues")
+    assert second.queue == OTHER_QUEUE and second.held_by == SEQUENCE_HELD
+    with psycopg.connect(url_from_settings(connection.settings_dict), autocommit=True) as other:
+        other.execute(f'LISTEN "{queue.channel_of(OTHER_QUEUE)}"')
+        _run_first(first)
+        woken = list(other.notifies(timeout=5, stop_after=1))
+    assert Job.objects.get(pk=second.pk).held_by == ""
+    assert len(woken) == 1, "the other queue's clusters were not woken"
 
 
 def test_publish__leaves_a_head_whose_job_before_it_is_another():
