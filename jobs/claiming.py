@@ -402,7 +402,8 @@ class ClaimingBroker(Claiming, PostgresBroker):
         nearest due time just read (False: read it here)."""
         listening = self._ensure_listener()
         wait = heartbeat = float(_option("broker_heartbeat", HEARTBEAT))
-        if self._idle() > 0:
+        idle = self._idle() > 0
+        if idle:
             if due_in is False:
                 due_in = self._next_due()
             if due_in is not None and due_in <= 0:
@@ -414,7 +415,10 @@ class ClaimingBroker(Claiming, PostgresBroker):
         if not listening:
             wait = min(wait, float(Conf.POLL))
         _in_hand, r, _w = _make_shared()
-        fds = [r] + ([self._listener.fileno()] if listening else [])
+        # A full cluster waits for a worker to finish, not for NOTIFYs: it could take no
+        # job they announce (every release of a sequence's next job sends one: a wake a
+        # job, for nothing). They are drained below and a freed worker looks anyway.
+        fds = [r] + ([self._listener.fileno()] if listening and idle else [])
         try:
             ready, _, _ = select.select(fds, [], [], wait)
         except InterruptedError:

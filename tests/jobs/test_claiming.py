@@ -400,3 +400,30 @@ def test_claiming__an_adopted_claim_counts_its_lease_from_the_claim_not_the_adop
     Attempt.objects.filter(pk=attempt_id).update(started_at=F("started_at") - timedelta(seconds=5))
     claim = runner.adopt(job_id, owner, attempt_id, version)
     assert claim.won and 5 <= claim.attempt.claimed_ago < 60
+
+
+@pytest.mark.django_db(transaction=True)
+def test_wait__a_full_cluster_waits_for_a_worker_not_for_notifies(monkeypatch, settings):
+    """Every busy cluster heard every NOTIFY (a sequence's release sends one a job) and
+    woke for each, though it had no worker to give a job to: full, it waits on its
+    workers' pipe alone; idle, on the NOTIFYs too."""
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "broker_listen": True}
+    b = broker()
+    waited = []
+
+    def select_(fds, *_args):
+        waited.append(list(fds))
+        return [], [], []
+
+    monkeypatch.setattr(claiming.select, "select", select_)
+    in_hand, pipe, _w = claiming._make_shared()
+    try:
+        in_hand.value = b.capacity  # every worker busy
+        b._wait_for_work(None)
+        in_hand.value = 0
+        b._wait_for_work(None)
+        listener = b._listener.fileno()
+    finally:
+        in_hand.value = 0
+        b.close()
+    assert waited == [[pipe], [pipe, listener]]
