@@ -205,7 +205,7 @@ def _heads_statement(*, one_key: bool = False, lazy: bool = False) -> str:
     # is read in its index's own order, and a ready head is updated by its key and id:
     # both columns of the held index, so a plan made while that index looked empty
     # (a generic plan kept for a worker's connection) probes it, never walks it (by id
-    # alone, 1,986 rows read a job in a bench drain of 2,000 held jobs).
+    # alone, 1,986 rows read a job over a bench run of 2,000 sequenced jobs).
     held = f"j.held_by = '{SEQUENCE_HELD}' AND j.state = '{Job.State.QUEUED}'"
     passes = rules.literal_sql(rules.SEQUENCE_PASSES, Job, alias="p", quote=_q)
     unsettled = rules.literal_sql(rules.EFFECT_UNSETTLED, Effect, alias="e", quote=_q)
