@@ -73,7 +73,9 @@ def _requesters(procs, tmp_path: Path) -> list[dict]:
         lambda: all(o.with_suffix(".ready").exists() for o in outs),
         timeout=60,
     )
-    go.write_text(str(time.time() + 0.3))
+    ready = go.with_suffix(".tmp")  # renamed: a requester never reads it half written
+    ready.write_text(str(time.time() + 0.3))
+    ready.rename(go)
     for proc in requesters:  # each ends on its own once its 20 requests are answered
         code = proc.popen.wait(timeout=60)
         assert code == 0, f"{proc.name} exited with {code}\n{procs.logs()}"
