@@ -73,6 +73,7 @@ for _name, _type in (
     ("JOBS_CIRCUIT_PROBE_SECONDS", float),
     ("JOBS_CIRCUIT_PROBE_CAP_SECONDS", float),
     ("JOBS_PROVIDER_SLOT_WAIT_SECONDS", float),
+    ("JOBS_FOLLOW_ON_SECONDS", float),
 ):
     if os.environ.get(_name):
         globals()[_name] = _type(os.environ[_name])

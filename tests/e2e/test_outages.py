@@ -392,7 +392,12 @@ def test_worker__a_claim_refused_its_connection_records_nothing_and_claims_once_
     to fail or redeliver), no process dies of it, and once connections are allowed
     again the job is claimed from its row and succeeds with one attempt.
     """
-    worker = procs.start("jobs_worker", "jobs_worker")
+    # Claims by the pusher alone: a worker that has just finished the warm-up job
+    # claims the next one itself (its follow-on) on a connection this test leaves up,
+    # and on a loaded machine it did so after the request below.
+    worker = procs.start(
+        "jobs_worker", "jobs_worker", env={**procs.env, "JOBS_FOLLOW_ON_SECONDS": "0"}
+    )
     user = django_user_model.objects.create_user(username="e2e-refused")
     claimer_pid = _warm_up(procs, user)  # the pusher and the workers hold connections now
     ports = local_ports(claimer_pid)
