@@ -19,9 +19,8 @@ from jobs import identity
 
 JOB_STATES = ["queued", "running", "retry_wait", "succeeded", "failed", "dead", "cancelled"]
 EFFECT_STATES = ["pending", "sending", "applied", "unknown", "withheld", "failed", "needs_review"]
-# A debounced job's window is open while it waits for its first claim: never claimed
-# (a claim counts an attempt, which nothing takes back) and still queued. Written once,
-# for the unique index and for ``jobs.debounce``.
+# A debounced job's window: never claimed (a claim counts an attempt, which nothing takes
+# back) and still queued. Written once, for the unique index and for ``jobs.debounce``.
 DEBOUNCE_OPEN = Q(state="queued", attempts=0)
 # A sequenced job waits with this ``held_by`` (out of the claim's indexes) until it is its
 # key's head and the item before it has passed (``jobs.sequences``).
@@ -128,9 +127,8 @@ class Job(models.Model):
     progress_note = models.CharField(max_length=120, blank=True, default="", db_default="")
     progress_at = models.DateTimeField(null=True, blank=True)
 
-    # Follow-up work (docs/app/chains.md): the job whose publish requested this one, the
-    # group it is a child of, how it counted in that group (once, by its first end), and
-    # the small JSON result a handler returned (``jobs.result``), which a join reads.
+    # Follow-up work (docs/app/chains.md): the job whose publish requested this one, its
+    # group, how it counted there (once, by its first end), and the result a join reads.
     parent = models.ForeignKey(
         "self",
         null=True,
@@ -165,9 +163,8 @@ class Job(models.Model):
         help_text="jobs_reconcile found the outside world may have its effects: looked up first",
     )
 
-    # Debounce (docs/app/debounce.md): while the job waits for its first claim, a request
-    # under the same key replaces its params and pushes its due time, never past
-    # ``debounce_until`` (the window's first request plus the kind's ``debounce_max``).
+    # Debounce (docs/app/debounce.md): before its first claim, a request under the same key
+    # replaces its params and pushes its due time, never past ``debounce_until``.
     debounce_key = models.CharField(
         max_length=200,
         blank=True,
@@ -220,10 +217,7 @@ class Job(models.Model):
             models.Index(fields=["state", "next_attempt_at"], name="jobs_job_due_idx"),
             models.Index(fields=["state", "lease_expires_at"], name="jobs_job_lease_idx"),
             models.Index(fields=["tenant_key", "state"], name="jobs_job_tenant_state_idx"),
-            # A paused scope's held jobs, by scope. Not a sequence's: a plan that thinks few
-            # are held would walk them all by ``held_by`` to find one key's head
-            # (``jobs_job_sequence_held_idx`` finds it by key).
-            models.Index(
+            models.Index(  # a pause's holds; a sequence's: jobs_job_sequence_held_idx (0038)
                 fields=["held_by"],
                 name="jobs_job_held_idx",
                 condition=~Q(held_by="") & ~Q(held_by=SEQUENCE_HELD),
@@ -599,8 +593,7 @@ class FlowRule(models.Model):
         return ", ".join(parts) or "no limit (defaults)"
 
 
-# Models kept beside, registered by this import: the maintenance round's bookkeeping
-# (jobs.marks), groups, archived identities and the flow rules' audit history.
+# Models kept beside (bookkeeping, groups, archived identities, audit), registered here.
 from jobs.archived import ArchivedJob  # noqa: E402, F401
 from jobs.flowaudit import FlowRuleChange  # noqa: E402, F401
 from jobs.jobgroups import JobGroup  # noqa: E402, F401

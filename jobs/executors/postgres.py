@@ -217,8 +217,8 @@ def _publish_statement(
     """The publish, one text for every job (so the server plans it once per connection).
 
     ``changes``: ``(field name, is the server's clock)`` of the job's publish columns.
-    ``sequenced``: it also releases the next job of the job's sequence when this one
-    lets it start (``pgclaim.next_release_sql``; a longer text, for those jobs only).
+    ``sequenced``: it also releases its sequence's next job when this one lets it start
+    (``pgclaim.next_release_sql``; longer, tightened within psycopg's 4 KiB parse cache).
     Returns the text and the rendered rules it embeds (their parameters, in order).
     """
     release, released = pgclaim.next_release_sql() if sequenced else ("", "NULL")
@@ -290,7 +290,6 @@ def _publish_statement(
                (SELECT json_object_agg(_key, id) FROM notice_row),
                (SELECT pg_notify(%s, '') FROM job WHERE %s), {released}
     """)
-    # A sequenced job's text is longer (the release): tightened, it stays within the 4 KiB.
     return (_tight(text) if sequenced else text), (admits, fence)
 
 
