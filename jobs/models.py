@@ -19,8 +19,7 @@ from jobs import identity
 
 JOB_STATES = ["queued", "running", "retry_wait", "succeeded", "failed", "dead", "cancelled"]
 EFFECT_STATES = ["pending", "sending", "applied", "unknown", "withheld", "failed", "needs_review"]
-# A debounced job's window: never claimed (a claim counts an attempt, which nothing takes
-# back) and still queued. Written once, for the unique index and for ``jobs.debounce``.
+# A debounced job's window: queued, never claimed (the unique index, ``jobs.debounce``).
 DEBOUNCE_OPEN = Q(state="queued", attempts=0)
 # A sequenced job waits with this ``held_by`` (out of the claim's indexes) until it is its
 # key's head and the item before it has passed (``jobs.sequences``).
@@ -281,6 +280,7 @@ class Attempt(models.Model):
     )
     worker = models.CharField(max_length=200)
     started_at = models.DateTimeField(default=timezone.now)
+    due_at = models.DateTimeField(null=True, blank=True, help_text="due since: its wait")
     finished_at = models.DateTimeField(null=True, blank=True)
     outcome = models.CharField(max_length=24, choices=Outcome.choices, blank=True, default="")
     error_class = models.CharField(max_length=32, blank=True, default="")

@@ -256,22 +256,16 @@ def _active_rule_sql(scopes: Callable[[str], str], quote: Callable[[str], str]) 
 
 
 def flow_ruled_sql(job_alias: str = "", quote: Callable[[str], str] = lambda n: f'"{n}"'):
-    """``EXISTS`` an active flow rule on the job's kind or tenant, as SQL on the job row."""
+    """``EXISTS`` an active flow rule on the job's kind, tenant or queue, as SQL on the job
+    row (``flow_ruled_q``'s rule)."""
     prefix = f"{job_alias}." if job_alias else ""
     return _active_rule_sql(
         lambda column: (
             f"{column} IN ('{FLOW_KIND_PREFIX}' || {prefix}{quote('kind')}, "
-            f"'{FLOW_TENANT_PREFIX}' || {prefix}{quote('tenant_key')})"
+            f"'{FLOW_TENANT_PREFIX}' || {prefix}{quote('tenant_key')}, "
+            f"'{FLOW_QUEUE_PREFIX}' || {prefix}{quote('queue')})"
         ),
         quote,
-    )
-
-
-def queue_ruled_sql(job_alias: str = "", quote: Callable[[str], str] = lambda n: f'"{n}"'):
-    """``EXISTS`` an active flow rule on the job's queue (``queue:<name>``), as SQL."""
-    prefix = f"{job_alias}." if job_alias else ""
-    return _active_rule_sql(
-        lambda column: f"{column} = '{FLOW_QUEUE_PREFIX}' || {prefix}{quote('queue')}", quote
     )
 
 

@@ -60,6 +60,8 @@ def decide(job: Job, worker: str, now, *, lease: float, bound: int, swapped: boo
 def _admit_and_start(
     job: Job, worker: str, now, *, lease: float, bound: int, reclaiming: bool, swapped: bool
 ) -> Claim | None:
+    # Due since (the attempt's wait): a reclaimed job when its lease ran out.
+    due = job.lease_expires_at if reclaiming else (job.next_attempt_at or job.created_at)
     if not _row_taken(job):
         # A claim statement holds the row (it may be starting it): never wait for it.
         if swapped:
@@ -96,7 +98,7 @@ def _admit_and_start(
         expires = Job.objects.values_list("lease_expires_at", flat=True).get(pk=job.pk)
         started = expires - timedelta(seconds=lease)
     attempt = Attempt.objects.create(
-        job=job, number=job.attempts, worker=worker, started_at=started
+        job=job, number=job.attempts, worker=worker, started_at=started, due_at=due
     )
     job_machine.log_arrow(job, "claim", worker, reclaimed=reclaiming)
     return Claim("claimed", job, attempt)

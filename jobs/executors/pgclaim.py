@@ -128,17 +128,18 @@ def _head() -> list:
 def start_ctes(source: str) -> str:
     """The claim's last steps on the job ``(SELECT id FROM <source>)``, as CTEs: its claim
     lock tried, the admission's verdict (``jobs_flow_verdict_v2``, only for a job with
-    an active flow rule or a tenant), the start (the CAS) and the attempt row; ``judged``
-    holds the verdict. Its parameters are ``start_params``'s."""
+    an active flow rule or a tenant), the start (the CAS) and the attempt row, with the
+    time the job was due (its wait); ``judged`` holds the verdict. Its parameters are
+    ``start_params``'s."""
     job_t, attempt_t = _q(Job._meta.db_table), _q(Attempt._meta.db_table)
     claimable = rules.to_sql(rules.CLAIMABLE, Job, quote=_q)
+    since = rules.waiting_since_sql()
     ruled = rules.flow_ruled_sql(job_t, quote=_q)
-    queue_ruled = rules.queue_ruled_sql(job_t, quote=_q)
-    assert not ruled.slots and not queue_ruled.slots, "the rule conditions have no parameters"
+    assert not ruled.slots, "the rule conditions have no parameters"
     # The verdict is computed once, in a CTE of its own (never in the UPDATE's WHERE,
     # which the server may evaluate again after a concurrent update), and read from it.
     return f"""locked AS MATERIALIZED (
-            SELECT id, kind, tenant_key, queue, {ruled.text} OR {queue_ruled.text} AS ruled
+            SELECT id, kind, tenant_key, queue, {ruled.text} AS ruled, {since} AS due
             FROM {job_t}
             WHERE id = (SELECT id FROM {source}) AND {claimable.text}
               AND pg_try_advisory_xact_lock({rules.CLAIM_LOCK_CLASS}, hashtext(id::text))
@@ -159,8 +160,8 @@ def start_ctes(source: str) -> str:
             RETURNING *
         ), attempt AS (
             INSERT INTO {attempt_t}
-                (job_id, number, worker, started_at, outcome, error_class, error_code)
-            SELECT id, attempts, %s, {NOW}, '', '', '' FROM claimed
+                (job_id, number, worker, started_at, outcome, error_class, error_code, due_at)
+            SELECT id, attempts, %s, {NOW}, '', '', '', (SELECT due FROM locked) FROM claimed
             RETURNING id, started_at
         )"""
 

@@ -13,7 +13,7 @@ from django.views.decorators.cache import never_cache
 
 from jobs import conf, stats
 from jobs.hooks import subject_labels
-from jobs.ops import causes, console, flowview, trends
+from jobs.ops import causes, console, flowview, tenantwait, trends
 from jobs.ops.error_detail import can_view_error_detail
 
 # What /metrics says when the Prometheus client is not installed: a 404 that names the
@@ -92,6 +92,7 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
         "last_minute": rows[-1]["minute"],
         "totals": {k: sum(r[k] for r in rows) for k in console.SERIES},
         "flow": flowview.scope_views(),
+        "tenant_waits": tenantwait.tenant_waits(snap.window, now=snap.now),
     }
     if request.GET.get("part") == "live":
         return TemplateResponse(request, "jobs/_console_live.html", context)

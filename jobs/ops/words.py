@@ -141,6 +141,17 @@ def duration(value: timedelta | None) -> str:
     return f"{seconds} s"
 
 
+def wait_words(seconds: float | None) -> str:
+    """A wait read at a glance: ``40 ms``, ``2.5 s``, then as ``duration``."""
+    if seconds is None:
+        return "—"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return duration(timedelta(seconds=seconds))
+
+
 def progress_words(done: int | None, total: int | None, note: str = "") -> str:
     """A handler's progress as read: ``3 of 4 (75%): render``, ``7``, or "—" before any."""
     if done is None and total is None and not note:

@@ -47,3 +47,4 @@ def kind_noun(kind: str, noun: str = "job") -> str:
 
 # ``4 s``, ``3 min 20 s``: the console's ages, in the same words as its health line.
 register.filter("duration", words.duration)
+register.filter("wait", words.wait_words)

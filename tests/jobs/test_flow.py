@@ -15,6 +15,7 @@ from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+import jobs
 from jobs import executors, flow, rules
 from jobs.delivery import runner
 from jobs.engine import admission
@@ -196,8 +197,10 @@ def test_flow_ruled__sql_and_orm_renderings_agree(make_user):
     other = new_job(user, kind="test.short", tenant="beta", subject="2")
     flow.set_rule("kind:test.short", actor="test", rate=None)  # a row that is not active
     flow.set_rule("tenant:acme", actor="test", concurrency=3)
+    queued = jobs.request("test.short", ("auth.user", 3), tenant="beta", queue="slow").job
+    flow.set_rule("queue:slow", actor="test", concurrency=1)
     orm = dict(Job.objects.annotate(r=rules.flow_ruled_q()).values_list("pk", "r"))
-    assert orm == {plain.pk: True, other.pk: False}
+    assert orm == {plain.pk: True, other.pk: False, queued.pk: True}
     if connection.vendor == "postgresql":
         text = rules.flow_ruled_sql("j").text
         with connection.cursor() as cursor:
