@@ -5,15 +5,16 @@ tenant's wait (due → start) over a window.
 request); empty on attempts from before this migration and on rows that record a delivery
 that did no work. On PostgreSQL a BRIN index on ``started_at`` lets the window's read skip
 the years of attempts before it (an attempt is written once, in start order, so the
-table's blocks follow ``started_at``; the index costs the claim next to nothing to keep).
-It is built ``CONCURRENTLY``: the migration is not atomic.
+table's blocks follow ``started_at``; the index costs the claim next to nothing to keep;
+autovacuum summarizes each filled block range). It is built ``CONCURRENTLY``: the
+migration is not atomic.
 """
 
 from django.db import migrations, models
 
 CREATE_PG = (
     "CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_attempt_started_brin "
-    "ON jobs_attempt USING brin (started_at)"
+    "ON jobs_attempt USING brin (started_at) WITH (autosummarize = on)"
 )
 
 

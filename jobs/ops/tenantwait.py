@@ -17,8 +17,9 @@ from datetime import datetime, timedelta
 
 from django.db import connection
 from django.db.models import Count
+from django.utils import timezone
 
-from jobs import clock, rules
+from jobs import rules
 from jobs.models import Attempt, Job
 
 # Attempts that started nothing: a delivery that found the job taken, a deferral.
@@ -47,7 +48,9 @@ def percentile(values: list[float], p: float) -> float | None:
 
 def tenant_waits(window: timedelta, *, now: datetime | None = None) -> list[TenantWait]:
     """Every tenant with a start in ``window`` or a job waiting now, busiest first."""
-    since = (now - window) if now is not None else clock.before(window.total_seconds())
+    # A constant bound (the console's stamp), not the server's clock_timestamp(): the
+    # BRIN index on started_at can take a constant only.
+    since = (now or timezone.now()) - window
     figures = _figures_pg(since) if connection.vendor == "postgresql" else _figures(since)
     waiting = dict(
         Job.objects.filter(rules.to_q(rules.WAITING))
@@ -61,9 +64,12 @@ def tenant_waits(window: timedelta, *, now: datetime | None = None) -> list[Tena
 
 
 def _starts(since: datetime):
-    return Attempt.objects.filter(
-        started_at__gte=since, number__gt=0, due_at__isnull=False
-    ).exclude(outcome__in=_NOT_STARTS)
+    # No order: the model's (job, start) would join every attempt of the window to its job.
+    return (
+        Attempt.objects.filter(started_at__gte=since, number__gt=0, due_at__isnull=False)
+        .exclude(outcome__in=_NOT_STARTS)
+        .order_by()
+    )
 
 
 def _figures(since: datetime) -> dict[str, tuple[int, float | None, float | None]]:
