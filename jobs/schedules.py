@@ -36,6 +36,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.core import checks
 
+from jobs.clock import server_now
 from jobs.registry import CATCH_UP
 
 if TYPE_CHECKING:
@@ -442,18 +443,6 @@ def check_schedules(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
 
 
 # --- firing -------------------------------------------------------------------------------
-
-
-def server_now() -> datetime:
-    """The database server's clock (this host's on SQLite, where the server is this host)."""
-    from django.db import connection
-    from django.utils import timezone
-
-    if connection.vendor != "postgresql":
-        return timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT CLOCK_TIMESTAMP()")
-        return cursor.fetchone()[0]
 
 
 def is_paused(kind: str) -> bool:
