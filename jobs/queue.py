@@ -10,7 +10,9 @@ once instead. Restores stay plain django-q2 tasks (ids only, nothing private).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
 
 from django.apps import apps
 from django.core.checks import Error
@@ -85,6 +87,28 @@ def notify_queues(queues: Iterable[str]) -> None:
     with connections[alias].cursor() as cursor:
         for channel in channels:
             cursor.execute("SELECT pg_notify(%s, '')", [channel])
+
+
+# The queues a cluster worker's task claims from as soon as its delivery ends (its own
+# follow-on, else the pusher woken by the task's end): a job this delivery releases to
+# one of them is started by this cluster at once, without a NOTIFY to every cluster.
+_claimed_next: ContextVar[frozenset[str]] = ContextVar("jobs_claimed_next", default=frozenset())
+
+
+@contextlib.contextmanager
+def claiming_next(queues: Iterable[str]) -> Iterator[None]:
+    """Within: the running delivery's cluster claims ``queues``' next job when it ends."""
+    token = _claimed_next.set(frozenset(queues))
+    try:
+        yield
+    finally:
+        _claimed_next.reset(token)
+
+
+def claimed_next_here(queue: str) -> bool:
+    """Whether a job released to ``queue`` now is claimed by this delivery's cluster as
+    soon as the delivery ends (``claiming_next``): no other cluster need be woken."""
+    return queue in _claimed_next.get()
 
 
 def channel_of(queue: str) -> str:

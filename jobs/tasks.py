@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from jobs import backends, dispatch
+from jobs import backends, dispatch, queue
 from jobs.delivery import release, runner
 from jobs.engine.job_machine import worker_identity
 from jobs.exceptions import DeliveryFailed
@@ -46,10 +46,11 @@ def run_claimed(
     from jobs import claiming
 
     started = time.monotonic()
-    with delivery("run_job", job_id):
-        result = runner.run_adopted(job_id, owner, attempt_id, version)
-        backends.announce_finished(result.job_id, result.outcome)
-    claiming.keep_going(queues or [], owner, started=started, run=_run_claim)
+    with queue.claiming_next(queues or []):
+        with delivery("run_job", job_id):
+            result = runner.run_adopted(job_id, owner, attempt_id, version)
+            backends.announce_finished(result.job_id, result.outcome)
+        claiming.keep_going(queues or [], owner, started=started, run=_run_claim)
     return result.outcome
 
 
@@ -60,9 +61,10 @@ def release_claimed(effect_pk: int, owner: str, prior: str, queues: list[str] | 
     from jobs import claiming
 
     started = time.monotonic()
-    with delivery("release_effect", effect_pk):
-        outcome = _send_leased(effect_pk, owner, prior)
-    claiming.keep_going(queues or [], owner, started=started, run=_run_claim)
+    with queue.claiming_next(queues or []):
+        with delivery("release_effect", effect_pk):
+            outcome = _send_leased(effect_pk, owner, prior)
+        claiming.keep_going(queues or [], owner, started=started, run=_run_claim)
     return outcome
 
 

@@ -257,7 +257,8 @@ def next_release_sql() -> tuple[str, str]:
     own key in its own statement: the CTEs and the column that release the key's head
     when the job being published is the one before it (it succeeds here, and a job has
     no effect before its publish, the only writer of its effects, which happens once),
-    and wake the published job's queue. Returns (CTEs to follow the publish's ``job``
+    and wake the published job's queue (unless the caller's cluster claims from it next:
+    ``queue.claimed_next_here``). Returns (CTEs to follow the publish's ``job``
     CTE, a column reading back the released id, kind and queue); their parameters are
     ``next_release_params``'s, in that order. The same rule as ``_heads_statement``'s,
     for one key, with the job before the head known: saves the delivery a statement and
@@ -279,21 +280,21 @@ def next_release_sql() -> tuple[str, str]:
                    AND b.sequence_key <> '' AND b.id < h.id) = %s
             RETURNING h.id, h.kind, h.queue
         )"""
-    # The published job's queue is woken (a head of another queue, a key across kinds,
-    # is woken by the caller from the queue read back); the payload names the row so
-    # that the notice is sent once per released row, never without one.
+    # The published job's queue is woken when asked (a head of another queue, a key
+    # across kinds, is woken by the caller from the queue read back): once per released
+    # row, never without one.
     column = (
-        "(SELECT ARRAY[r.id::text, r.kind, r.queue] FROM released r "
-        "CROSS JOIN LATERAL pg_notify(%s, left(r.kind, 0)) w)"
+        "(SELECT ARRAY[r.id::text, r.kind, r.queue, "
+        "CASE WHEN %s THEN pg_notify(%s, '')::text END] FROM released r)"
     )
     return ctes, column
 
 
-def next_release_params(job: Job, *, channel: str) -> tuple[list, list]:
+def next_release_params(job: Job, *, channel: str, wake: bool = True) -> tuple[list, list]:
     """``next_release_sql``'s parameters: its CTEs', its column's (``channel``: the
-    published job's queue's)."""
+    published job's queue's; ``wake``: NOTIFY it if a head is released)."""
     key = job.sequence_key
-    return [key, key, key, _int8(job.pk)], [channel]
+    return [key, key, key, _int8(job.pk)], [wake, channel]
 
 
 def log_released(row) -> None:

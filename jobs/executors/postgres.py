@@ -356,8 +356,10 @@ def _publish_in_one(plan: Plan) -> Result:
     params.append(_keyed_json(EffectEvent, plan.events))
     params.append(_rows_json(JobStep, list(plan.steps)))
     if sequenced:
+        # No NOTIFY when this worker's cluster claims the queue's next job as soon as
+        # this delivery ends: it starts the released job itself.
         release_params, column_params = pgclaim.next_release_params(
-            job, channel=queue.channel_of(job.queue)
+            job, channel=queue.channel_of(job.queue), wake=not queue.claimed_next_here(job.queue)
         )
         params += release_params
     # Effects left to a sender: the default queue's clusters are woken when this commits.

@@ -205,6 +205,29 @@ def test_claiming__a_worker_that_finished_claims_its_queues_next_jobs_itself(
     assert owners == {task["args"][1]}
 
 
+def test_claiming__a_workers_task_claims_its_queues_next_jobs_and_says_so(db, monkeypatch):
+    """The task runs its deliveries saying which queues its cluster claims from as soon as
+    they end (``queue.claiming_next``): a sequence's head released to one of them needs
+    no NOTIFY to every cluster (``postgres._publish_in_one``)."""
+    from jobs import queue
+    from jobs.delivery import runner
+
+    seen = []
+    adopted = runner.run_adopted
+
+    def recorded(*args, **kwargs):
+        seen.append((queue.claimed_next_here("default"), queue.claimed_next_here("other")))
+        return adopted(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_adopted", recorded)
+    ask("scope")
+    [task] = take(broker())
+    assert task["kwargs"]["queues"] == ["default"]
+    assert tasks.run_claimed(*task["args"], **task["kwargs"]) == Attempt.Outcome.SUCCEEDED
+    assert seen == [(True, False)]
+    assert not queue.claimed_next_here("default"), "the scope ended with the task"
+
+
 def test_claiming__a_cancel_asked_for_while_the_package_waited_runs_nothing(db):
     job = ask("cancelled")
     [task] = take(broker())

@@ -374,6 +374,33 @@ def test_publish__wakes_the_queue_of_a_head_in_another_queue():
     assert len(woken) == 1, "the other queue's clusters were not woken"
 
 
+@pytest.mark.parametrize("claimed_next_here", [False, True])
+def test_publish__wakes_the_clusters_unless_its_own_claims_the_head_next(claimed_next_here):
+    """A head released by a publish is announced to every cluster serving its queue,
+    except when the publishing worker's cluster claims from that queue as soon as the
+    delivery ends (a cluster worker's task): it starts the head itself, and the NOTIFY
+    would only wake the other clusters' listening backends for a job already taken."""
+    import contextlib
+
+    import psycopg
+    from django.db import connection
+
+    from jobs import queue
+    from jobs.testing.scratchdb import url_from_settings
+
+    first, second = _ask(KIND, "w-1", "wake"), _ask(KIND, "w-2", "wake")
+    scope = queue.claiming_next(["default"]) if claimed_next_here else contextlib.nullcontext()
+    with psycopg.connect(url_from_settings(connection.settings_dict), autocommit=True) as other:
+        other.execute(f'LISTEN "{queue.channel_of("default")}"')
+        with scope:
+            _run_first(first)
+        # The head's own claim wakes nobody: a NOTIFY after it is the publish's or none.
+        woken = list(other.notifies(timeout=2 if claimed_next_here else 30, stop_after=1))
+    assert Job.objects.get(pk=second.pk).held_by == ""
+    assert len(woken) == (0 if claimed_next_here else 1), woken
+    assert not queue.claimed_next_here("default"), "the scope ended with the delivery"
+
+
 def test_publish__leaves_a_head_whose_job_before_it_is_another():
     """The head's job before it is not the one publishing (an operator let it go on
     earlier): the publish releases nothing; the rule decides for that job."""
