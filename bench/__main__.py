@@ -139,6 +139,12 @@ def machine() -> dict[str, str]:
     }
 
 
+def _ms(x: float) -> str:
+    """Milliseconds as printed: a tenth below 100 ms, where a bar (idle p50 <= 10 ms) is
+    read; whole milliseconds above."""
+    return f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
 def _round_to(x: float, step: int, lo: int, hi: int) -> int:
     return int(max(lo, min(hi, round(x / step) * step)))
 
@@ -310,7 +316,7 @@ def main(argv=None) -> int:
     if "latency" in sections:
         from bench import latency
 
-        lat = latency.run(user_id, workers, singles=8 if not args.quick else 3, progress=say)
+        lat = latency.run(user_id, workers, singles=20 if not args.quick else 3, progress=say)
         results["latency"] = {
             k: {"label": s.label, "values_ms": s.values_ms, "note": s.note} for k, s in lat.items()
         }
@@ -730,15 +736,15 @@ def report(res: dict, workers: int) -> str:
             v = s["values_ms"]
             if v:
                 lines.append(
-                    f"  {s['label']:48} p50 {pct(v, 50):7.0f}  p95 {pct(v, 95):7.0f}  "
-                    f"p99 {pct(v, 99):7.0f}  (n={len(v)})"
+                    f"  {s['label']:48} p50 {_ms(pct(v, 50)):>7}  p95 {_ms(pct(v, 95)):>7}  "
+                    f"p99 {_ms(pct(v, 99)):>7}  (n={len(v)})"
                 )
             else:
                 lines.append(f"  {s['label']:48} not measured: {s['note']}")
 
         def trio(key):
             v = lat.get(key, {}).get("values_ms") or []
-            return "/".join(f"{pct(v, p):.0f}" for p in (50, 95, 99)) if v else "n/a"
+            return "/".join(_ms(pct(v, p)) for p in (50, 95, 99)) if v else "n/a"
 
         summary_lines.append(
             f"latency p50/p95/p99 ms, burst of 83: enqueue→succeeded {trio('inapp_succeeded')}, "

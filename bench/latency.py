@@ -107,7 +107,7 @@ def _ms(later, earlier) -> float:
     return (later - earlier).total_seconds() * 1000
 
 
-def run(user_id: int, workers: int, *, singles: int = 8, progress=print) -> dict[str, Series]:
+def run(user_id: int, workers: int, *, singles: int = 20, progress=print) -> dict[str, Series]:
     infra.reset_run_tables()
     out: dict[str, Series] = {}
     with (
@@ -133,7 +133,7 @@ def run(user_id: int, workers: int, *, singles: int = 8, progress=print) -> dict
             _wait("a single job", lambda pk=pk: _done(pk), c)
             idle.values_ms.append(_ms(Job.objects.get(pk=pk).finished_at, at))
         out["idle"] = idle
-        progress(f"latency: idle single job p50 {idle.p(50):.0f} ms")
+        progress(f"latency: idle single job p50 {idle.p(50):.1f} ms")
 
         ids, at = _enqueue(workloads.SUMMARY, BURST, user_id, "inapp", notify_user_id=user_id)
         _wait(
