@@ -105,10 +105,16 @@ def claiming_next(queues: Iterable[str]) -> Iterator[None]:
         _claimed_next.reset(token)
 
 
+def claimed_next() -> frozenset[str]:
+    """The queues this delivery's cluster claims from as soon as it ends (``claiming_next``;
+    empty outside a cluster worker's task)."""
+    return _claimed_next.get()
+
+
 def claimed_next_here(queue: str) -> bool:
     """Whether a job released to ``queue`` now is claimed by this delivery's cluster as
     soon as the delivery ends (``claiming_next``): no other cluster need be woken."""
-    return queue in _claimed_next.get()
+    return queue in claimed_next()
 
 
 def channel_of(queue: str) -> str:

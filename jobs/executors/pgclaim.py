@@ -25,7 +25,7 @@ from contextlib import nullcontext
 from django.db import DatabaseError, connection, transaction
 from django.db.models.functions import Now
 
-from jobs import broker, clock, conf, fairness, rules
+from jobs import broker, clock, conf, fairness, queue, rules
 from jobs.engine import admission, job_machine, verdict
 from jobs.engine.plan import Claim
 from jobs.engine.refusals import refusal
@@ -246,7 +246,7 @@ def _heads_statement(*, one_key: bool = False, lazy: bool = False) -> str:
             RETURNING j.id, j.kind, j.queue
         ), woken AS (
             SELECT pg_notify(c, '') FROM (SELECT DISTINCT {broker.channel_sql("r.queue")} AS c
-            FROM released r) q
+            FROM released r WHERE r.queue <> ALL(%s::varchar[])) q
         ){lazy_cte}
         SELECT r.id, r.kind FROM released r WHERE (SELECT count(*) FROM woken) >= 0{lazy_where}"""
     )
@@ -306,7 +306,8 @@ def log_released(row) -> None:
 def release_heads(key: str | None = None) -> int:
     """Release to the claim every sequence's head whose job before it passed (ended, not
     a failure that holds, no effect unsettled: ``rules.SEQUENCE_PASSES``), or ``key``'s
-    alone, and wake their queues, in one statement: one probe of the held index per key
+    alone, and wake their queues (but those the calling cluster worker's cluster claims
+    from next: ``queue.claiming_next``), in one statement: one probe of the held index per key
     with a held job, one for the job before its head (``sequences.sweep`` and
     ``sequences.advance`` are the ORM's). Returns how many.
 
@@ -315,16 +316,21 @@ def release_heads(key: str | None = None) -> int:
     again by the next look (a claim that finds nothing, the dispatcher's round); the
     claim of the released job waits for the disk, and flushes the release with it. In a
     caller's transaction (a request's) the caller's commit is left as it is."""
-    wake, lazy = broker.channel_params(), not connection.in_atomic_block
+    lazy = not connection.in_atomic_block
     with _cursor() as cursor:
-        if key is None:
-            cursor.execute(_heads_statement(lazy=lazy), wake)
-        else:
-            cursor.execute(_heads_statement(one_key=True, lazy=lazy), [key, *wake])
+        cursor.execute(_heads_statement(one_key=key is not None, lazy=lazy), heads_params(key))
         rows = cursor.fetchall()
     for job_id, kind in rows:
         log.info("job=%s kind=%s arrow=sequence_head", job_id, kind)
     return len(rows)
+
+
+def heads_params(key: str | None = None) -> list:
+    """``_heads_statement``'s parameters: ``key`` (the one key's statement only), the
+    channels', and the queues not to wake: those this delivery's cluster claims from as
+    soon as it ends (``queue.claiming_next``), which start what is released to them."""
+    own = [] if key is None else [key]
+    return [*own, *broker.channel_params(), sorted(queue.claimed_next())]
 
 
 def _claim(sql: str, params: list, worker: str) -> Claim | None:

@@ -214,9 +214,8 @@ def test_release_heads__reads_one_row_per_blocked_key_not_its_backlog():
     _ask(KIND, "z-0", "zeta")
     with connections["default"].cursor() as cursor:
         cursor.execute("ANALYZE jobs_job")
-    from jobs import broker
 
-    scans = scans_of(pgclaim._heads_statement(), broker.channel_params())
+    scans = scans_of(pgclaim._heads_statement(), pgclaim.heads_params())
     assert scans and max(rows for _, _, rows in scans) <= 2, scans
     with pytest.raises(ValueError, match="sequenced"):
         jobs.request_many([{"kind": KIND, "subject": ("seq", "many"), "params": {"key": "m"}}])
@@ -236,7 +235,6 @@ def _job_reads(plan: dict) -> list[tuple[str, str, int]]:
 def test_release_heads__finds_the_job_before_a_head_by_the_sequence_index():
     """Many jobs between a head and the job before it (other kinds, other keys, years of
     history): the release reads the one before through the sequence index, not the table."""
-    from jobs import broker
     from jobs.executors import pgclaim
 
     before = _ask(KIND, "k-0", "k")
@@ -252,7 +250,7 @@ def test_release_heads__finds_the_job_before_a_head_by_the_sequence_index():
         # With sequential scans priced out, a scan of the table means no index could do.
         cursor.execute("SET LOCAL enable_seqscan = off")
         sql = pgclaim._heads_statement(one_key=True)
-        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, ["k", *broker.channel_params()])
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, pgclaim.heads_params("k"))
         [[plan]] = cursor.fetchone()
         cursor.execute("ROLLBACK")
     reads = _job_reads(plan["Plan"])
@@ -264,7 +262,6 @@ def test_release_heads__a_burst_not_yet_analyzed_is_read_once_not_per_held_job()
     """Right after a burst of requests the planner has no statistics: the look over every
     key still reads each held job a bounded number of times, not once per held job (the
     released rows' filter ran the whole look again for each: 2.4 s at 256 held)."""
-    from jobs import broker
     from jobs.executors import pgclaim
 
     keys, items = 40, 10
@@ -277,7 +274,7 @@ def test_release_heads__a_burst_not_yet_analyzed_is_read_once_not_per_held_job()
     with connections["default"].cursor() as cursor:
         cursor.execute("BEGIN")
         sql = pgclaim._heads_statement()
-        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, broker.channel_params())
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, pgclaim.heads_params())
         [[plan]] = cursor.fetchone()
         cursor.execute("ROLLBACK")
     # Analyzed, a key costs its two probes. Not yet, the planner may walk the held jobs
@@ -292,7 +289,6 @@ def test_release_heads__one_key_probes_its_head_when_the_plan_thinks_nothing_is_
     worker's connection): the one-key look still updates its head by a probe. By id
     alone the update walked every held job of every key after each send (1,986 rows a
     job in a bench drain of 2,000 held jobs)."""
-    from jobs import broker
     from jobs.executors import pgclaim
 
     jobs.request_many([{"kind": "test.short", "subject": ("other", str(i))} for i in range(20)])
@@ -307,9 +303,7 @@ def test_release_heads__one_key_probes_its_head_when_the_plan_thinks_nothing_is_
     with connections["default"].cursor() as cursor:
         cursor.execute("BEGIN")
         sql = pgclaim._heads_statement(one_key=True)
-        cursor.execute(
-            "EXPLAIN (ANALYZE, FORMAT JSON) " + sql, ["probe-0", *broker.channel_params()]
-        )
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, pgclaim.heads_params("probe-0"))
         [[plan]] = cursor.fetchone()
         cursor.execute("ROLLBACK")
     reads = _job_reads(plan["Plan"])
@@ -489,3 +483,31 @@ def test_release_heads__wakes_the_queue_and_leaves_a_callers_commit_durable():
         heard = [n.channel for n in listener.notifies(timeout=30, stop_after=1)]
     assert heard == [channel]
     assert Job.objects.get(pk=second.pk).held_by == ""
+
+
+def test_release_heads__wakes_no_cluster_for_a_queue_its_own_claims_next():
+    """A send that settles inside a cluster worker's task (``queue.claiming_next``) lets
+    the key's next job go without a NOTIFY for the queues that cluster claims from next;
+    a head of another queue still wakes its clusters."""
+    import psycopg
+    from django.db import connection
+
+    from jobs import queue
+    from jobs.executors import pgclaim
+    from jobs.testing.scratchdb import url_from_settings
+
+    first, second = _ask(KIND, "n-0", "nowake"), _ask(KIND, "n-1", "nowake")
+    third = _ask(OTHER_QUEUE_KIND, "n-2", "nowake")
+    Job.objects.filter(pk=first.pk).update(state=Job.State.SUCCEEDED, attempts=1)
+    with psycopg.connect(url_from_settings(connection.settings_dict), autocommit=True) as other:
+        for name in ("default", OTHER_QUEUE):
+            other.execute(f'LISTEN "{queue.channel_of(name)}"')
+        with queue.claiming_next(["default"]):
+            assert pgclaim.release_heads("nowake") == 1
+        assert Job.objects.get(pk=second.pk).held_by == ""
+        Job.objects.filter(pk=second.pk).update(state=Job.State.SUCCEEDED, attempts=1)
+        with queue.claiming_next(["default"]):
+            assert pgclaim.release_heads("nowake") == 1
+        heard = [n.channel for n in other.notifies(timeout=30, stop_after=1)]
+    assert Job.objects.get(pk=third.pk).held_by == ""
+    assert heard == [queue.channel_of(OTHER_QUEUE)], "only the other queue's head woke"
